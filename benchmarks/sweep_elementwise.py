@@ -1,0 +1,127 @@
+"""Sweep the launch configs of the elementwise and memory families on the GPU.
+
+Times each kernel at its bench shape under every candidate config (interleaved, L2 flushed),
+prints GB/s per config and writes everything to JSON. The chosen defaults live in
+``ops/elementwise.py`` and ``ops/memory.py``; this script is how they were chosen.
+
+    python benchmarks/sweep_elementwise.py --out sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+
+import tritonkit
+from tritonkit.harness.device import fingerprint
+from tritonkit.harness.timing import summarize, time_interleaved
+from tritonkit.ops import elementwise as E
+from tritonkit.ops import memory as M
+
+SHAPE = (16384, 8192)
+
+
+def _gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def _cases(dtype: torch.dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
+    u = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
+    dy = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
+    b = torch.randn(SHAPE[-1], device="cuda", generator=g).to(dtype)
+    n = x.numel() * x.element_size()
+    return {
+        "relu fwd": (lambda: E.bias_act_fwd(x, None, "relu"), 2 * n),
+        "relu bwd": (lambda: E.bias_act_bwd(dy, x, None, "relu", True, False), 3 * n),
+        "gelu_tanh fwd": (lambda: E.bias_act_fwd(x, None, "gelu_tanh"), 2 * n),
+        "swiglu fwd": (lambda: E.glu_fwd(x, u, "silu"), 3 * n),
+        "swiglu bwd": (lambda: E.glu_bwd(dy, x, u, "silu"), 5 * n),
+        "bias_relu fwd": (lambda: E.bias_act_fwd(x, b, "relu"), 2 * n),
+        "bias_relu bwd": (lambda: E.bias_act_bwd(dy, x, b, "relu", True, True), 3 * n),
+    }
+
+
+def _time(fns: dict) -> dict[str, float]:
+    samples = time_interleaved(fns, rep_ms=60, min_samples=20, max_samples=60)
+    return {k: summarize(v).median for k, v in samples.items()}
+
+
+def _row(dtype, case, config, nbytes, ms):
+    return {
+        "dtype": str(dtype),
+        "case": case,
+        "config": config,
+        "ms": ms,
+        "GBps": _gbps(nbytes, ms),
+    }
+
+
+def _sweep(dtype: torch.dtype) -> list[dict]:
+    rows = []
+    cases = _cases(dtype)
+    x = torch.randn(SHAPE, device="cuda").to(dtype)
+    n = x.numel() * x.element_size()
+    # Baselines of the same run, for scale.
+    torch._dynamo.reset()
+    compiled_relu = torch.compile(lambda t: torch.relu(t), dynamic=False)
+    base = {
+        "torch copy_": lambda: torch.empty_like(x).copy_(x),
+        "torch relu": lambda: torch.relu(x),
+        "torch gelu_tanh": lambda: torch.nn.functional.gelu(x, approximate="tanh"),
+        "compile relu": lambda: compiled_relu(x),
+    }
+    rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
+
+    flat = ["relu fwd", "relu bwd", "gelu_tanh fwd", "swiglu fwd", "swiglu bwd"]
+    for tile, warps in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16)):
+        E._TILE_ELEMS, E._NUM_WARPS = tile, warps
+        res = _time({k: cases[k][0] for k in flat})
+        rows += [
+            _row(dtype, k, f"tile={tile} warps={warps}", cases[k][1], ms) for k, ms in res.items()
+        ]
+    E._TILE_ELEMS, E._NUM_WARPS = 8192, 8
+
+    for block_n, per_sm in itertools.product((256, 512, 1024, 2048), (2, 4, 8, 16)):
+        E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = block_n, per_sm
+        keys = ["bias_relu bwd"] + (["bias_relu fwd"] if per_sm == 4 else [])
+        res = _time({k: cases[k][0] for k in keys})
+        config = f"block_n={block_n} programs/SM={per_sm}"
+        rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
+    E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = 1024, 4
+
+    shapes = [(32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4), (64, 128, 8)]
+    shapes += [(128, 64, 8), (128, 128, 8), (1, 1024, 4)]
+    configs = {f"{m}x{nn} w{w}": M.TransposeConfig(m, nn, w) for m, nn, w in shapes}
+    fns = {k: (lambda c=c: M.transpose_fwd(x, c)) for k, c in configs.items()}
+    fns["copy"] = lambda: tritonkit.copy(x)
+    rows += [_row(dtype, "transpose", k, 2 * n, ms) for k, ms in _time(fns).items()]
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="sweep.json")
+    args = p.parse_args()
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        rows += _sweep(dtype)
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"fingerprint": fingerprint(), "rows": rows}, f, indent=1)
+    best: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        key = (r["dtype"], r["case"])
+        if key not in best or r["GBps"] > best[key]["GBps"]:
+            best[key] = r
+    print("best config per case (all rows in the JSON):")
+    for (dt, case), r in best.items():
+        print(f"{dt:>15} {case:>15} {r['config']:>28} {r['GBps']:8.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""tritonkit: Triton GPU kernels that drop into PyTorch, and a workbench that holds them to account.
+
+Functions (``tritonkit.gelu``, ``tritonkit.bias_act``, ...) and modules (``tritonkit.nn``) are
+imported on first use, so that ``import tritonkit`` stays cheap and the command line can turn
+on Triton's CPU interpreter before any kernel is defined (``TRITON_INTERPRET`` is read when a
+kernel is decorated).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_FUNCTIONS = ("add", "bias_act", "copy", "geglu", "gelu", "relu", "silu", "swiglu", "transpose")
+__all__ = [*_FUNCTIONS, "functional", "nn"]
+
+if TYPE_CHECKING:
+    from tritonkit import functional as functional
+    from tritonkit import nn as nn
+    from tritonkit.functional import add as add
+    from tritonkit.functional import bias_act as bias_act
+    from tritonkit.functional import copy as copy
+    from tritonkit.functional import geglu as geglu
+    from tritonkit.functional import gelu as gelu
+    from tritonkit.functional import relu as relu
+    from tritonkit.functional import silu as silu
+    from tritonkit.functional import swiglu as swiglu
+    from tritonkit.functional import transpose as transpose
+
+
+def __getattr__(name: str):
+    if name in _FUNCTIONS:
+        return getattr(importlib.import_module("tritonkit.functional"), name)
+    if name in ("functional", "nn"):
+        return importlib.import_module(f"tritonkit.{name}")
+    raise AttributeError(f"module 'tritonkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,3 @@
+from tritonkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,312 @@
+"""The ``tritonkit`` command: list, check, bench, report, doctor.
+
+Without a GPU, kernels run under Triton's CPU interpreter (turned on here, before any kernel is
+defined): ``check`` works and ``bench`` runs the accuracy checks and says that timings need a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_OUT = "tritonkit-report"
+
+
+def _enable_interpreter_without_gpu() -> bool:
+    """Turn on the interpreter on a machine with no GPU; returns whether kernels are interpreted."""
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
+    from tritonkit._utils import interpreter_enabled
+
+    return interpreter_enabled()
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v for item in values for v in item.split(",") if v]
+
+
+def _select(names: list[str] | None):
+    from tritonkit.harness.spec import UnknownOp, select
+
+    try:
+        return select(names)
+    except UnknownOp as exc:
+        print(f"tritonkit: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _dtypes(names: list[str] | None):
+    from tritonkit.harness.spec import parse_dtype
+
+    if not names:
+        return None
+    try:
+        return [parse_dtype(n) for n in names]
+    except ValueError as exc:
+        print(f"tritonkit: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from tritonkit.harness.report import _table
+    from tritonkit.harness.spec import dtype_name
+
+    rows = []
+    for s in _select(_split(args.ops)):
+        rows.append(
+            [
+                s.name,
+                s.family,
+                ", ".join(dtype_name(d) for d in s.dtypes),
+                ", ".join(s.baselines) or "—",
+                ", ".join(s.variants) or "—",
+                "yes" if s.backward else "no",
+                s.description,
+            ]
+        )
+    print(
+        _table(["operator", "family", "dtypes", "baselines", "variants", "backward", "what"], rows)
+    )
+    return 0
+
+
+def _run_checks(specs, dtypes, seed, shapes: str = "test") -> list[dict[str, Any]]:
+    from tritonkit.harness.check import check_spec
+    from tritonkit.harness.progress import Progress
+
+    progress = Progress(len(specs), "check")
+    results = []
+    for spec in specs:
+        chosen = spec.shapes.bench if shapes == "bench" else None
+        out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=chosen)
+        results += [r.as_dict() for r in out]
+        failed = sum(not r.passed for r in out)
+        progress.step(f"{spec.name}: {len(out) - failed}/{len(out)} passed")
+    progress.close()
+    return results
+
+
+def _print_check_summary(checks: list[dict[str, Any]]) -> int:
+    from tritonkit.harness.report import render_checks
+
+    print(render_checks(checks))
+    failed = [c for c in checks if not c["passed"]]
+    for c in failed[:20]:
+        case = f"{c['op']} [{c['params']}] {c['shape']} {c['dtype']} {c['case']}"
+        print(f"\nFAILED {case} seed={c['seed']}")
+        print("  " + c["detail"].replace("\n", "\n  "))
+    print(f"\n{len(checks) - len(failed)}/{len(checks)} checks passed")
+    return 1 if failed else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tritonkit.harness.check import fresh_seed
+
+    interpreted = _enable_interpreter_without_gpu()
+    specs = _select(_split(args.ops))
+    seed = args.seed if args.seed is not None else fresh_seed()
+    where = "Triton interpreter (CPU)" if interpreted else torch.cuda.get_device_name()
+    print(f"checking {len(specs)} operators on {where}, seed {seed}", file=sys.stderr)
+    checks = _run_checks(specs, _dtypes(_split(args.dtypes)), seed, args.shapes)
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(checks, indent=1, default=str))
+    return _print_check_summary(checks)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from tritonkit.harness.check import fresh_seed
+    from tritonkit.harness.device import fingerprint
+    from tritonkit.harness.report import make_results, write_report
+
+    interpreted = _enable_interpreter_without_gpu()
+    specs = _select(_split(args.ops))
+    dtypes = _dtypes(_split(args.dtypes))
+    seed = args.seed if args.seed is not None else fresh_seed()
+    out_dir = Path(args.out)
+    gpu = torch.cuda.is_available() and not interpreted
+    checks = [] if args.no_check else _run_checks(specs, dtypes, seed)
+    bench: list[dict[str, Any]] = []
+    ceilings = None
+    if gpu:
+        from tritonkit.harness.bench import bench_spec, default_modes
+        from tritonkit.harness.device import measure_ceilings
+        from tritonkit.harness.progress import Progress
+
+        try:
+            modes = default_modes(args.mode)
+        except ValueError as exc:
+            print(f"tritonkit: {exc}", file=sys.stderr)
+            return 2
+        ceilings = measure_ceilings(torch.cuda.current_device())
+        print(
+            f"ceilings: copy {ceilings['copy_GBps']:,.0f} GB/s, "
+            f"bf16 matmul {ceilings['matmul_bf16_TFLOPs']:,.0f} TFLOP/s",
+            file=sys.stderr,
+        )
+        total = sum(
+            len(s.shapes.bench)
+            * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
+            * len(modes)
+            for s in specs
+        )
+        progress = Progress(total, "bench")
+        for spec in specs:
+            bench += bench_spec(
+                spec,
+                ceilings=ceilings,
+                modes=modes,
+                dtypes=dtypes,
+                baselines=_split(args.baselines),
+                seed=seed,
+                on_step=progress.step,
+            )
+        progress.close()
+    results = make_results(
+        kind="gpu" if gpu else "interpreter",
+        fingerprint=fingerprint(),
+        ceilings=ceilings,
+        checks=checks,
+        bench=bench,
+        seed=seed,
+        ops=[s.name for s in specs],
+    )
+    written = write_report(results, out_dir)
+    status = _print_check_summary(checks) if checks else 0
+    if gpu:
+        _print_bench_summary(bench)
+    else:
+        print(
+            "\nNo GPU here: the kernels ran under Triton's CPU interpreter and only accuracy was "
+            "checked. Timings need a CUDA GPU; run the same command on one."
+        )
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return status
+
+
+def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
+    from tritonkit.harness.report import _fmt, _table
+
+    rows = []
+    for r in bench:
+        ours = r["candidates"].get("tritonkit", {})
+        if r.get("note") or "median" not in ours:
+            continue
+        speed = ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
+        rows.append(
+            [
+                r["op"],
+                r["dtype"],
+                r["shape"],
+                r["mode"],
+                _fmt(ours["median"]),
+                _fmt(ours.get("GBps")),
+                _fmt(ours.get("pct_copy_bw")),
+                speed,
+            ]
+        )
+    print()
+    print(_table(["op", "dtype", "shape", "mode", "ms", "GB/s", "% copy", "speedup vs"], rows))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tritonkit.harness.report import load_json, update_readme, write_report
+
+    try:
+        results = load_json(Path(args.results))
+    except ValueError as exc:
+        print(f"tritonkit: {exc}", file=sys.stderr)
+        return 2
+    written = write_report(results, Path(args.out))
+    print("wrote " + ", ".join(str(p) for p in written))
+    if args.readme:
+        if results["kind"] != "gpu":
+            print("tritonkit: the README table needs GPU results", file=sys.stderr)
+            return 2
+        changed = update_readme(Path(args.readme), results, source=args.results)
+        print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    interpreted = _enable_interpreter_without_gpu()
+    from tritonkit.harness.device import fingerprint
+
+    fp = fingerprint()
+    for key, value in fp.items():
+        print(f"{key:>16}: {value}")
+    if not torch.cuda.is_available():
+        print(
+            "\nNo CUDA GPU: kernels run under Triton's CPU interpreter"
+            + (" (TRITON_INTERPRET=1)." if interpreted else ", once TRITON_INTERPRET=1 is set.")
+            + " Accuracy checks work; timings need a GPU."
+        )
+        return 0
+    from tritonkit.harness.device import measure_ceilings
+
+    c = measure_ceilings(torch.cuda.current_device())
+    print(f"\n{'copy bandwidth':>16}: {c['copy_GBps']:,.0f} GB/s (1 GiB device copy, read + write)")
+    for key in sorted(k for k in c if k.startswith("matmul_bf16_") and k[12].isdigit()):
+        n = key.split("_")[2]
+        print(f"{'bf16 matmul ' + n:>16}: {c[key]:,.0f} TFLOP/s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tritonkit",
+        description="Check, benchmark and report tritonkit's Triton kernels.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("list", help="operators, their dtypes, baselines and variants")
+    s.add_argument("ops", nargs="*", help="operators or families (default: all)")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("check", help="accuracy checks against a float64 reference")
+    s.add_argument("ops", nargs="*", help="operators or families (default: all)")
+    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: all supported)")
+    s.add_argument("--shapes", choices=("test", "bench"), default="test")
+    s.add_argument("--seed", type=int, help="base seed (default: fresh, printed)")
+    s.add_argument("--json", help="also write the results to this file")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("bench", help="check, time against baselines and write a report")
+    s.add_argument("ops", nargs="*", help="operators or families (default: all)")
+    s.add_argument("--mode", default="fwd,bwd", help="fwd, bwd, fwd+bwd, a comma list, or all")
+    s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
+    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
+    s.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default: {DEFAULT_OUT})")
+    s.add_argument("--seed", type=int, help="base seed (default: fresh, recorded)")
+    s.add_argument("--no-check", action="store_true", help="skip the accuracy checks")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("report", help="render a report (and the README table) from results JSON")
+    s.add_argument("results", help="a results.json written by `tritonkit bench`")
+    s.add_argument("--out", default=DEFAULT_OUT)
+    s.add_argument("--readme", help="also regenerate this README's results section")
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("doctor", help="environment, and on a GPU the measured ceilings")
+    s.set_defaults(func=cmd_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,6 @@
+"""The public functions of tritonkit, one import away: ``from tritonkit.functional import gelu``."""
+
+from tritonkit.ops.elementwise import add, bias_act, geglu, gelu, relu, silu, swiglu
+from tritonkit.ops.memory import copy, transpose
+
+__all__ = ["add", "bias_act", "copy", "geglu", "gelu", "relu", "silu", "swiglu", "transpose"]

@@ -1,0 +1,176 @@
+"""The bench engine: time an operator against its baselines and variants, in one run.
+
+For each bench shape, dtype and mode (fwd, bwd, fwd+bwd) of a spec, the tritonkit function,
+its variants and every available baseline are timed interleaved (see timing.py). A record
+holds, per candidate, the median time with its percentiles and spread, GB/s and TFLOP/s from
+the spec's byte and FLOP formulas, the percentage of the measured ceilings, the peak memory
+of one call, and tritonkit's speedup over each baseline (baseline median / ours). Before
+timing, the output at the bench shape is compared with the float64 reference.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tritonkit import _utils
+from tritonkit.harness.check import _flatten, _upcast, compare
+from tritonkit.harness.spec import MODES, OpSpec, Unavailable, dtype_name
+from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
+
+OURS = "tritonkit"
+
+
+def _mode_callable(
+    fn: Callable[..., Any], inputs: tuple, params: dict, mode: str, grad_idx: list[int], seed: int
+) -> Callable[[], Any]:
+    if mode == "fwd":
+        return lambda: fn(*inputs, **params)
+    leaves = tuple(
+        t.detach().requires_grad_() if i in grad_idx else t for i, t in enumerate(inputs)
+    )
+    wrt = [leaves[i] for i in grad_idx]
+    outputs = _flatten(fn(*leaves, **params))
+    gen = torch.Generator(device=outputs[0].device).manual_seed(seed)
+    grads = [torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype) for o in outputs]
+    if mode == "bwd":  # the forward graph is kept and its backward replayed
+        return lambda: torch.autograd.grad(outputs, wrt, grads, retain_graph=True)
+    return lambda: torch.autograd.grad(_flatten(fn(*leaves, **params)), wrt, grads)
+
+
+def _bench_correctness(spec: OpSpec, inputs: tuple, params: dict) -> dict[str, Any]:
+    ours = spec.impl(*inputs, **params)
+    ref = spec.reference(*_upcast(inputs), **params)
+    same = spec.reference(*inputs, **params)
+    passed, max_abs, rel, torch_rel, detail = compare(
+        ours, ref, same, spec.tolerance_for(inputs[0].dtype)
+    )
+    del ours, ref, same
+    return {
+        "passed": passed,
+        "max_abs": max_abs,
+        "rel_l2": rel,
+        "torch_rel_l2": torch_rel,
+        "detail": detail,
+    }
+
+
+def bench_spec(
+    spec: OpSpec,
+    *,
+    ceilings: dict[str, Any],
+    modes: Sequence[str] = ("fwd", "bwd"),
+    dtypes: Sequence[torch.dtype] | None = None,
+    baselines: Sequence[str] | None = None,
+    shapes: Sequence[Any] | None = None,
+    seed: int = 0,
+    on_step: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Benchmark one operator; returns one record per (shape, dtype, mode)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    params = dict(spec.params[0])
+    records = []
+    for shape in shapes if shapes is not None else spec.shapes.bench:
+        for dtype in dtypes or spec.bench_dtypes:
+            if dtype not in spec.dtypes:
+                continue
+            inputs = spec.make_inputs(shape, dtype, device, seed)
+            correct = _bench_correctness(spec, inputs, params)
+            candidates: dict[str, tuple[str, Callable[..., Any] | None, str | None, bool]] = {
+                OURS: ("tritonkit", spec.impl, None, spec.backward)
+            }
+            for name, variant in spec.variants.items():
+                candidates[name] = ("variant", variant, None, spec.backward)
+            for name, baseline in spec.baselines.items():
+                if baselines is not None and name not in baselines:
+                    continue
+                try:
+                    candidates[name] = ("baseline", baseline.build(), None, baseline.backward)
+                except Unavailable as why:
+                    candidates[name] = ("baseline", None, str(why), baseline.backward)
+            for mode in modes:
+                if on_step:
+                    on_step(f"{spec.name} {dtype_name(dtype)} {shape} {mode}")
+                record = _bench_case(
+                    spec, shape, dtype, mode, inputs, params, candidates, ceilings, seed
+                )
+                record["correct"] = correct
+                records.append(record)
+            del inputs, candidates
+            gc.collect()
+            torch.cuda.empty_cache()
+    return records
+
+
+def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, ceilings, seed):
+    n_bytes = spec.bytes(inputs, mode)
+    n_flops = spec.flops(inputs, mode)
+    record: dict[str, Any] = {
+        "op": spec.name,
+        "family": spec.family,
+        "params": {k: v for k, v in params.items()},
+        "shape": str(shape),
+        "dtype": dtype_name(dtype),
+        "mode": mode,
+        "bytes": n_bytes,
+        "flops": n_flops,
+        "candidates": {},
+        "speedup": {},
+        "note": None,
+    }
+    note = spec.bench_note(shape, mode)
+    if note is not None or (mode != "fwd" and not spec.backward):
+        record["note"] = note or "no backward pass"
+        return record
+    grad_idx = spec.grad_indices(inputs)
+    runnable: dict[str, Callable[[], Any]] = {}
+    for name, (kind, fn, skipped, has_bwd) in candidates.items():
+        entry: dict[str, Any] = {"kind": kind}
+        record["candidates"][name] = entry
+        if fn is None:
+            entry["skipped"] = skipped
+            continue
+        if mode != "fwd" and not has_bwd:
+            entry["skipped"] = "no backward pass"
+            continue
+        try:
+            runnable[name] = _mode_callable(fn, inputs, params, mode, grad_idx, seed)
+        except Exception as exc:  # a baseline that fails here is reported, not fatal
+            entry["skipped"] = f"{type(exc).__name__}: {exc}"[:300]
+    _utils.LAYOUT_COPIES.reset()
+    samples = time_interleaved(runnable)
+    record["layout_copies"] = _utils.LAYOUT_COPIES.reset()
+    device = torch.device("cuda", torch.cuda.current_device())
+    for name, times in samples.items():
+        stats = summarize(times)
+        entry = record["candidates"][name]
+        entry.update(stats.as_dict())
+        seconds = stats.median * 1e-3
+        entry["GBps"] = n_bytes / seconds / 1e9 if n_bytes else None
+        entry["TFLOPs"] = n_flops / seconds / 1e12 if n_flops else None
+        entry["pct_copy_bw"] = (
+            100.0 * entry["GBps"] / ceilings["copy_GBps"] if entry["GBps"] else None
+        )
+        entry["pct_matmul_peak"] = (
+            100.0 * entry["TFLOPs"] / ceilings["matmul_bf16_TFLOPs"] if entry["TFLOPs"] else None
+        )
+        entry["peak_mem_bytes"] = peak_memory(runnable[name], device)
+    ours = record["candidates"].get(OURS, {})
+    if "median" in ours:
+        for name, entry in record["candidates"].items():
+            if entry["kind"] == "baseline" and "median" in entry:
+                record["speedup"][name] = entry["median"] / ours["median"]
+    return record
+
+
+def default_modes(mode: str) -> tuple[str, ...]:
+    if mode == "all":
+        return MODES
+    modes = tuple(m.strip() for m in mode.split(","))
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r}; expected one of {', '.join(MODES)} or all")
+    return modes

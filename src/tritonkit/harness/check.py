@@ -1,0 +1,393 @@
+"""The check engine: is an operator right, on any valid input?
+
+For every shape, dtype and parameter set of a spec it compares the operator with a float64
+reference computed on upcast inputs, and reports the maximum absolute error, the relative L2
+error and the ratio of that error to PyTorch's own error in the same dtype. Each case draws
+fresh random inputs; outputs are poisoned (every allocation inside the operator is filled
+with NaN) so that an element the kernel never writes cannot pass; inputs are also checked as
+non-contiguous views, with NaN and +-inf injected, empty, and through the backward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
+
+MIN_ELEMENTS_FOR_RATIO = 64
+CASES = ("random", "slice", "transpose", "stride2", "mixed", "specials", "grad", "empty")
+
+
+@dataclass
+class CheckResult:
+    op: str
+    params: str
+    shape: str
+    dtype: str
+    case: str
+    passed: bool
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    torch_rel_l2: float | None = None
+    ratio: float | None = None  # rel_l2 / torch_rel_l2: 1 means as accurate as PyTorch
+    seed: int | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+# ---- poisoned allocations -------------------------------------------------------------------
+
+
+def _poison(t: torch.Tensor) -> torch.Tensor:
+    if t.numel():
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            t.fill_(float("nan"))
+        elif t.dtype == torch.bool:
+            t.fill_(True)
+        else:
+            t.fill_(-7777 if t.dtype.is_signed else 77)
+    return t
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Fill every tensor that ``torch.empty*`` returns with NaN (or a sentinel) while active.
+
+    Operators allocate their outputs with these functions, so an output element that the
+    kernel does not write stays NaN and fails the comparison.
+    """
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
+
+    def wrap(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def poisoned(*args, **kwargs):
+            return _poison(fn(*args, **kwargs))
+
+        return poisoned
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, wrap(fn))
+        torch.Tensor.new_empty = wrap(new_empty)
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+        torch.Tensor.new_empty = new_empty
+
+
+# ---- input layouts and special values ---------------------------------------------------------
+
+
+def relayout(t: Any, kind: str) -> Any:
+    """The same values as ``t`` in another memory layout (non-tensors pass through)."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() == 0:
+        return t
+    shape = tuple(t.shape)
+    if kind == "slice":  # rows of a wider tensor: unit stride inside a row, padded rows
+        base = torch.empty((*shape[:-1], shape[-1] + 3), dtype=t.dtype, device=t.device)
+        view = base[..., : shape[-1]]
+    elif kind == "transpose":  # dense but permuted (the last dimension is not unit-stride)
+        if t.dim() < 2:
+            return relayout(t, "stride2")
+        base = torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=t.dtype, device=t.device)
+        view = base.transpose(-1, -2)
+    elif kind == "stride2":  # every other element: no unit-stride view exists
+        base = torch.empty((*shape[:-1], 2 * shape[-1]), dtype=t.dtype, device=t.device)
+        view = base[..., ::2]
+    else:
+        raise ValueError(f"unknown layout {kind!r}")
+    base.fill_(float("nan") if t.dtype.is_floating_point else 0)  # gaps must never be read
+    view.copy_(t)
+    return view
+
+
+def _layout_inputs(inputs: Sequence[Any], kind: str) -> tuple:
+    if kind == "mixed":  # first tensor transposed, the others contiguous: strides disagree
+        first = next(i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor))
+        return tuple(relayout(t, "transpose") if i == first else t for i, t in enumerate(inputs))
+    return tuple(relayout(t, kind) for t in inputs)
+
+
+def inject_specials(inputs: Sequence[Any]) -> tuple:
+    """Put NaN, +inf and -inf at the start, middle and end of the first float input."""
+    out = list(inputs)
+    for i, t in enumerate(out):
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.numel() >= 3:
+            t = t.clone()
+            flat = t.view(-1)
+            n = flat.numel()
+            flat[0], flat[n // 2], flat[n - 1] = float("nan"), float("inf"), float("-inf")
+            out[i] = t
+            break
+    return tuple(out)
+
+
+# ---- comparison -----------------------------------------------------------------------------
+
+
+def _flatten(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flatten(o)]
+    raise TypeError(f"operator returned {type(out).__name__}, expected tensors")
+
+
+def _upcast(inputs: Sequence[Any]) -> tuple:
+    return tuple(
+        t.detach().double() if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t
+        for t in inputs
+    )
+
+
+def _rel_l2(err: torch.Tensor, ref: torch.Tensor) -> float:
+    denom = ref.norm().item()
+    num = err.norm().item()
+    return num / denom if denom > 0 else num
+
+
+@dataclass
+class _Errors:
+    passed: bool
+    max_abs: float
+    rel_l2: float
+    detail: str
+
+
+def _errors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> _Errors:
+    """Compare one output with the float64 reference: special values first, then magnitudes."""
+    ref_in_dtype = ref.to(out.dtype)  # what an exact result would round to (overflow -> inf)
+    out64 = out.double()
+    nan_out, nan_ref = torch.isnan(out64), torch.isnan(ref_in_dtype.double())
+    if not torch.equal(nan_out, nan_ref):
+        bad = (nan_out != nan_ref).nonzero()[0].tolist()
+        where = "NaN" if nan_out[tuple(bad)] else "a number"
+        return _Errors(False, math.inf, math.inf, f"{where} at index {bad} where PyTorch differs")
+    inf_ref = torch.isinf(ref_in_dtype.double())
+    if not torch.equal(torch.isinf(out64), inf_ref) or not torch.equal(
+        out64[inf_ref], ref_in_dtype.double()[inf_ref]
+    ):
+        return _Errors(False, math.inf, math.inf, "infinities differ from PyTorch's")
+    finite = ~(nan_ref | inf_ref)
+    diff = (out64 - ref)[finite]
+    refv = ref[finite]
+    if diff.numel() == 0:
+        return _Errors(True, 0.0, 0.0, "")
+    bound = tol.atol + tol.rtol * refv.abs()
+    excess = diff.abs() - bound
+    max_abs = diff.abs().max().item()
+    rel = _rel_l2(diff, refv)
+    if (excess > 0).any():
+        k = int(excess.argmax())
+        return _Errors(
+            False,
+            max_abs,
+            rel,
+            f"|out - ref| = {diff.abs()[k].item():.3g} > {bound[k].item():.3g} "
+            f"(atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|, ref = {refv[k].item():.6g})",
+        )
+    return _Errors(True, max_abs, rel, "")
+
+
+def compare(
+    ours: Any, ref: Any, torch_same: Any, tol: Tolerance
+) -> tuple[bool, float, float, float | None, str]:
+    """(passed, max_abs, rel_l2, torch_rel_l2, detail) over every output tensor."""
+    ours_t, ref_t, same_t = _flatten(ours), _flatten(ref), _flatten(torch_same)
+    if len(ours_t) != len(ref_t):
+        return False, math.inf, math.inf, None, f"{len(ours_t)} outputs, PyTorch gives {len(ref_t)}"
+    worst_abs, worst_rel, torch_rel = 0.0, 0.0, None
+    for i, (o, r, s) in enumerate(zip(ours_t, ref_t, same_t)):
+        if o.shape != s.shape:
+            return (
+                False,
+                math.inf,
+                math.inf,
+                None,
+                f"output {i} has shape {tuple(o.shape)}, PyTorch {tuple(s.shape)}",
+            )
+        if o.dtype != s.dtype:
+            return (
+                False,
+                math.inf,
+                math.inf,
+                None,
+                f"output {i} has dtype {o.dtype}, PyTorch {s.dtype}",
+            )
+        if not o.dtype.is_floating_point:
+            if not torch.equal(o, s):
+                return False, math.inf, math.inf, None, f"output {i} differs from PyTorch's"
+            continue
+        e = _errors(o.detach(), r.detach(), tol)
+        if not e.passed:
+            return False, e.max_abs, e.rel_l2, None, f"output {i}: {e.detail}"
+        worst_abs, worst_rel = max(worst_abs, e.max_abs), max(worst_rel, e.rel_l2)
+        finite = torch.isfinite(r)
+        # A ratio of two errors means something only over enough elements: on a handful,
+        # PyTorch's rounding can be exact by chance and any ratio explodes.
+        if finite.sum() >= MIN_ELEMENTS_FOR_RATIO:
+            rel_same = _rel_l2((s.detach().double() - r)[finite], r[finite].detach())
+            torch_rel = rel_same if torch_rel is None else max(torch_rel, rel_same)
+    return True, worst_abs, worst_rel, torch_rel, ""
+
+
+def _ratio(rel: float, torch_rel: float | None) -> float | None:
+    if torch_rel is None:
+        return None
+    if torch_rel == 0.0:
+        return 1.0 if rel == 0.0 else math.inf
+    return rel / torch_rel
+
+
+# ---- the engine -----------------------------------------------------------------------------
+
+
+def _run_forward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance):
+    with poisoned_allocations():
+        ours = spec.impl(*inputs, **params)
+    ref = spec.reference(*_upcast(inputs), **params)
+    same = spec.reference(*inputs, **params)
+    return compare(ours, ref, same, tol)
+
+
+def _run_backward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance, seed: int):
+    idx = spec.grad_indices(inputs)
+
+    def leaves(src: tuple) -> tuple:
+        return tuple(
+            t.detach().clone().requires_grad_() if i in idx else t for i, t in enumerate(src)
+        )
+
+    ours_in, ref_in, same_in = leaves(inputs), leaves(_upcast(inputs)), leaves(inputs)
+    ours_out = _flatten(spec.impl(*ours_in, **params))
+    gen = torch.Generator(device=ours_out[0].device).manual_seed(seed ^ 0x5EED)
+    grads = [
+        torch.randn(o.shape, generator=gen, device=o.device, dtype=torch.float32).to(o.dtype)
+        for o in ours_out
+    ]
+    with poisoned_allocations():
+        ours_g = torch.autograd.grad(ours_out, [ours_in[i] for i in idx], grads)
+    ref_out = _flatten(spec.reference(*ref_in, **params))
+    ref_g = torch.autograd.grad(ref_out, [ref_in[i] for i in idx], [g.double() for g in grads])
+    same_out = _flatten(spec.reference(*same_in, **params))
+    same_g = torch.autograd.grad(same_out, [same_in[i] for i in idx], grads)
+    return compare(list(ours_g), list(ref_g), list(same_g), tol)
+
+
+def _run_empty(spec: OpSpec, inputs: tuple, params: dict):
+    ours = _flatten(spec.impl(*inputs, **params))
+    same = _flatten(spec.reference(*inputs, **params))
+    for o, s in zip(ours, same):
+        if o.shape != s.shape or o.dtype != s.dtype:
+            return False, f"got {tuple(o.shape)} {o.dtype}, PyTorch {tuple(s.shape)} {s.dtype}"
+    if spec.backward:
+        idx = spec.grad_indices(inputs)
+        leaves = tuple(
+            t.detach().clone().requires_grad_() if i in idx else t for i, t in enumerate(inputs)
+        )
+        outs = _flatten(spec.impl(*leaves, **params))
+        grads = torch.autograd.grad(
+            outs, [leaves[i] for i in idx], [torch.ones_like(o) for o in outs]
+        )
+        for i, g in zip(idx, grads):
+            if g.shape != inputs[i].shape:
+                return False, f"gradient of input {i} has shape {tuple(g.shape)}"
+            if g.numel() and not torch.isfinite(g).all():
+                return False, f"gradient of input {i} is not finite"
+    return True, ""
+
+
+def _describe(params: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params.items())
+
+
+def check_spec(
+    spec: OpSpec,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: Sequence[Any] | None = None,
+    device: torch.device | str | None = None,
+    seed: int | None = None,
+    cases: Sequence[str] = CASES,
+    on_case: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """Run every check of one operator; returns one result per (params, shape, dtype, case)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    base_seed = fresh_seed() if seed is None else seed
+    results: list[CheckResult] = []
+    counter = 0
+
+    def record(res: CheckResult) -> None:
+        results.append(res)
+        if on_case:
+            on_case(res)
+
+    for params in spec.params:
+        for dtype in dtypes or spec.dtypes:
+            if dtype not in spec.dtypes:
+                continue
+            for shape in shapes if shapes is not None else spec.shapes.test:
+                for case in cases:
+                    if case == "empty":
+                        continue
+                    if case == "grad" and not spec.backward:
+                        continue
+                    if case == "specials" and not spec.special_values:
+                        continue
+                    counter += 1
+                    case_seed = (base_seed + 7919 * counter) % 2**31
+                    res = CheckResult(
+                        spec.name,
+                        _describe(params),
+                        str(shape),
+                        dtype_name(dtype),
+                        case,
+                        False,
+                        seed=case_seed,
+                    )
+                    try:
+                        inputs = spec.make_inputs(shape, dtype, device, case_seed)
+                        if case in ("slice", "transpose", "stride2", "mixed"):
+                            inputs = _layout_inputs(inputs, case)
+                        if case == "specials":
+                            inputs = inject_specials(inputs)
+                        if case == "grad":
+                            tol = spec.tolerance_for(dtype, grad=True)
+                            outcome = _run_backward(spec, inputs, params, tol, case_seed)
+                        else:
+                            outcome = _run_forward(spec, inputs, params, spec.tolerance_for(dtype))
+                        passed, max_abs, rel, torch_rel, detail = outcome
+                        res.passed, res.max_abs, res.rel_l2 = passed, max_abs, rel
+                        res.torch_rel_l2, res.ratio = torch_rel, _ratio(rel, torch_rel)
+                        res.detail = detail
+                    except Exception as exc:  # a crash is a failed check, reported with its cause
+                        res.detail = f"{type(exc).__name__}: {exc}".strip()
+                        res.detail += "\n" + traceback.format_exc(limit=4)
+                    record(res)
+            if "empty" in cases:
+                for shape in spec.shapes.empty:
+                    res = CheckResult(
+                        spec.name, _describe(params), str(shape), dtype_name(dtype), "empty", False
+                    )
+                    try:
+                        inputs = spec.make_inputs(shape, dtype, device, base_seed)
+                        res.passed, res.detail = _run_empty(spec, inputs, params)
+                    except Exception as exc:
+                        res.detail = f"{type(exc).__name__}: {exc}"
+                    record(res)
+    return results

@@ -1,0 +1,174 @@
+"""The OpSpec contract and the registry of operators.
+
+An OpSpec describes one operator once: what PyTorch computes (the reference), how to make
+inputs, at which shapes to test and time it, how many bytes and FLOPs it must at least move
+and do, how close it must be, and what to time it against. The check, bench and report
+engines work from the registry alone; they call only the public functions the spec names.
+
+This module is a leaf: specs import it, and nothing here imports the kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Elementwise bound against the float64 reference: ``|out - ref| <= atol + rtol * |ref|``."""
+
+    atol: float
+    rtol: float
+
+
+# Computed in float32 and rounded once, an output is within half a unit in the last place of
+# its dtype. bfloat16 gets two units (2**-6): Triton's CPU interpreter truncates float32 to
+# bfloat16 instead of rounding, which alone costs up to one unit.
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-6, rtol=1e-5),
+    torch.float16: Tolerance(atol=1e-5, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-5, rtol=2.0**-6),
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Shapes an operator is checked and timed at; what a shape means is up to make_inputs."""
+
+    test: Sequence[Any]  # small, odd, non-power-of-2: fast under the CPU interpreter
+    bench: Sequence[Any]  # fills the GPU
+    empty: Sequence[Any] = ()  # shapes with a zero-sized dimension
+
+
+class Unavailable(Exception):
+    """A baseline that cannot run here (no GPU, no nvcc, package missing); the message says why."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Something a user could call instead; ``build()`` returns a callable with impl's signature."""
+
+    name: str
+    build: Callable[[], Callable[..., Any]]
+    backward: bool = True  # whether it has a backward pass to time
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operator, described once. See DESIGN.md for the meaning of each field."""
+
+    name: str
+    family: str
+    impl: Callable[..., Any]
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Any, torch.dtype, torch.device, int], tuple]
+    shapes: Shapes
+    bytes: Callable[[tuple, str], int]  # (inputs, mode) -> fewest bytes moved
+    flops: Callable[[tuple, str], int] = lambda inputs, mode: 0
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    bench_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+    params: tuple[Mapping[str, Any], ...] = ({},)  # keyword arguments: all checked, first timed
+    tolerance: Mapping[torch.dtype, Tolerance] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    grad_tolerance: Mapping[torch.dtype, Tolerance] | None = None  # None: same as tolerance
+    backward: bool = True
+    grad_inputs: tuple[int, ...] | None = None  # inputs that get gradients; None: every float one
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)
+    variants: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    special_values: bool = True  # inject NaN and +-inf and expect PyTorch's pattern back
+    bench_note: Callable[[Any, str], str | None] = lambda shape, mode: None  # reason to skip
+    description: str = ""
+
+    def tolerance_for(self, dtype: torch.dtype, grad: bool = False) -> Tolerance:
+        table = self.grad_tolerance if grad and self.grad_tolerance is not None else self.tolerance
+        return table.get(dtype, DEFAULT_TOLERANCES[dtype])
+
+    def grad_indices(self, inputs: Sequence[Any]) -> list[int]:
+        if self.grad_inputs is not None:
+            return list(self.grad_inputs)
+        return [
+            i
+            for i, t in enumerate(inputs)
+            if isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+        ]
+
+
+class UnknownOp(KeyError):
+    """Raised for an operator name that is not registered; the message lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"operator {spec.name!r} is registered twice")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def load_specs() -> None:
+    """Import every spec module (idempotent); importing one registers its operators."""
+    importlib.import_module("tritonkit.specs")
+
+
+def all_specs() -> list[OpSpec]:
+    load_specs()
+    return list(_REGISTRY.values())
+
+
+def get_spec(name: str) -> OpSpec:
+    load_specs()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnknownOp(f"unknown operator {name!r}; known operators: {known}") from None
+
+
+def select(names: Sequence[str] | None) -> list[OpSpec]:
+    """Specs by name, in the order given, or all of them; a family name selects its operators."""
+    specs = all_specs()
+    if not names:
+        return specs
+    families = {s.family for s in specs}
+    chosen: list[OpSpec] = []
+    for name in names:
+        picked = [s for s in specs if s.family == name] if name in families else [get_spec(name)]
+        chosen.extend(s for s in picked if s not in chosen)
+    return chosen
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+_DTYPE_ALIASES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPE_ALIASES[name.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown dtype {name!r}; expected one of {', '.join(sorted(_DTYPE_ALIASES))}"
+        ) from None

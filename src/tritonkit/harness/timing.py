@@ -1,0 +1,129 @@
+"""GPU timing: CUDA events, warm-up, L2 flush, interleaved candidates, robust statistics.
+
+Every sample is one call between two CUDA events, preceded by a write of a buffer larger than
+the L2 cache so that no call finds its inputs cached by the previous one. Candidates that are
+compared are timed interleaved (each round times every candidate once, in rotating order), so
+that clock and thermal drift land on all of them alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of timing samples, in milliseconds."""
+
+    n: int
+    median: float
+    mean: float
+    p10: float
+    p90: float
+    p99: float
+    min: float
+    spread: float  # (p90 - p10) / median: how much to trust a difference between two medians
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
+    a = np.asarray(samples_ms, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("summarize: no samples")
+    p10, p50, p90, p99 = np.percentile(a, [10, 50, 90, 99])
+    return Stats(
+        n=int(a.size),
+        median=float(p50),
+        mean=float(a.mean()),
+        p10=float(p10),
+        p90=float(p90),
+        p99=float(p99),
+        min=float(a.min()),
+        spread=float((p90 - p10) / p50) if p50 > 0 else 0.0,
+    )
+
+
+@functools.cache
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    # Twice the L2 (50-60 MB on Hopper), at least 256 MiB.
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    size = max(256 << 20, 2 * l2)
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    device: torch.device | None = None,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 200.0,
+    min_samples: int = 20,
+    max_samples: int = 200,
+    flush_l2: bool = True,
+) -> dict[str, list[float]]:
+    """Time each zero-argument callable; returns per-candidate samples in milliseconds.
+
+    The first call of each candidate (compilation, autotuning, module load) is outside the
+    warm-up budget; after it, each candidate runs for about ``warmup_ms``. The number of
+    samples is chosen so that the slowest candidate takes about ``rep_ms`` in all, within
+    ``[min_samples, max_samples]``.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_interleaved needs a CUDA device; timings on the CPU mean nothing")
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    names = list(fns)
+    flush = _flush_buffer(device) if flush_l2 else None
+
+    estimates = {}
+    for name in names:
+        fns[name]()  # first call: compile, autotune, load
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls, elapsed = 0, 0.0
+        t0 = time.perf_counter()
+        while calls < 3 or (elapsed < warmup_ms and calls < 1000):
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            elapsed += start.elapsed_time(end)
+            calls += 1
+            if time.perf_counter() - t0 > 10:  # a pathological candidate must not stall a run
+                break
+        estimates[name] = elapsed / calls
+    slowest = max(estimates.values())
+    n = int(min(max_samples, max(min_samples, rep_ms / max(slowest, 1e-3))))
+
+    events = {name: [] for name in names}
+    for i in range(n):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            if flush is not None:
+                flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize(device)
+    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device) -> int:
+    """Bytes allocated at the peak of one call, above what was allocated before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return int(peak)

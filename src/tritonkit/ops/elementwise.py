@@ -1,0 +1,817 @@
+"""Elementwise family: activations, the broadcast bias + activation operator, add, and GLUs.
+
+One tiled kernel pair serves most of the family: ``act(x + bias)``, where the bias is either
+absent (relu, gelu, silu), one row broadcast over every row of ``x`` (bias_act, add with a
+broadcast operand), or a second operand shaped like ``x`` (add). A second pair computes the
+gated units ``act(gate) * up`` (swiglu, geglu).
+
+Every kernel works on "rows": a tensor seen as ``n_rows x n_cols`` with unit column stride and
+a row stride, so contiguous tensors, permuted-dense tensors and row-sliced views such as
+``proj.chunk(2, dim=-1)`` are read in place without a copy (see ``_utils.elementwise_rows``).
+Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonkit._utils import (
+    Rows,
+    as_rows,
+    cdiv,
+    check_choice,
+    check_same_device,
+    check_same_dtype,
+    check_same_shape,
+    check_tensor,
+    elementwise_output,
+    elementwise_rows,
+    next_power_of_2,
+    sm_count,
+)
+
+# Activation codes: constexpr integers so that each activation compiles to its own kernel.
+_ACT_NONE = tl.constexpr(0)
+_ACT_RELU = tl.constexpr(1)
+_ACT_GELU = tl.constexpr(2)
+_ACT_GELU_TANH = tl.constexpr(3)
+_ACT_SILU = tl.constexpr(4)
+ACTIVATIONS: dict[str, int] = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
+_GELU_TANH_C = tl.constexpr(0.044715)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr):
+    """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives."""
+    if ACT == _ACT_RELU:
+        # where(z < 0) rather than maximum(): max(NaN, 0) is 0 on the GPU, PyTorch gives NaN.
+        out = tl.where(z < 0.0, 0.0, z)
+    elif ACT == _ACT_GELU:
+        out = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
+    elif ACT == _ACT_GELU_TANH:
+        # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
+        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
+        out = z / (1.0 + tl.exp(-2.0 * u))
+    elif ACT == _ACT_SILU:
+        out = z / (1.0 + tl.exp(-z))
+    else:
+        out = z
+    return out
+
+
+@triton.jit
+def _act_grad(z, ACT: tl.constexpr):
+    """d act(z) / dz in fp32, matching PyTorch's backward formulas."""
+    if ACT == _ACT_RELU:
+        out = tl.where(z > 0.0, 1.0, 0.0)  # relu'(0) = 0, as threshold_backward
+    elif ACT == _ACT_GELU:
+        cdf = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2))
+        out = cdf + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
+    elif ACT == _ACT_GELU_TANH:
+        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
+        s = 1.0 / (1.0 + tl.exp(-2.0 * u))  # (1 + tanh u) / 2
+        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * z * z)
+        out = s + 2.0 * z * s * (1.0 - s) * du
+    elif ACT == _ACT_SILU:
+        s = 1.0 / (1.0 + tl.exp(-z))
+        out = s * (1.0 + z * (1.0 - s))
+    else:
+        out = tl.full(z.shape, 1.0, tl.float32)
+    return out
+
+
+@triton.jit
+def _tile(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column indices (int64) and the bounds mask of tile ``pid`` (tiles row-major)."""
+    num_pid_n = tl.cdiv(n_cols, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return rows, cols, mask
+
+
+@triton.jit
+def _bias_act_fwd_kernel(
+    x_ptr,  # input rows, unit column stride
+    b_ptr,  # bias: one row broadcast over all rows, or rows shaped like x; unused without bias
+    y_ptr,  # output rows
+    n_rows,  # rows of x
+    n_cols,  # elements per row
+    stride_xm,  # elements between rows of x
+    stride_bm,  # elements between rows of the bias (when it is not a single broadcast row)
+    stride_ym,  # elements between rows of y
+    ACT: tl.constexpr,  # activation code
+    HAS_BIAS: tl.constexpr,
+    BIAS_IS_ROW: tl.constexpr,  # load the bias tile once and reuse it for every row of the tile
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    # Streamed once: evict first so the L2 keeps the bias (and whatever the next kernel reuses).
+    z = tl.load(
+        x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, eviction_policy="evict_first"
+    ).to(tl.float32)
+    if HAS_BIAS:
+        if BIAS_IS_ROW:
+            b = tl.load(b_ptr + cols, mask=cols < n_cols, eviction_policy="evict_last")
+            z += b.to(tl.float32)[None, :]
+        else:
+            b = tl.load(
+                b_ptr + rows[:, None] * stride_bm + cols[None, :],
+                mask=mask,
+                eviction_policy="evict_first",
+            )
+            z += b.to(tl.float32)
+    y = _act(z, ACT)
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def _bias_act_bwd_kernel(
+    dy_ptr,  # upstream gradient rows
+    x_ptr,  # forward input rows (unused when ACT is none)
+    b_ptr,  # forward bias, as in the forward kernel
+    dx_ptr,  # gradient of x (written when STORE_DX)
+    dbias_partial_ptr,  # fp32 [row_groups, n_cols]: per-row-group column sums of dz
+    n_rows,
+    n_cols,
+    rows_per_program,  # rows each program walks (a multiple of BLOCK_M)
+    stride_dym,
+    stride_xm,
+    stride_bm,
+    stride_dxm,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_IS_ROW: tl.constexpr,
+    STORE_DX: tl.constexpr,
+    BIAS_PARTIALS: tl.constexpr,  # accumulate column sums of dz (the broadcast bias's gradient)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Programs are (column block, row group); each walks its row group so that the column sums
+    # stay in registers and only one partial row per group reaches memory.
+    pid_n = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE:
+        b_row = tl.load(b_ptr + cols, mask=col_mask).to(tl.float32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_start = pid_g.to(tl.int64) * rows_per_program
+    for r in range(0, rows_per_program, BLOCK_M):
+        rows = row_start + r + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        dz = tl.load(
+            dy_ptr + rows[:, None] * stride_dym + cols[None, :],
+            mask=mask,
+            other=0.0,
+            eviction_policy="evict_first",
+        ).to(tl.float32)
+        if ACT != _ACT_NONE:
+            z = tl.load(
+                x_ptr + rows[:, None] * stride_xm + cols[None, :],
+                mask=mask,
+                other=0.0,
+                eviction_policy="evict_first",
+            ).to(tl.float32)
+            if HAS_BIAS:
+                if BIAS_IS_ROW:
+                    z += b_row[None, :]
+                else:
+                    z += tl.load(
+                        b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask, other=0.0
+                    ).to(tl.float32)
+            dz = dz * _act_grad(z, ACT)
+        if STORE_DX:
+            tl.store(
+                dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
+                dz.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+        if BIAS_PARTIALS:
+            acc += tl.sum(tl.where(mask, dz, 0.0), axis=0)
+    if BIAS_PARTIALS:
+        tl.store(dbias_partial_ptr + pid_g * n_cols + cols, acc, mask=col_mask)
+
+
+@triton.jit
+def _colsum_kernel(
+    partial_ptr,  # fp32 [n_rows, n_cols], contiguous
+    out_ptr,  # [n_cols]
+    n_rows,
+    n_cols,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Second pass of the bias gradient: a fixed summation order, so results are deterministic.
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+        acc += tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    gate_ptr,  # gate rows
+    up_ptr,  # up rows
+    y_ptr,  # output rows
+    n_rows,
+    n_cols,
+    stride_gm,
+    stride_um,
+    stride_ym,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    g = tl.load(
+        gate_ptr + rows[:, None] * stride_gm + cols[None, :],
+        mask=mask,
+        eviction_policy="evict_first",
+    ).to(tl.float32)
+    u = tl.load(
+        up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, eviction_policy="evict_first"
+    ).to(tl.float32)
+    y = _act(g, ACT) * u
+    tl.store(
+        y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def _glu_bwd_kernel(
+    dy_ptr,
+    gate_ptr,
+    up_ptr,
+    dgate_ptr,
+    dup_ptr,
+    n_rows,
+    n_cols,
+    stride_dym,
+    stride_gm,
+    stride_um,
+    stride_dgm,
+    stride_dum,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    dy = tl.load(
+        dy_ptr + rows[:, None] * stride_dym + cols[None, :],
+        mask=mask,
+        eviction_policy="evict_first",
+    ).to(tl.float32)
+    g = tl.load(
+        gate_ptr + rows[:, None] * stride_gm + cols[None, :],
+        mask=mask,
+        eviction_policy="evict_first",
+    ).to(tl.float32)
+    u = tl.load(
+        up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, eviction_policy="evict_first"
+    ).to(tl.float32)
+    dgate = dy * u * _act_grad(g, ACT)
+    dup = dy * _act(g, ACT)
+    tl.store(
+        dgate_ptr + rows[:, None] * stride_dgm + cols[None, :],
+        dgate.to(dgate_ptr.dtype.element_ty),
+        mask=mask,
+    )
+    tl.store(
+        dup_ptr + rows[:, None] * stride_dum + cols[None, :],
+        dup.to(dup_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs: every block size of the family is chosen here.
+# ----------------------------------------------------------------------------------------------
+
+# Elements each program moves per tensor, and the widest tile row when a tile spans several
+# rows (narrower rows leave room for more of them, so a bias tile is reused across rows).
+# Chosen by benchmarks/sweep_elementwise.py on an H200; see benchmarks/NOTES.md.
+_TILE_ELEMS = 8192
+_MAX_BLOCK_N_MULTIROW = 1024
+_NUM_WARPS = 8
+_BWD_PROGRAMS_PER_SM = 4  # bias-gradient pass: programs per SM, each walking a group of rows
+_COLSUM_BLOCK = (32, 128)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape and warps for one elementwise launch."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+
+    @staticmethod
+    def for_rows(n_rows: int, n_cols: int) -> "TileConfig":
+        widest = _TILE_ELEMS if n_rows == 1 else _MAX_BLOCK_N_MULTIROW
+        block_n = min(next_power_of_2(n_cols), widest)
+        block_m = max(1, min(next_power_of_2(n_rows), _TILE_ELEMS // block_n))
+        num_warps = _NUM_WARPS if block_m * block_n >= 2048 else 4
+        return TileConfig(block_m, block_n, num_warps)
+
+    def grid(self, n_rows: int, n_cols: int) -> tuple[int]:
+        return (cdiv(n_rows, self.BLOCK_M) * cdiv(n_cols, self.BLOCK_N),)
+
+
+def _bwd_row_groups(n_rows: int, n_cols: int, cfg: TileConfig, device: torch.device) -> int:
+    """Row groups of the bias-gradient pass: about four programs per SM, never more than rows."""
+    col_blocks = cdiv(n_cols, cfg.BLOCK_N)
+    target = max(1, (_BWD_PROGRAMS_PER_SM * sm_count(device)) // col_blocks)
+    return max(1, min(cdiv(n_rows, cfg.BLOCK_M), target))
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _bias_layout(x: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """'none', 'full' (bias shaped like x) or 'row' (bias broadcast over x's leading dims)."""
+    if bias is None:
+        return "none"
+    if bias.shape == x.shape:
+        return "full"
+    return "row"
+
+
+def _bias_row(bias: torch.Tensor) -> Rows:
+    """A broadcast bias as one unit-stride row (the kernels index it by column alone)."""
+    (r,) = as_rows([bias], bias.numel())
+    return Rows(r.tensor, 1, r.n_cols, 0)
+
+
+def bias_act_fwd(x: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """``act(x + bias)`` with bias absent, shaped like x, or a suffix of x's shape."""
+    layout = _bias_layout(x, bias)
+    if layout == "row":
+        n_cols = bias.numel()
+        (xr,) = as_rows([x], n_cols)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        (yr,) = as_rows([y], n_cols)
+        br = _bias_row(bias)
+    else:
+        operands = [x] if bias is None else [x, bias]
+        in_rows, (yr,) = elementwise_rows(operands)
+        xr = in_rows[0]
+        br = in_rows[1] if bias is not None else xr
+        y = yr.tensor
+    if x.numel() == 0:
+        return y
+    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols)
+    _bias_act_fwd_kernel[cfg.grid(xr.n_rows, xr.n_cols)](
+        xr.tensor,
+        br.tensor,
+        yr.tensor,
+        xr.n_rows,
+        xr.n_cols,
+        xr.stride_row,
+        br.stride_row,
+        yr.stride_row,
+        ACT=ACTIVATIONS[activation],
+        HAS_BIAS=bias is not None,
+        BIAS_IS_ROW=layout == "row",
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    return y
+
+
+def bias_act_bwd(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    need_dx: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``act(x + bias)``: (dx, dbias); an output not asked for is an empty tensor.
+
+    With a bias shaped like x, the two gradients are the same tensor: only dx is returned
+    (dbias empty) and the caller uses dx for both.
+    """
+    layout = _bias_layout(x, bias)
+    empty = grad.new_empty(0)
+    if layout == "full":
+        need_dx = need_dx or need_dbias
+    row_partials = layout == "row" and need_dbias
+    if not (need_dx or row_partials):
+        return empty, empty
+    if layout == "row":
+        n_cols = bias.numel()
+        gr, xr = as_rows([grad, x], n_cols)
+        br = _bias_row(bias)
+        dxr = as_rows([torch.empty(x.shape, dtype=x.dtype, device=x.device)], n_cols)[0]
+    else:
+        operands = [grad, x] if bias is None else [grad, x, bias]
+        in_rows, (dxr,) = elementwise_rows(operands)
+        gr, xr = in_rows[0], in_rows[1]
+        br = in_rows[2] if bias is not None else xr
+    dx = dxr.tensor if need_dx else empty
+    dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if row_partials else empty
+    if grad.numel() == 0:
+        if row_partials:
+            dbias.zero_()  # a sum over no rows
+        return dx, dbias
+
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    if row_partials:
+        groups = _bwd_row_groups(gr.n_rows, gr.n_cols, cfg, grad.device)
+        rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
+        groups = cdiv(gr.n_rows, rows_per_program)
+        partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
+    else:
+        rows_per_program = cfg.BLOCK_M
+        groups = cdiv(gr.n_rows, cfg.BLOCK_M)
+        partial = empty
+    grid = (cdiv(gr.n_cols, cfg.BLOCK_N), groups)
+    _bias_act_bwd_kernel[grid](
+        gr.tensor,
+        xr.tensor,
+        br.tensor,
+        dxr.tensor,
+        partial,
+        gr.n_rows,
+        gr.n_cols,
+        rows_per_program,
+        gr.stride_row,
+        xr.stride_row,
+        br.stride_row,
+        dxr.stride_row,
+        ACT=ACTIVATIONS[activation],
+        HAS_BIAS=bias is not None,
+        BIAS_IS_ROW=layout == "row",
+        STORE_DX=need_dx,
+        BIAS_PARTIALS=row_partials,
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    if row_partials:
+        block_m, block_n = _COLSUM_BLOCK
+        _colsum_kernel[(cdiv(gr.n_cols, block_n),)](
+            partial, dbias, groups, gr.n_cols, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4
+        )
+    return dx, dbias
+
+
+def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up``."""
+    (gr, ur), (yr,) = elementwise_rows([gate, up])
+    if gate.numel() == 0:
+        return yr.tensor
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    _glu_fwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
+        gr.tensor,
+        ur.tensor,
+        yr.tensor,
+        gr.n_rows,
+        gr.n_cols,
+        gr.stride_row,
+        ur.stride_row,
+        yr.stride_row,
+        ACT=ACTIVATIONS[activation],
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    return yr.tensor
+
+
+def glu_bwd(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of ``act(gate) * up``: (dgate, dup)."""
+    (dyr, gr, ur), (dgr, dur) = elementwise_rows([grad, gate, up], n_outputs=2)
+    if gate.numel() == 0:
+        return dgr.tensor, dur.tensor
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    _glu_bwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
+        dyr.tensor,
+        gr.tensor,
+        ur.tensor,
+        dgr.tensor,
+        dur.tensor,
+        gr.n_rows,
+        gr.n_cols,
+        dyr.stride_row,
+        gr.stride_row,
+        ur.stride_row,
+        dgr.stride_row,
+        dur.stride_row,
+        ACT=ACTIVATIONS[activation],
+        BLOCK_M=cfg.BLOCK_M,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    return dgr.tensor, dur.tensor
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library registration: each launcher becomes an op that torch.compile traces as one node.
+# ----------------------------------------------------------------------------------------------
+
+
+def _bias_act_output(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if _bias_layout(x, bias) == "row":
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return elementwise_output([x] if bias is None else [x, bias])
+
+
+@torch.library.custom_op("tritonkit::bias_act", mutates_args=())
+def _bias_act_op(x: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    return bias_act_fwd(x, bias, activation)
+
+
+@_bias_act_op.register_fake
+def _(x, bias, activation):
+    return _bias_act_output(x, bias)
+
+
+@torch.library.custom_op("tritonkit::bias_act_backward", mutates_args=())
+def _bias_act_backward_op(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str,
+    need_dx: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return bias_act_bwd(grad, x, bias, activation, need_dx, need_dbias)
+
+
+@_bias_act_backward_op.register_fake
+def _(grad, x, bias, activation, need_dx, need_dbias):
+    layout = _bias_layout(x, bias)
+    empty = grad.new_empty(0)
+    if layout == "full":
+        need_dx = need_dx or need_dbias
+    dx = empty
+    if need_dx:
+        if layout == "row":
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        else:
+            dx = elementwise_output([grad, x] if bias is None else [grad, x, bias])
+    dbias = empty
+    if layout == "row" and need_dbias:
+        dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+    return dx, dbias
+
+
+@torch.library.custom_op("tritonkit::glu", mutates_args=())
+def _glu_op(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    return glu_fwd(gate, up, activation)
+
+
+@_glu_op.register_fake
+def _(gate, up, activation):
+    return elementwise_output([gate, up])
+
+
+@torch.library.custom_op("tritonkit::glu_backward", mutates_args=())
+def _glu_backward_op(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return glu_bwd(grad, gate, up, activation)
+
+
+@_glu_backward_op.register_fake
+def _(grad, gate, up, activation):
+    return elementwise_output([grad, gate, up]), elementwise_output([grad, gate, up])
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+class BiasActFunction(torch.autograd.Function):
+    """``act(x + bias)``; bias None, shaped like x, or broadcast over x's leading dimensions."""
+
+    @staticmethod
+    def forward(ctx, x, bias, activation):
+        y = torch.ops.tritonkit.bias_act(x, bias, activation)
+        ctx.activation = activation
+        ctx.bias_is_row = bias is not None and bias.shape != x.shape
+        if activation == "none":
+            # d(x + b)/dx is the identity: keep only the bias (its shape says how to reduce),
+            # not x, so that add frees its inputs as early as PyTorch's add does.
+            ctx.save_for_backward(bias if ctx.bias_is_row else None)
+        else:
+            ctx.save_for_backward(x, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        need_dx, need_dbias = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if ctx.activation == "none":
+            (bias,) = ctx.saved_tensors
+            dbias = None
+            if need_dbias:
+                if ctx.bias_is_row:
+                    _, dbias = torch.ops.tritonkit.bias_act_backward(
+                        grad, grad, bias, "none", False, True
+                    )
+                else:
+                    dbias = grad
+            return (grad if need_dx else None), dbias, None
+        x, bias = ctx.saved_tensors
+        dx, dbias = torch.ops.tritonkit.bias_act_backward(
+            grad, x, bias, ctx.activation, need_dx, need_dbias
+        )
+        if bias is not None and not ctx.bias_is_row:
+            dbias = dx  # d(x + b) is the same tensor for both operands
+        return (dx if need_dx else None), (dbias if need_dbias else None), None
+
+
+class GLUFunction(torch.autograd.Function):
+    """``act(gate) * up``."""
+
+    @staticmethod
+    def forward(ctx, gate, up, activation):
+        ctx.activation = activation
+        ctx.save_for_backward(gate, up)
+        return torch.ops.tritonkit.glu(gate, up, activation)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        dgate, dup = torch.ops.tritonkit.glu_backward(grad, gate, up, ctx.activation)
+        return (
+            dgate if ctx.needs_input_grad[0] else None,
+            dup if ctx.needs_input_grad[1] else None,
+            None,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+
+_BIAS_ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+_GELU_APPROXIMATIONS = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+def _strip_leading_ones(shape: torch.Size) -> tuple[int, ...]:
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Elementwise ``x + y`` (``torch.add`` without ``alpha``), with autograd.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device.
+        y: tensor of the same dtype and device. Either operand may be broadcast over the
+            other's leading dimensions (its shape, leading 1s aside, a suffix of the other's),
+            e.g. ``(B, S, C) + (C,)`` or ``(S, C) + (B, S, C)``; other broadcasts raise.
+
+    Returns:
+        ``x + y`` in the inputs' dtype, computed in float32 and rounded once.
+    """
+    op = "tritonkit.add"
+    check_tensor(op, "x", x)
+    check_tensor(op, "y", y)
+    check_same_device(op, x=x, y=y)
+    check_same_dtype(op, x=x, y=y)
+    try:
+        out_shape = torch.broadcast_shapes(x.shape, y.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: x and y must be broadcastable, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        ) from None
+    if x.shape == y.shape:
+        return BiasActFunction.apply(x, y, "none")
+    for big, small in ((x, y), (y, x)):
+        if big.shape != out_shape:
+            continue
+        core = _strip_leading_ones(small.shape)
+        if len(core) <= big.dim() and tuple(big.shape[big.dim() - len(core) :]) == core:
+            if small.numel() == big.numel():  # only leading 1s differ
+                return BiasActFunction.apply(big, small.reshape(big.shape), "none")
+            return BiasActFunction.apply(big, small.reshape(core), "none")
+    if x.numel() == y.numel():  # e.g. (S, C) + (1, S, C): both are the output up to leading 1s
+        return BiasActFunction.apply(x.reshape(out_shape), y.reshape(out_shape), "none")
+    raise ValueError(
+        f"{op}: only broadcasting over leading dimensions is supported (one operand's shape a "
+        f"suffix of the other's), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+    )
+
+
+def _activation(op: str, x: torch.Tensor, activation: str) -> torch.Tensor:
+    check_tensor(op, "x", x)
+    return BiasActFunction.apply(x, None, activation)
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    """``torch.relu(x)``, with autograd. NaN stays NaN.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any shape and strides.
+    """
+    return _activation("tritonkit.relu", x, "relu")
+
+
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``torch.nn.functional.gelu(x, approximate)``, with autograd.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any shape and strides.
+        approximate: ``"none"`` (exact, with erf) or ``"tanh"``.
+    """
+    check_choice("tritonkit.gelu", "approximate", approximate, tuple(_GELU_APPROXIMATIONS))
+    return _activation("tritonkit.gelu", x, _GELU_APPROXIMATIONS[approximate])
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.functional.silu(x)`` (x * sigmoid(x)), with autograd.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any shape and strides.
+    """
+    return _activation("tritonkit.silu", x, "silu")
+
+
+def bias_act(x: torch.Tensor, bias: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+    """``act(x + bias)`` in one pass, the bias broadcast over every leading dimension of x.
+
+    PyTorch needs two passes for this (``x + bias``, then the activation); here each tile of
+    bias is loaded once and reused across a block of rows. The backward pass computes
+    ``dx`` and the bias gradient (a deterministic column sum) in one read of the inputs.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor of shape ``(..., C)`` on a CUDA device.
+        bias: tensor of shape ``(C,)``, same dtype and device as x.
+        activation: None, ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
+    """
+    op = "tritonkit.bias_act"
+    check_tensor(op, "x", x)
+    check_tensor(op, "bias", bias)
+    check_same_device(op, x=x, bias=bias)
+    check_same_dtype(op, x=x, bias=bias)
+    check_choice(op, "activation", activation, _BIAS_ACTIVATIONS)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    if tuple(bias.shape) != (x.shape[-1],):
+        raise ValueError(
+            f"{op}: bias must have shape (x.shape[-1],) = ({x.shape[-1]},), got {tuple(bias.shape)}"
+        )
+    return BiasActFunction.apply(x, bias, activation or "none")
+
+
+def _glu(op: str, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    check_tensor(op, "gate", gate)
+    check_tensor(op, "up", up)
+    check_same_device(op, gate=gate, up=up)
+    check_same_dtype(op, gate=gate, up=up)
+    check_same_shape(op, gate=gate, up=up)
+    return GLUFunction.apply(gate, up, activation)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: ``silu(gate) * up`` in one pass, with autograd.
+
+    Args:
+        gate: float32, float16 or bfloat16 tensor on a CUDA device. Views such as
+            ``proj(x).chunk(2, dim=-1)`` are read in place.
+        up: tensor of the same shape, dtype and device.
+    """
+    return _glu("tritonkit.swiglu", gate, up, "silu")
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GEGLU: ``gelu(gate, approximate) * up`` in one pass, with autograd.
+
+    Args:
+        gate: float32, float16 or bfloat16 tensor on a CUDA device.
+        up: tensor of the same shape, dtype and device.
+        approximate: ``"none"`` or ``"tanh"``, as in ``torch.nn.functional.gelu``.
+    """
+    check_choice("tritonkit.geglu", "approximate", approximate, tuple(_GELU_APPROXIMATIONS))
+    return _glu("tritonkit.geglu", gate, up, _GELU_APPROXIMATIONS[approximate])

@@ -1,0 +1,143 @@
+"""Memory-access patterns: a coalesced copy and a tiled transpose (with its naive strided variant).
+
+``copy`` is the elementwise kernel with nothing to compute: each warp reads and writes
+consecutive 16-byte vectors, so it runs at the copy bandwidth and is the yardstick for the
+others. ``transpose`` reads a tile along rows and writes it along columns of the output; the
+tile passes through shared memory (Triton inserts the layout conversion), so both the read and
+the write stay coalesced. The strided variant is the same kernel with a one-row tile: reads
+are coalesced, writes land ``M`` elements apart, one 32-byte sector per element.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonkit._utils import LAYOUT_COPIES, cdiv, check_tensor
+from tritonkit.ops.elementwise import BiasActFunction
+
+
+@triton.jit
+def _transpose_kernel(
+    x_ptr,  # input [batch, M, N], any strides
+    y_ptr,  # output [batch, N, M], contiguous
+    M,
+    N,
+    stride_xb,
+    stride_xm,
+    stride_xn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    batch = pid // tiles
+    pid_m = (pid % tiles) // tiles_n
+    pid_n = pid % tiles_n
+    rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    x_base = x_ptr + batch.to(tl.int64) * stride_xb
+    tile = tl.load(x_base + rm[:, None] * stride_xm + rn[None, :] * stride_xn, mask=mask)
+    y_base = y_ptr + batch.to(tl.int64) * M * N
+    tl.store(y_base + rn[:, None] * M + rm[None, :], tl.trans(tile), mask=tl.trans(mask))
+
+
+@dataclass(frozen=True)
+class TransposeConfig:
+    """Tile of the transpose kernel; BLOCK_M = 1 gives the naive strided transpose."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+
+
+# Measured on an H200 (benchmarks/results): 64 x 64 tiles with 4 warps.
+TILED = TransposeConfig(64, 64, 4)
+STRIDED = TransposeConfig(1, 1024, 4)
+
+
+def transpose_fwd(x: torch.Tensor, config: TransposeConfig = TILED) -> torch.Tensor:
+    """``x.transpose(-2, -1).contiguous()``; the launcher behind tritonkit.transpose."""
+    *batch_shape, m, n = x.shape
+    y = torch.empty((*batch_shape, n, m), dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    try:
+        x3 = x.view(-1, m, n)
+    except RuntimeError:  # batch dimensions without one common stride
+        LAYOUT_COPIES.count += 1
+        x3 = x.contiguous().view(-1, m, n)
+    batch = x3.shape[0]
+    grid = (batch * cdiv(m, config.BLOCK_M) * cdiv(n, config.BLOCK_N),)
+    _transpose_kernel[grid](
+        x3,
+        y,
+        m,
+        n,
+        x3.stride(0) if batch > 1 else 0,
+        x3.stride(1),
+        x3.stride(2),
+        BLOCK_M=config.BLOCK_M,
+        BLOCK_N=config.BLOCK_N,
+        num_warps=config.num_warps,
+    )
+    return y
+
+
+@torch.library.custom_op("tritonkit::transpose", mutates_args=())
+def _transpose_op(x: torch.Tensor) -> torch.Tensor:
+    return transpose_fwd(x)
+
+
+@_transpose_op.register_fake
+def _(x):
+    *batch_shape, m, n = x.shape
+    return x.new_empty((*batch_shape, n, m))
+
+
+class TransposeFunction(torch.autograd.Function):
+    """Materialized transpose of the last two dimensions; the gradient is transposed back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.ops.tritonkit.transpose(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ops.tritonkit.transpose(grad)
+
+
+def copy(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor equal to x (``torch.clone``), with autograd.
+
+    Dense inputs keep their strides, other views give a contiguous copy, as ``torch.clone``.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device.
+    """
+    check_tensor("tritonkit.copy", "x", x)
+    return BiasActFunction.apply(x, None, "none")
+
+
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """The transpose of the last two dimensions, materialized: ``x.transpose(-2, -1).contiguous()``.
+
+    Unlike ``torch.transpose``, which returns a view, this moves the data, through a tiled
+    kernel whose reads and writes are both coalesced.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor of shape ``(..., M, N)`` on a CUDA device, any
+            strides.
+
+    Returns:
+        A contiguous tensor of shape ``(..., N, M)``.
+    """
+    check_tensor("tritonkit.transpose", "x", x)
+    if x.dim() < 2:
+        raise ValueError(
+            f"tritonkit.transpose: x must have at least 2 dimensions, got shape {tuple(x.shape)}"
+        )
+    return TransposeFunction.apply(x)

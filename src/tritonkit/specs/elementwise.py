@@ -1,0 +1,244 @@
+"""Specs of the elementwise family: activations, bias + activation, add, gated units."""
+
+import torch
+import torch.nn.functional as F
+
+import tritonkit
+from tritonkit.harness.spec import DEFAULT_TOLERANCES, OpSpec, Shapes, Tolerance, register
+from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
+from tritonkit.specs._cuda_gelu import cuda_gelu_baseline
+
+FAMILY = "elementwise"
+
+# Small, odd and non-power-of-2 for the CPU interpreter; 256 MiB per bf16 tensor on the GPU.
+UNARY_SHAPES = Shapes(
+    test=[(), (1,), (7,), (3, 129), (2, 5, 33), (1000,)],
+    bench=[(16384, 8192)],
+    empty=[(0,), (3, 0, 5)],
+)
+
+
+def _unary_inputs(shape, dtype, device, seed):
+    return (randn(shape, dtype, device, generator(device, seed)),)
+
+
+def _unary_bytes(inputs, mode):
+    (x,) = inputs
+    # fwd: read x, write y. bwd: read dy and x, write dx.
+    return {"fwd": 2, "bwd": 3, "fwd+bwd": 5}[mode] * nbytes(x)
+
+
+def _unary_spec(name, impl, reference, description, baselines=None):
+    return register(
+        OpSpec(
+            name=name,
+            family=FAMILY,
+            impl=impl,
+            reference=reference,
+            make_inputs=_unary_inputs,
+            shapes=UNARY_SHAPES,
+            bytes=_unary_bytes,
+            flops=lambda inputs, mode: 0,
+            baselines={**torch_baselines(reference), **(baselines or {})},
+            description=description,
+        )
+    )
+
+
+def _gelu_tanh(x):
+    return tritonkit.gelu(x, approximate="tanh")
+
+
+def _gelu_tanh_ref(x):
+    return F.gelu(x, approximate="tanh")
+
+
+_unary_spec("relu", tritonkit.relu, torch.relu, "max(x, 0), NaN kept")
+_unary_spec(
+    "gelu", tritonkit.gelu, F.gelu, "GELU, exact (erf)", {"cuda": cuda_gelu_baseline("none")}
+)
+_unary_spec(
+    "gelu_tanh",
+    _gelu_tanh,
+    _gelu_tanh_ref,
+    "GELU, tanh approximation",
+    {"cuda": cuda_gelu_baseline("tanh")},
+)
+_unary_spec("silu", tritonkit.silu, F.silu, "x * sigmoid(x)")
+
+
+# A broadcast operand's gradient sums up to n_rows float32 terms: its absolute error grows with
+# the sum of their magnitudes (about n_rows * 2**-24 each), not with the result, which can
+# cancel to near zero. The test shapes sum at most 300 rows of O(1) terms.
+ROW_SUM_GRAD_TOLERANCE = {**DEFAULT_TOLERANCES, torch.float32: Tolerance(atol=2e-5, rtol=1e-5)}
+
+
+# ---- add --------------------------------------------------------------------------------------
+
+
+def _add_inputs(shape, dtype, device, seed):
+    x_shape, y_shape = shape
+    gen = generator(device, seed)
+    return randn(x_shape, dtype, device, gen), randn(y_shape, dtype, device, gen)
+
+
+def _add_bytes(inputs, mode):
+    x, y = inputs
+    out = x.numel() if x.numel() >= y.numel() else y.numel()
+    out_bytes = out * x.element_size()
+    small = x if x.numel() < y.numel() else y
+    fwd = nbytes(x, y) + out_bytes
+    # bwd: gradients pass through unchanged, except a broadcast operand's, which is the
+    # upstream gradient summed over the broadcast dimensions (read it, write the sum).
+    bwd = out_bytes + nbytes(small) if x.shape != y.shape else 0
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def _add_bench_note(shape, mode):
+    x_shape, y_shape = shape
+    if mode == "bwd" and x_shape == y_shape:
+        return "the gradient passes through to both inputs: no kernel runs (as in PyTorch)"
+    return None
+
+
+register(
+    OpSpec(
+        name="add",
+        family=FAMILY,
+        impl=tritonkit.add,
+        reference=torch.add,
+        make_inputs=_add_inputs,
+        shapes=Shapes(
+            test=[
+                ((7,), (7,)),
+                ((3, 129), (3, 129)),
+                ((2, 5, 33), (33,)),
+                ((2, 5, 33), (1, 5, 33)),
+                ((33,), (4, 33)),
+                ((5, 33), (1, 5, 33)),
+                ((1000,), ()),
+            ],
+            bench=[((16384, 8192), (16384, 8192)), ((16384, 8192), (8192,))],
+            empty=[((0, 5), (5,)), ((3, 0), (3, 0))],
+        ),
+        bytes=_add_bytes,
+        grad_tolerance=ROW_SUM_GRAD_TOLERANCE,
+        baselines=torch_baselines(torch.add),
+        bench_note=_add_bench_note,
+        description="x + y, one operand broadcast over the other's leading dimensions",
+    )
+)
+
+
+# ---- bias + activation --------------------------------------------------------------------
+
+
+def _bias_act_inputs(shape, dtype, device, seed):
+    gen = generator(device, seed)
+    return randn(shape, dtype, device, gen), randn((shape[-1],), dtype, device, gen)
+
+
+def _bias_act_bytes(inputs, mode):
+    x, bias = inputs
+    # fwd: read x and bias, write y. bwd: read dy, x and bias, write dx and dbias.
+    fwd = 2 * nbytes(x) + nbytes(bias)
+    bwd = 3 * nbytes(x) + 2 * nbytes(bias)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+_EAGER_ACT = {
+    None: lambda z: z,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": _gelu_tanh_ref,
+    "silu": F.silu,
+}
+
+
+def _bias_act_ref(x, bias, activation=None):
+    return _EAGER_ACT[activation](x + bias)
+
+
+register(
+    OpSpec(
+        name="bias_act",
+        family=FAMILY,
+        impl=tritonkit.bias_act,
+        reference=_bias_act_ref,
+        make_inputs=_bias_act_inputs,
+        shapes=Shapes(
+            test=[(7,), (3, 129), (2, 5, 33), (300, 7)],
+            bench=[(16384, 8192)],
+            empty=[(0, 5), (4, 0)],
+        ),
+        params=(
+            {"activation": "relu"},
+            {"activation": None},
+            {"activation": "gelu"},
+            {"activation": "gelu_tanh"},
+            {"activation": "silu"},
+        ),
+        bytes=_bias_act_bytes,
+        grad_tolerance=ROW_SUM_GRAD_TOLERANCE,
+        baselines=torch_baselines(_bias_act_ref),
+        description="act(x + bias), bias broadcast over rows; one pass instead of two",
+    )
+)
+
+
+# ---- gated linear units -------------------------------------------------------------------
+
+
+def _glu_inputs(shape, dtype, device, seed):
+    gen = generator(device, seed)
+    return randn(shape, dtype, device, gen), randn(shape, dtype, device, gen)
+
+
+def _glu_bytes(inputs, mode):
+    gate, _ = inputs
+    # fwd: read gate and up, write y. bwd: read dy, gate and up, write dgate and dup.
+    return {"fwd": 3, "bwd": 5, "fwd+bwd": 8}[mode] * nbytes(gate)
+
+
+def _swiglu_ref(gate, up):
+    return F.silu(gate) * up
+
+
+def _geglu_ref(gate, up, approximate="none"):
+    return F.gelu(gate, approximate=approximate) * up
+
+
+_GLU_SHAPES = Shapes(
+    test=[(7,), (3, 129), (2, 5, 33)],
+    bench=[(16384, 8192)],
+    empty=[(0, 8)],
+)
+
+register(
+    OpSpec(
+        name="swiglu",
+        family=FAMILY,
+        impl=tritonkit.swiglu,
+        reference=_swiglu_ref,
+        make_inputs=_glu_inputs,
+        shapes=_GLU_SHAPES,
+        bytes=_glu_bytes,
+        baselines=torch_baselines(_swiglu_ref),
+        description="silu(gate) * up",
+    )
+)
+
+register(
+    OpSpec(
+        name="geglu",
+        family=FAMILY,
+        impl=tritonkit.geglu,
+        reference=_geglu_ref,
+        make_inputs=_glu_inputs,
+        shapes=_GLU_SHAPES,
+        params=({"approximate": "none"}, {"approximate": "tanh"}),
+        bytes=_glu_bytes,
+        baselines=torch_baselines(_geglu_ref),
+        description="gelu(gate) * up",
+    )
+)

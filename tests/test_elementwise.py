@@ -1,0 +1,235 @@
+"""Elementwise family: accuracy through the check engine, bad inputs, layouts, autograd, compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tritonkit
+from tritonkit import _utils
+
+from _checks import assert_spec_passes
+
+OPS = ["relu", "gelu", "gelu_tanh", "silu", "add", "bias_act", "swiglu", "geglu"]
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_check_engine_passes(name, device):
+    """Every shape x dtype x params: random, non-contiguous, NaN/inf, gradients, empty."""
+    assert_spec_passes(name, device)
+
+
+# ---- bad inputs: clear errors naming the argument ------------------------------------------
+
+
+def test_integer_dtype_is_a_type_error(device):
+    x = torch.arange(6, device=device)
+    with pytest.raises(TypeError, match=r"tritonkit.gelu: x must have dtype .* got int64"):
+        tritonkit.gelu(x)
+
+
+def test_non_tensor_is_a_type_error():
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor, got list"):
+        tritonkit.relu([1.0, 2.0])
+
+
+def test_mismatched_dtypes_are_a_type_error(device):
+    x = torch.randn(4, 8, device=device)
+    y = torch.randn(4, 8, device=device, dtype=torch.float16)
+    with pytest.raises(
+        TypeError, match=r"y must have the same dtype as x \(float32\), got float16"
+    ):
+        tritonkit.add(x, y)
+    with pytest.raises(TypeError, match="up must have the same dtype as gate"):
+        tritonkit.swiglu(x, y)
+
+
+def test_different_devices_are_a_value_error(device):
+    x = torch.randn(4, 8, device=device)
+    other = torch.empty(4, 8, device="meta")
+    with pytest.raises(ValueError, match=r"y must be on the same device as x"):
+        tritonkit.add(x, other)
+    with pytest.raises(ValueError, match=r"bias must be on the same device as x"):
+        tritonkit.bias_act(x, torch.empty(8, device="meta"))
+
+
+def test_mismatched_shapes_are_a_value_error(device):
+    gate = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match=r"up must have the same shape as gate \(\(4, 8\)\)"):
+        tritonkit.swiglu(gate, torch.randn(4, 9, device=device))
+    with pytest.raises(ValueError, match="x and y must be broadcastable"):
+        tritonkit.add(gate, torch.randn(3, 8, device=device))
+
+
+def test_general_broadcast_is_refused_with_the_reason(device):
+    x = torch.randn(4, 1, 8, device=device)
+    y = torch.randn(5, 8, device=device)
+    with pytest.raises(ValueError, match="only broadcasting over leading dimensions"):
+        tritonkit.add(x, y)
+
+
+def test_bias_of_wrong_length(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(
+        ValueError, match=r"bias must have shape \(x.shape\[-1\],\) = \(8,\), got \(7,\)"
+    ):
+        tritonkit.bias_act(x, torch.randn(7, device=device))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        tritonkit.bias_act(x, torch.randn(4, 8, device=device))
+
+
+def test_unknown_activation_and_approximation(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        tritonkit.bias_act(x, torch.randn(8, device=device), activation="tanh")
+    with pytest.raises(ValueError, match="approximate must be one of"):
+        tritonkit.gelu(x, approximate="fast")
+
+
+def test_cpu_tensor_without_interpreter_names_the_fix(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(
+        ValueError, match=r"must be on a CUDA device, got device cpu.*TRITON_INTERPRET"
+    ):
+        tritonkit.relu(torch.randn(3))
+
+
+def test_failed_call_leaves_inputs_untouched(device):
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    before = x.detach().clone()
+    with pytest.raises(ValueError):
+        tritonkit.bias_act(x, torch.randn(7, device=device))
+    assert torch.equal(x.detach(), before)
+    assert x.grad is None
+
+
+# ---- layouts ---------------------------------------------------------------------------------
+
+
+def test_chunked_projection_is_read_in_place(device):
+    """gate/up = proj.chunk(2, -1) are row-strided views: no copy is made."""
+    proj = torch.randn(6, 2 * 40, device=device)
+    gate, up = proj.chunk(2, dim=-1)
+    assert not gate.is_contiguous()
+    _utils.LAYOUT_COPIES.reset()
+    out = tritonkit.swiglu(gate, up)
+    assert _utils.LAYOUT_COPIES.reset() == 0
+    torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_permuted_input_keeps_pytorch_output_strides(device):
+    x = torch.randn(24, 10, device=device).t()
+    out = tritonkit.gelu(x)
+    assert out.stride() == F.gelu(x).stride()
+    torch.testing.assert_close(out, F.gelu(x), rtol=1e-5, atol=1e-6)
+
+
+def test_strided_input_is_copied_and_counted(device):
+    x = torch.randn(5, 16, device=device)[:, ::2]
+    _utils.LAYOUT_COPIES.reset()
+    out = tritonkit.silu(x)
+    assert _utils.LAYOUT_COPIES.reset() == 1
+    torch.testing.assert_close(out, F.silu(x), rtol=1e-5, atol=1e-6)
+
+
+# ---- semantics ---------------------------------------------------------------------------------
+
+
+def test_relu_keeps_nan_and_negative_zero(device):
+    x = torch.tensor([float("nan"), -0.0, -1.0, 2.0], device=device)
+    out = tritonkit.relu(x)
+    assert torch.isnan(out[0])
+    assert torch.equal(out[1:], torch.relu(x)[1:])
+
+
+def test_add_broadcast_gradient_has_the_operand_shape(device):
+    x = torch.randn(3, 4, 5, device=device, requires_grad=True)
+    y = torch.randn(1, 4, 5, device=device, requires_grad=True)
+    tritonkit.add(x, y).sum().backward()
+    assert y.grad.shape == y.shape
+    torch.testing.assert_close(y.grad, torch.full_like(y, 3.0))
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+
+
+def test_bias_grad_is_deterministic(device):
+    x = torch.randn(300, 7, device=device, requires_grad=True)
+    b = torch.randn(7, device=device, requires_grad=True)
+    g = torch.randn(300, 7, device=device)
+    grads = [torch.autograd.grad(tritonkit.bias_act(x, b, "gelu"), b, g)[0] for _ in range(2)]
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_only_requested_gradients(device):
+    x = torch.randn(8, 6, device=device)
+    b = torch.randn(6, device=device, requires_grad=True)
+    (gb,) = torch.autograd.grad(tritonkit.bias_act(x, b, "silu").sum(), b)
+    xd, bd = x.double(), b.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(F.silu(xd + bd).sum(), bd)
+    torch.testing.assert_close(gb.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- modules ---------------------------------------------------------------------------------
+
+
+def test_modules_match_torch_nn(device):
+    x = torch.randn(5, 33, device=device)
+    torch.testing.assert_close(tritonkit.nn.ReLU()(x), torch.nn.ReLU()(x))
+    torch.testing.assert_close(
+        tritonkit.nn.GELU("tanh")(x), torch.nn.GELU("tanh")(x), rtol=1e-5, atol=1e-6
+    )
+    torch.testing.assert_close(tritonkit.nn.SiLU()(x), torch.nn.SiLU()(x), rtol=1e-5, atol=1e-6)
+    assert "approximate='tanh'" in repr(tritonkit.nn.GELU("tanh"))
+
+
+def test_modules_reject_inplace_and_bad_approximation():
+    with pytest.raises(ValueError, match="inplace=True is not supported"):
+        tritonkit.nn.ReLU(inplace=True)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        tritonkit.nn.GELU("fast")
+
+
+# ---- torch.compile -----------------------------------------------------------------------------
+
+COMPILE_CASES = {
+    "relu": (lambda x, y: tritonkit.relu(x) * 2, lambda x, y: torch.relu(x) * 2),
+    "gelu": (
+        lambda x, y: tritonkit.gelu(x, "tanh") + 1,
+        lambda x, y: F.gelu(x, approximate="tanh") + 1,
+    ),
+    "silu": (lambda x, y: tritonkit.silu(x), lambda x, y: F.silu(x)),
+    "add": (lambda x, y: tritonkit.add(x, y[0]), lambda x, y: x + y[0]),
+    "bias_act": (lambda x, y: tritonkit.bias_act(x, y[0], "gelu"), lambda x, y: F.gelu(x + y[0])),
+    "swiglu": (lambda x, y: tritonkit.swiglu(x, y), lambda x, y: F.silu(x) * y),
+    "geglu": (lambda x, y: tritonkit.geglu(x, y), lambda x, y: F.gelu(x) * y),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CASES))
+def test_compile_fullgraph_traces(name, device):
+    """fullgraph=True fails on any graph break: the custom ops and Functions must trace."""
+    torch._dynamo.reset()
+    fn, ref = COMPILE_CASES[name]
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    x = torch.randn(6, 10, device=device, requires_grad=True)
+    y = torch.randn(6, 10, device=device, requires_grad=True)
+    out = compiled(x, y)
+    expected = ref(x, y)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, y), g, allow_unused=True)
+    want = torch.autograd.grad(expected, (x, y), g, allow_unused=True)
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None or not a.any()
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.compile
+def test_compile_with_inductor(device):
+    """The default backend (inductor) runs the custom op inside its generated code."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, b: tritonkit.bias_act(x, b, "silu") * 3, fullgraph=True)
+    x = torch.randn(4, 12, device=device)
+    b = torch.randn(12, device=device)
+    torch.testing.assert_close(fn(x, b), F.silu(x + b) * 3, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,247 @@
+"""The workbench itself: the check engine must catch wrong kernels; stats, registry, reports."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from tritonkit.harness import report, spec
+from tritonkit.harness.check import (
+    check_spec,
+    inject_specials,
+    poisoned_allocations,
+    relayout,
+)
+from tritonkit.harness.spec import OpSpec, Shapes
+from tritonkit.harness.timing import summarize
+
+
+def _toy_spec(impl, reference=torch.sin, **kw):
+    def make_inputs(shape, dtype, device, seed):
+        g = torch.Generator(device=device).manual_seed(seed)
+        return (torch.randn(shape, generator=g, device=device).to(dtype),)
+
+    defaults = dict(
+        name="toy",
+        family="toy",
+        impl=impl,
+        reference=reference,
+        make_inputs=make_inputs,
+        shapes=Shapes(test=[(5, 17)], bench=[], empty=[(0, 3)]),
+        bytes=lambda inputs, mode: 0,
+        dtypes=(torch.float32,),
+    )
+    defaults.update(kw)
+    return OpSpec(**defaults)
+
+
+def _failures(s, **kw):
+    return {r.case for r in check_spec(s, seed=0, **kw) if not r.passed}
+
+
+def _sin_writing_all_but_last(x):
+    out = torch.empty_like(x)
+    flat_out, flat_x = out.view(-1), x.reshape(-1)
+    flat_out[:-1] = torch.sin(flat_x[:-1])
+    return out
+
+
+def test_correct_operator_passes_every_case():
+    assert _failures(_toy_spec(torch.sin)) == set()
+
+
+def test_unwritten_output_element_is_caught_by_poisoning():
+    # With a plain allocator the last element could hold anything, even the right value;
+    # poisoned allocations make it NaN. (The specials case puts -inf there, whose sine is NaN.)
+    failed = _failures(_toy_spec(_sin_writing_all_but_last, backward=False))
+    assert {"random", "slice", "transpose", "stride2", "mixed"} <= failed
+
+
+def test_small_error_beyond_tolerance_is_caught():
+    assert "random" in _failures(_toy_spec(lambda x: torch.sin(x) * (1 + 1e-4)))
+
+
+def test_nan_swallowed_is_caught():
+    assert _failures(_toy_spec(lambda x: torch.sin(torch.nan_to_num(x)))) == {"specials"}
+
+
+def test_wrong_gradient_is_caught():
+    class BadGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sin(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.cos(x) * 1.01
+
+    assert _failures(_toy_spec(BadGrad.apply)) == {"grad"}
+
+
+def test_wrong_shape_or_crash_is_a_failure_not_an_exception():
+    res = check_spec(_toy_spec(lambda x: torch.sin(x).t()), seed=0, cases=("random",))
+    assert not res[0].passed and "shape" in res[0].detail
+    res = check_spec(_toy_spec(lambda x: 1 / 0), seed=0, cases=("random",))
+    assert not res[0].passed and "ZeroDivisionError" in res[0].detail
+
+
+def test_layout_dependent_bug_is_caught():
+    # An operator that ignores strides and reads the underlying storage in order.
+    def storage_order_sin(x):
+        flat = torch.as_strided(x, (x.numel(),), (1,))
+        return torch.sin(flat).view(x.shape)
+
+    failed = _failures(_toy_spec(storage_order_sin, backward=False))
+    assert {"slice", "transpose", "stride2"} <= failed
+    assert "random" not in failed
+
+
+def test_poisoned_allocations_restore_torch():
+    original = torch.empty
+    with poisoned_allocations():
+        assert torch.isnan(torch.empty(4)).all()
+        assert torch.isnan(torch.empty_like(torch.zeros(3))).all()
+        assert (torch.empty(2, dtype=torch.int32) == -7777).all()
+    assert torch.empty is original
+
+
+@pytest.mark.parametrize("kind", ["slice", "transpose", "stride2"])
+def test_relayout_keeps_values_changes_strides(kind):
+    x = torch.randn(3, 4, 5)
+    y = relayout(x, kind)
+    assert torch.equal(x, y)
+    assert y.stride() != x.stride()
+
+
+def test_inject_specials_leaves_the_input_alone():
+    x = torch.randn(10)
+    (y,) = inject_specials((x,))
+    assert torch.isfinite(x).all()
+    assert torch.isnan(y[0]) and y[5] == math.inf and y[9] == -math.inf
+
+
+def test_summarize_known_samples():
+    s = summarize(list(range(1, 101)))
+    assert s.n == 100 and s.median == pytest.approx(50.5)
+    assert s.p10 == pytest.approx(10.9) and s.p90 == pytest.approx(90.1)
+    assert s.spread == pytest.approx((90.1 - 10.9) / 50.5)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_unknown_op_lists_known_ones():
+    with pytest.raises(spec.UnknownOp, match=r"unknown operator 'gelux'; known operators: .*gelu"):
+        spec.get_spec("gelux")
+
+
+def test_select_by_family_and_name():
+    names = [s.name for s in spec.select(["memory", "relu"])]
+    assert names == ["copy", "transpose", "relu"]
+
+
+def test_every_spec_is_complete():
+    for s in spec.all_specs():
+        assert s.shapes.test and s.shapes.bench, s.name
+        assert {"torch", "torch.compile"} <= set(s.baselines), s.name
+        x = s.make_inputs(s.shapes.test[0], torch.float32, torch.device("cpu"), 0)
+        assert s.bytes(x, "fwd") > 0, s.name
+
+
+def test_parse_dtype():
+    assert spec.parse_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        spec.parse_dtype("fp8")
+
+
+# ---- reports -----------------------------------------------------------------------------------
+
+
+def _synthetic_results():
+    cand = {
+        "kind": "tritonkit",
+        "median": 0.1,
+        "GBps": 3900.0,
+        "pct_copy_bw": 92.0,
+        "peak_mem_bytes": 2**28,
+    }
+    base = {
+        "kind": "baseline",
+        "median": 0.2,
+        "GBps": 1950.0,
+        "pct_copy_bw": 46.0,
+        "peak_mem_bytes": 2**29,
+    }
+    rec = {
+        "op": "relu",
+        "family": "elementwise",
+        "params": {},
+        "shape": "(16384, 8192)",
+        "dtype": "bfloat16",
+        "mode": "fwd",
+        "bytes": 2**29,
+        "flops": 0,
+        "candidates": {"tritonkit": cand, "torch": base},
+        "speedup": {"torch": 2.0},
+        "note": None,
+        "correct": {"passed": True, "rel_l2": 0.001},
+    }
+    fp = {
+        "gpu": "Test GPU",
+        "gpu_capability": "9.0",
+        "gpu_sms": 132,
+        "gpu_memory_GiB": 80,
+        "driver": "1",
+        "cuda": "13.0",
+        "torch": "2.x",
+        "triton": "3.6.0",
+        "python": "3.12",
+        "git_commit": "abc",
+        "date": "2026-11-22T00:00:00+00:00",
+    }
+    return report.make_results(
+        kind="gpu",
+        fingerprint=fp,
+        ceilings={"copy_GBps": 4240.0, "matmul_bf16_TFLOPs": 700.0},
+        checks=[],
+        bench=[rec],
+        seed=1,
+        ops=["relu"],
+    )
+
+
+def test_report_round_trip_and_tables(tmp_path):
+    results = _synthetic_results()
+    paths = report.write_report(results, tmp_path)
+    assert report.load_json(tmp_path / "results.json") == json.loads(json.dumps(results))
+    md = (tmp_path / "report.md").read_text()
+    assert "Test GPU" in md and "2.00x" in md and "3,900" in md
+    assert any(p.suffix == ".png" for p in paths) or not _has_matplotlib()
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_readme_section_is_regenerated(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nstale\n{report.README_END}\noutro\n")
+    assert report.update_readme(readme, _synthetic_results(), "x.json")
+    text = readme.read_text()
+    assert "stale" not in text and "2.00x torch" in text and text.endswith("outro\n")
+    assert not report.update_readme(readme, _synthetic_results(), "x.json")
+
+
+def test_load_json_rejects_other_documents(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{}")
+    with pytest.raises(ValueError, match="not a tritonkit results document"):
+        report.load_json(p)
+    with pytest.raises(ValueError, match="does not exist"):
+        report.load_json(tmp_path / "missing.json")
