@@ -83,7 +83,8 @@ def bench_spec(
                 OURS: ("tritonkit", spec.impl, None, spec.backward)
             }
             for name, variant in spec.variants.items():
-                candidates[name] = ("variant", variant, None, spec.backward)
+                # Variants are versions of the forward kernel, shown side by side in fwd mode.
+                candidates[name] = ("variant", variant, None, False)
             for name, baseline in spec.baselines.items():
                 if baselines is not None and name not in baselines:
                     continue
@@ -137,17 +138,26 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, ceilings, 
             entry["skipped"] = "no backward pass"
             continue
         try:
-            runnable[name] = _mode_callable(fn, inputs, params, mode, grad_idx, seed)
-        except Exception as exc:  # a baseline that fails here is reported, not fatal
+            call = _mode_callable(fn, inputs, params, mode, grad_idx, seed)
+            call()  # compile, and fail here rather than in the middle of the timing
+            runnable[name] = call
+        except Exception as exc:  # a candidate that fails is reported, not fatal
             entry["skipped"] = f"{type(exc).__name__}: {exc}"[:300]
-    _utils.LAYOUT_COPIES.reset()
-    samples = time_interleaved(runnable)
-    record["layout_copies"] = _utils.LAYOUT_COPIES.reset()
+    if not runnable:
+        record["note"] = "nothing could run"
+        return record
+    if OURS in runnable:  # inputs tritonkit had to copy for lack of a strided view, per call
+        _utils.LAYOUT_COPIES.reset()
+        runnable[OURS]()
+        record["layout_copies"] = _utils.LAYOUT_COPIES.reset()
+    host_us: dict[str, float] = {}
+    samples = time_interleaved(runnable, host_times=host_us)
     device = torch.device("cuda", torch.cuda.current_device())
     for name, times in samples.items():
         stats = summarize(times)
         entry = record["candidates"][name]
         entry.update(stats.as_dict())
+        entry["host_us"] = host_us.get(name)
         seconds = stats.median * 1e-3
         entry["GBps"] = n_bytes / seconds / 1e9 if n_bytes else None
         entry["TFLOPs"] = n_flops / seconds / 1e12 if n_flops else None

@@ -4,6 +4,11 @@ Every sample is one call between two CUDA events, preceded by a write of a buffe
 the L2 cache so that no call finds its inputs cached by the previous one. Candidates that are
 compared are timed interleaved (each round times every candidate once, in rotating order), so
 that clock and thermal drift land on all of them alike.
+
+What is measured is GPU time. Before each sample the GPU is kept busy (``torch.cuda._sleep``)
+for longer than the host needs to enqueue the call, so a candidate with more Python overhead
+(a custom op, an autograd Function) is not charged for the host's work while the GPU idles;
+that host time per call is measured separately and reported beside it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
     )
 
 
+# GPU clock cycles per microsecond for torch.cuda._sleep; Hopper boosts to about 1.98 GHz. A
+# slower clock only makes the delay longer, which is harmless.
+_CYCLES_PER_US = 2000
+
+
 @functools.cache
 def _flush_buffer(device: torch.device) -> torch.Tensor:
     # Twice the L2 (50-60 MB on Hopper), at least 256 MiB.
@@ -68,13 +78,15 @@ def time_interleaved(
     min_samples: int = 20,
     max_samples: int = 200,
     flush_l2: bool = True,
+    host_times: dict[str, float] | None = None,
 ) -> dict[str, list[float]]:
     """Time each zero-argument callable; returns per-candidate samples in milliseconds.
 
     The first call of each candidate (compilation, autotuning, module load) is outside the
     warm-up budget; after it, each candidate runs for about ``warmup_ms``. The number of
     samples is chosen so that the slowest candidate takes about ``rep_ms`` in all, within
-    ``[min_samples, max_samples]``.
+    ``[min_samples, max_samples]``. If ``host_times`` is given, it receives each candidate's
+    median host (CPU) time per call, in microseconds.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device; timings on the CPU mean nothing")
@@ -82,16 +94,18 @@ def time_interleaved(
     names = list(fns)
     flush = _flush_buffer(device) if flush_l2 else None
 
-    estimates = {}
+    estimates, host_us = {}, {}
     for name in names:
         fns[name]()  # first call: compile, autotune, load
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        calls, elapsed = 0, 0.0
+        calls, elapsed, host = 0, 0.0, []
         t0 = time.perf_counter()
         while calls < 3 or (elapsed < warmup_ms and calls < 1000):
             start.record()
+            h0 = time.perf_counter()
             fns[name]()
+            host.append(time.perf_counter() - h0)
             end.record()
             end.synchronize()
             elapsed += start.elapsed_time(end)
@@ -99,8 +113,11 @@ def time_interleaved(
             if time.perf_counter() - t0 > 10:  # a pathological candidate must not stall a run
                 break
         estimates[name] = elapsed / calls
+        host_us[name] = float(np.median(host)) * 1e6
     slowest = max(estimates.values())
     n = int(min(max_samples, max(min_samples, rep_ms / max(slowest, 1e-3))))
+    # Enough GPU-side delay for the host to enqueue the call before the start event fires.
+    sleep_cycles = int(_CYCLES_PER_US * (20.0 + 1.5 * max(host_us.values())))
 
     events = {name: [] for name in names}
     for i in range(n):
@@ -108,13 +125,17 @@ def time_interleaved(
         for name in order:
             if flush is not None:
                 flush.zero_()
+            torch.cuda._sleep(sleep_cycles)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fns[name]()
             end.record()
             events[name].append((start, end))
     torch.cuda.synchronize(device)
-    return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+    samples = {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+    if host_times is not None:
+        host_times.update(host_us)
+    return samples
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device) -> int:

@@ -171,7 +171,9 @@ def _bias_act_bwd_kernel(
     col_mask = cols < n_cols
     if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE:
         b_row = tl.load(b_ptr + cols, mask=col_mask).to(tl.float32)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # A full tile of partial sums: reducing across the tile's rows (across warps, through shared
+    # memory) once after the loop instead of in every iteration.
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     row_start = pid_g.to(tl.int64) * rows_per_program
     for r in range(0, rows_per_program, BLOCK_M):
         rows = row_start + r + tl.arange(0, BLOCK_M)
@@ -204,9 +206,9 @@ def _bias_act_bwd_kernel(
                 mask=mask,
             )
         if BIAS_PARTIALS:
-            acc += tl.sum(tl.where(mask, dz, 0.0), axis=0)
+            acc += tl.where(mask, dz, 0.0)
     if BIAS_PARTIALS:
-        tl.store(dbias_partial_ptr + pid_g * n_cols + cols, acc, mask=col_mask)
+        tl.store(dbias_partial_ptr + pid_g * n_cols + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -307,12 +309,13 @@ def _glu_bwd_kernel(
 # Configs: every block size of the family is chosen here.
 # ----------------------------------------------------------------------------------------------
 
-# Elements each program moves per tensor, and the widest tile row when a tile spans several
-# rows (narrower rows leave room for more of them, so a bias tile is reused across rows).
-# Chosen by benchmarks/sweep_elementwise.py on an H200; see benchmarks/NOTES.md.
-_TILE_ELEMS = 8192
-_MAX_BLOCK_N_MULTIROW = 1024
-_NUM_WARPS = 8
+# Chosen by benchmarks/sweep_elementwise.py on an H200 (notes in benchmarks/NOTES.md): one
+# 16-byte vector per thread per tensor, 2048 elements a program, was best or within noise of it
+# for every kernel and dtype; wider tiles left bandwidth behind (up to 10%).
+_TILE_ELEMS = 2048
+_VECTOR_BYTES = 16
+# When a tile spans several rows (a broadcast bias is reused across them), its widest row.
+_MAX_BLOCK_N_MULTIROW = 512
 _BWD_PROGRAMS_PER_SM = 4  # bias-gradient pass: programs per SM, each walking a group of rows
 _COLSUM_BLOCK = (32, 128)
 
@@ -326,11 +329,12 @@ class TileConfig:
     num_warps: int
 
     @staticmethod
-    def for_rows(n_rows: int, n_cols: int) -> "TileConfig":
+    def for_rows(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
         widest = _TILE_ELEMS if n_rows == 1 else _MAX_BLOCK_N_MULTIROW
         block_n = min(next_power_of_2(n_cols), widest)
         block_m = max(1, min(next_power_of_2(n_rows), _TILE_ELEMS // block_n))
-        num_warps = _NUM_WARPS if block_m * block_n >= 2048 else 4
+        threads = block_m * block_n * elem_size // _VECTOR_BYTES
+        num_warps = min(16, max(4, next_power_of_2(threads // 32)))
         return TileConfig(block_m, block_n, num_warps)
 
     def grid(self, n_rows: int, n_cols: int) -> tuple[int]:
@@ -381,7 +385,7 @@ def bias_act_fwd(x: torch.Tensor, bias: torch.Tensor | None, activation: str) ->
         y = yr.tensor
     if x.numel() == 0:
         return y
-    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols)
+    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols, x.element_size())
     _bias_act_fwd_kernel[cfg.grid(xr.n_rows, xr.n_cols)](
         xr.tensor,
         br.tensor,
@@ -438,7 +442,7 @@ def bias_act_bwd(
             dbias.zero_()  # a sum over no rows
         return dx, dbias
 
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, x.element_size())
     if row_partials:
         groups = _bwd_row_groups(gr.n_rows, gr.n_cols, cfg, grad.device)
         rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
@@ -484,7 +488,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
     (gr, ur), (yr,) = elementwise_rows([gate, up])
     if gate.numel() == 0:
         return yr.tensor
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size())
     _glu_fwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
         gr.tensor,
         ur.tensor,
@@ -509,7 +513,7 @@ def glu_bwd(
     (dyr, gr, ur), (dgr, dur) = elementwise_rows([grad, gate, up], n_outputs=2)
     if gate.numel() == 0:
         return dgr.tensor, dur.tensor
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols)
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size())
     _glu_bwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
         dyr.tensor,
         gr.tensor,

@@ -54,13 +54,20 @@ class TransposeConfig:
     num_warps: int
 
 
-# Measured on an H200 (benchmarks/results): 64 x 64 tiles with 4 warps.
-TILED = TransposeConfig(64, 64, 4)
+# 32 KiB tiles, 8 warps: the best of nine tile shapes on an H200 for bf16 (128 x 128) and
+# fp32 (128 x 64); see benchmarks/NOTES.md.
+_TILED_BY_ELEMENT_SIZE = {2: TransposeConfig(128, 128, 8)}
+_TILED_DEFAULT = TransposeConfig(128, 64, 8)
 STRIDED = TransposeConfig(1, 1024, 4)
 
 
-def transpose_fwd(x: torch.Tensor, config: TransposeConfig = TILED) -> torch.Tensor:
+def tiled_config(elem_size: int) -> TransposeConfig:
+    return _TILED_BY_ELEMENT_SIZE.get(elem_size, _TILED_DEFAULT)
+
+
+def transpose_fwd(x: torch.Tensor, config: TransposeConfig | None = None) -> torch.Tensor:
     """``x.transpose(-2, -1).contiguous()``; the launcher behind tritonkit.transpose."""
+    config = config or tiled_config(x.element_size())
     *batch_shape, m, n = x.shape
     y = torch.empty((*batch_shape, n, m), dtype=x.dtype, device=x.device)
     if x.numel() == 0:
