@@ -15,10 +15,7 @@ from tritonkit.ops import elementwise as E
 @triton.jit
 def _relu_flat(x_ptr, y_ptr, n, BLOCK: tl.constexpr, INT64: tl.constexpr, EVICT: tl.constexpr):
     pid = tl.program_id(0)
-    if INT64:
-        start = pid.to(tl.int64) * BLOCK
-    else:
-        start = pid * BLOCK
+    start = pid.to(tl.int64) * BLOCK if INT64 else pid * BLOCK
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
     if EVICT:
@@ -29,33 +26,40 @@ def _relu_flat(x_ptr, y_ptr, n, BLOCK: tl.constexpr, INT64: tl.constexpr, EVICT:
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def _flat(x: torch.Tensor, block: int, warps: int, int64: bool, evict: bool):
+    def run():
+        y = torch.empty_like(x)
+        grid = (triton.cdiv(x.numel(), block),)
+        _relu_flat[grid](x, y, x.numel(), BLOCK=block, INT64=int64, EVICT=evict, num_warps=warps)
+        return y
+
+    return run
+
+
+def _experiment(dtype: torch.dtype) -> None:
+    x = torch.randn(16384, 8192, device="cuda").to(dtype)
+    nbytes = 2 * x.numel() * x.element_size()
+    fns = {
+        "torch.relu": lambda: torch.relu(x),
+        "copy_": lambda: torch.empty_like(x).copy_(x),
+        "package": lambda: E.bias_act_fwd(x, None, "relu"),
+    }
+    for block in (1024, 2048, 4096):
+        warps = max(4, min(16, block * x.element_size() // 16 // 32))
+        for int64 in (False, True):
+            for evict in (False, True):
+                name = f"B{block} w{warps} {'i64' if int64 else 'i32'}{' evict' if evict else ''}"
+                fns[name] = _flat(x, block, warps, int64, evict)
+    samples = time_interleaved(fns, rep_ms=400, min_samples=50, max_samples=150)
+    for name, s in samples.items():
+        st = summarize(s)
+        gbps = nbytes / st.median / 1e6
+        print(f"{dtype!s:>15} {name:>24} {gbps:7.0f} GB/s  spread {st.spread:.3f}")
+
+
 def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
-        x = torch.randn(16384, 8192, device="cuda").to(dtype)
-        n = x.numel()
-        nbytes = 2 * n * x.element_size()
-        fns = {"torch.relu": lambda: torch.relu(x), "copy_": lambda: torch.empty_like(x).copy_(x)}
-        fns["package"] = lambda: E.bias_act_fwd(x, None, "relu")
-        for block in (1024, 2048, 4096):
-            warps = max(4, min(16, block * x.element_size() // 16 // 32))
-            for int64 in (False, True):
-                for evict in (False, True):
-                    name = f"flat B{block} w{warps} {'i64' if int64 else 'i32'}{' evict' if evict else ''}"
-
-                    def run(block=block, warps=warps, int64=int64, evict=evict):
-                        y = torch.empty_like(x)
-                        _relu_flat[(triton.cdiv(n, block),)](
-                            x, y, n, BLOCK=block, INT64=int64, EVICT=evict, num_warps=warps
-                        )
-                        return y
-
-                    fns[name] = run
-        samples = time_interleaved(fns, rep_ms=400, min_samples=50, max_samples=150)
-        for name, s in samples.items():
-            st = summarize(s)
-            print(
-                f"{str(dtype):>15} {name:>28} {nbytes / st.median / 1e6:7.0f} GB/s  spread {st.spread:.3f}"
-            )
+        _experiment(dtype)
 
 
 if __name__ == "__main__":
