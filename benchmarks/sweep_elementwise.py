@@ -78,24 +78,24 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
     flat = ["relu fwd", "relu bwd", "gelu_tanh fwd", "swiglu fwd", "swiglu bwd"]
-    for tile, warps in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16)):
-        E._TILE_ELEMS, E._NUM_WARPS = tile, warps
+    defaults = (E._TILE_ELEMS, E._VECTOR_BYTES, E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM)
+    for tile, vector in itertools.product((1024, 2048, 4096), (8, 16, 32)):
+        E._TILE_ELEMS, E._VECTOR_BYTES = tile, vector
         res = _time({k: cases[k][0] for k in flat})
-        rows += [
-            _row(dtype, k, f"tile={tile} warps={warps}", cases[k][1], ms) for k, ms in res.items()
-        ]
-    E._TILE_ELEMS, E._NUM_WARPS = 8192, 8
+        config = f"tile={tile} bytes/thread={vector}"
+        rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
+    E._TILE_ELEMS, E._VECTOR_BYTES = defaults[:2]
 
-    for block_n, per_sm in itertools.product((256, 512, 1024, 2048), (2, 4, 8, 16)):
+    for block_n, per_sm in itertools.product((256, 512, 1024, 2048), (2, 4, 8)):
         E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = block_n, per_sm
         keys = ["bias_relu bwd"] + (["bias_relu fwd"] if per_sm == 4 else [])
         res = _time({k: cases[k][0] for k in keys})
         config = f"block_n={block_n} programs/SM={per_sm}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = 1024, 4
+    E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = defaults[2:]
 
-    shapes = [(32, 32, 4), (64, 64, 4), (64, 64, 8), (32, 128, 4), (128, 32, 4), (64, 128, 8)]
-    shapes += [(128, 64, 8), (128, 128, 8), (1, 1024, 4)]
+    shapes = [(64, 64, 4), (128, 64, 8), (64, 128, 8), (128, 128, 8), (128, 128, 16)]
+    shapes += [(1, 1024, 4)]
     configs = {f"{m}x{nn} w{w}": M.TransposeConfig(m, nn, w) for m, nn, w in shapes}
     fns = {k: (lambda c=c: M.transpose_fwd(x, c)) for k, c in configs.items()}
     fns["copy"] = lambda: tritonkit.copy(x)
