@@ -42,7 +42,7 @@ def _experiment(dtype: torch.dtype) -> None:
     fns = {
         "torch.relu": lambda: torch.relu(x),
         "copy_": lambda: torch.empty_like(x).copy_(x),
-        "package": lambda: E.bias_act_fwd(x, None, "relu"),
+        "package": lambda: E.bias_act_fwd(x, None, "relu")[0],
     }
     for block in (1024, 2048, 4096):
         warps = max(4, min(16, block * x.element_size() // 16 // 32))

@@ -35,14 +35,27 @@ def _cases(dtype: torch.dtype):
     dy = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
     b = torch.randn(SHAPE[-1], device="cuda", generator=g).to(dtype)
     n = x.numel() * x.element_size()
+    bits = x.numel() // 8
+    _, mask = E.bias_act_fwd(x, None, "relu", save_mask=True)
+    _, bias_mask = E.bias_act_fwd(x, b, "relu", save_mask=True)
     return {
         "relu fwd": (lambda: E.bias_act_fwd(x, None, "relu"), 2 * n),
-        "relu bwd": (lambda: E.bias_act_bwd(dy, x, None, "relu", True, False), 3 * n),
+        "relu fwd+mask": (lambda: E.bias_act_fwd(x, None, "relu", True), 2 * n + bits),
+        "relu bwd": (
+            lambda: E.bias_act_bwd(dy, None, None, mask, "relu", True, False),
+            2 * n + bits,
+        ),
+        "gelu fwd": (lambda: E.bias_act_fwd(x, None, "gelu"), 2 * n),
         "gelu_tanh fwd": (lambda: E.bias_act_fwd(x, None, "gelu_tanh"), 2 * n),
         "swiglu fwd": (lambda: E.glu_fwd(x, u, "silu"), 3 * n),
         "swiglu bwd": (lambda: E.glu_bwd(dy, x, u, "silu"), 5 * n),
         "bias_relu fwd": (lambda: E.bias_act_fwd(x, b, "relu"), 2 * n),
-        "bias_relu bwd": (lambda: E.bias_act_bwd(dy, x, b, "relu", True, True), 3 * n),
+        "bias_relu bwd": (
+            lambda: E.bias_act_bwd(dy, None, b, bias_mask, "relu", True, True),
+            2 * n + bits,
+        ),
+        "bias_gelu bwd": (lambda: E.bias_act_bwd(dy, x, b, None, "gelu", True, True), 3 * n),
+        "add bcast bwd": (lambda: E.bias_act_bwd(dy, None, b, None, "none", False, True), n),
     }
 
 
@@ -72,27 +85,33 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     base = {
         "torch copy_": lambda: torch.empty_like(x).copy_(x),
         "torch relu": lambda: torch.relu(x),
+        "torch gelu": lambda: torch.nn.functional.gelu(x),
         "torch gelu_tanh": lambda: torch.nn.functional.gelu(x, approximate="tanh"),
         "compile relu": lambda: compiled_relu(x),
     }
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
-    flat = ["relu fwd", "relu bwd", "gelu_tanh fwd", "swiglu fwd", "swiglu bwd"]
-    defaults = (E._TILE_ELEMS, E._VECTOR_BYTES, E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM)
-    for tile, vector in itertools.product((1024, 2048, 4096), (8, 16, 32)):
+    flat = ["relu fwd", "relu fwd+mask", "relu bwd", "gelu fwd", "gelu_tanh fwd", "swiglu fwd"]
+    flat += ["swiglu bwd"]
+    defaults = (E._TILE_ELEMS, E._VECTOR_BYTES, E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM)
+    for tile, vector in itertools.product((512, 1024, 2048), (8, 16)):
         E._TILE_ELEMS, E._VECTOR_BYTES = tile, vector
         res = _time({k: cases[k][0] for k in flat})
         config = f"tile={tile} bytes/thread={vector}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
     E._TILE_ELEMS, E._VECTOR_BYTES = defaults[:2]
 
-    for block_n, per_sm in itertools.product((256, 512, 1024, 2048), (2, 4, 8)):
-        E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = block_n, per_sm
-        keys = ["bias_relu bwd"] + (["bias_relu fwd"] if per_sm == 4 else [])
-        res = _time({k: cases[k][0] for k in keys})
-        config = f"block_n={block_n} programs/SM={per_sm}"
+    reductions = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
+    for tile, per_sm in itertools.product((2048, 4096, 8192, 16384), (2, 4, 8)):
+        E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM = tile, per_sm
+        res = _time({k: cases[k][0] for k in reductions})
+        config = f"bwd tile={tile} programs/SM={per_sm}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    E._MAX_BLOCK_N_MULTIROW, E._BWD_PROGRAMS_PER_SM = defaults[2:]
+    E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM = defaults[2:]
+    res = _time({"bias_relu fwd": cases["bias_relu fwd"][0]})
+    rows += [
+        _row(dtype, "bias_relu fwd", "default", cases["bias_relu fwd"][1], res["bias_relu fwd"])
+    ]
 
     shapes = [(64, 64, 4), (128, 64, 8), (64, 128, 8), (128, 128, 8), (128, 128, 16)]
     shapes += [(1, 1024, 4)]

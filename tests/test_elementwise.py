@@ -233,3 +233,53 @@ def test_compile_with_inductor(device):
     x = torch.randn(4, 12, device=device)
     b = torch.randn(12, device=device)
     torch.testing.assert_close(fn(x, b), F.silu(x + b) * 3, rtol=1e-5, atol=1e-6)
+
+
+# ---- relu's one-bit-per-element saved state ------------------------------------------------
+
+
+def _saved_tensors(fn):
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+@pytest.mark.parametrize("shape", [(5, 17), (64,), (3, 4, 9)])
+def test_relu_saves_one_bit_per_element(shape, device):
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True)
+    out, saved = _saved_tensors(lambda: tritonkit.relu(x))
+    assert len(saved) == 1 and saved[0].dtype == torch.uint8
+    rows = x.numel() // shape[-1]
+    assert tuple(saved[0].shape) == (rows, -(-shape[-1] // 8))
+    (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    torch.testing.assert_close(gx, (x > 0).to(x.dtype))
+
+
+def test_relu_without_grad_saves_nothing(device):
+    x = torch.randn(40, device=device)
+    _, saved = _saved_tensors(lambda: tritonkit.relu(x))
+    assert saved == []
+
+
+def test_relu_backward_drops_nan_gradient_where_input_is_negative(device):
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], device=device, requires_grad=True)
+    g = torch.tensor([float("nan"), 1.0, 5.0, float("nan")], device=device)
+    (ours,) = torch.autograd.grad(tritonkit.relu(x), x, g)
+    (ref,) = torch.autograd.grad(torch.relu(x), x, g)
+    torch.testing.assert_close(ours, ref, equal_nan=True)
+
+
+def test_bias_relu_gradient_from_bits_with_permuted_upstream_gradient(device):
+    x = torch.randn(12, 10, device=device, requires_grad=True)
+    b = torch.randn(10, device=device, requires_grad=True)
+    g = torch.randn(10, 12, device=device).t()  # dense, but not row-major
+    dx, db = torch.autograd.grad(tritonkit.bias_act(x, b, "relu"), (x, b), g)
+    rdx, rdb = torch.autograd.grad(torch.relu(x + b), (x, b), g)
+    torch.testing.assert_close(dx, rdx)
+    torch.testing.assert_close(db, rdb, rtol=1e-5, atol=1e-5)

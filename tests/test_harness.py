@@ -29,7 +29,7 @@ def _toy_spec(impl, reference=torch.sin, **kw):
         reference=reference,
         make_inputs=make_inputs,
         shapes=Shapes(test=[(5, 17)], bench=[], empty=[(0, 3)]),
-        bytes=lambda inputs, mode: 0,
+        bytes=lambda inputs, mode, **params: 0,
         dtypes=(torch.float32,),
     )
     defaults.update(kw)
@@ -147,7 +147,7 @@ def test_every_spec_is_complete():
         assert s.shapes.test and s.shapes.bench, s.name
         assert {"torch", "torch.compile"} <= set(s.baselines), s.name
         x = s.make_inputs(s.shapes.test[0], torch.float32, torch.device("cpu"), 0)
-        assert s.bytes(x, "fwd") > 0, s.name
+        assert s.bytes(x, "fwd", **s.params[0]) > 0, s.name
 
 
 def test_parse_dtype():

@@ -107,8 +107,8 @@ def bench_spec(
 
 
 def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, ceilings, seed):
-    n_bytes = spec.bytes(inputs, mode)
-    n_flops = spec.flops(inputs, mode)
+    n_bytes = spec.bytes(inputs, mode, **params)
+    n_flops = spec.flops(inputs, mode, **params)
     record: dict[str, Any] = {
         "op": spec.name,
         "family": spec.family,

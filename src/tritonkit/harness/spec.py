@@ -72,8 +72,8 @@ class OpSpec:
     reference: Callable[..., Any]
     make_inputs: Callable[[Any, torch.dtype, torch.device, int], tuple]
     shapes: Shapes
-    bytes: Callable[[tuple, str], int]  # (inputs, mode) -> fewest bytes moved
-    flops: Callable[[tuple, str], int] = lambda inputs, mode: 0
+    bytes: Callable[..., int]  # (inputs, mode, **params) -> fewest bytes moved
+    flops: Callable[..., int] = lambda inputs, mode, **params: 0
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     bench_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
     params: tuple[Mapping[str, Any], ...] = ({},)  # keyword arguments: all checked, first timed

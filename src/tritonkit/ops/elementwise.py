@@ -5,12 +5,17 @@ absent (relu, gelu, silu), one row broadcast over every row of ``x`` (bias_act, 
 broadcast operand), or a second operand shaped like ``x`` (add). A second pair computes the
 gated units ``act(gate) * up`` (swiglu, geglu).
 
+ReLU keeps, for its backward pass, one bit per element (was the input positive?) instead of a
+copy of the input or output: 16x less activation memory in bf16, and a backward pass that reads
+2.125 bytes per element instead of 4.
+
 Every kernel works on "rows": a tensor seen as ``n_rows x n_cols`` with unit column stride and
 a row stride, so contiguous tensors, permuted-dense tensors and row-sliced views such as
 ``proj.chunk(2, dim=-1)`` are read in place without a copy (see ``_utils.elementwise_rows``).
 Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -52,13 +57,33 @@ _GELU_TANH_C = tl.constexpr(0.044715)
 
 
 @triton.jit
-def _act(z, ACT: tl.constexpr):
+def _erf(x, FAST: tl.constexpr):
+    """erf(x) in fp32; FAST: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) for 16-bit outputs.
+
+    libdevice's erf is exact to about 1 ulp of float32 but costs twice the instructions, and
+    GELU on bf16 is bound by them; 1.5e-7 is a 50000th of a bf16 unit in the last place at 1.
+    """
+    if FAST:
+        a = tl.abs(x)
+        t = 1.0 / (1.0 + 0.3275911 * a)
+        p = 1.061405429 * t - 1.453152027
+        p = (p * t + 1.421413741) * t - 0.284496736
+        p = (p * t + 0.254829592) * t
+        y = 1.0 - p * tl.exp(-a * a)
+        out = tl.where(x < 0.0, -y, y)
+    else:
+        out = tl.math.erf(x)
+    return out
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr, FAST_ERF: tl.constexpr):
     """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives."""
     if ACT == _ACT_RELU:
         # where(z < 0) rather than maximum(): max(NaN, 0) is 0 on the GPU, PyTorch gives NaN.
         out = tl.where(z < 0.0, 0.0, z)
     elif ACT == _ACT_GELU:
-        out = 0.5 * z * (1.0 + tl.math.erf(z * _SQRT1_2))
+        out = 0.5 * z * (1.0 + _erf(z * _SQRT1_2, FAST_ERF))
     elif ACT == _ACT_GELU_TANH:
         # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
@@ -71,12 +96,10 @@ def _act(z, ACT: tl.constexpr):
 
 
 @triton.jit
-def _act_grad(z, ACT: tl.constexpr):
-    """d act(z) / dz in fp32, matching PyTorch's backward formulas."""
-    if ACT == _ACT_RELU:
-        out = tl.where(z > 0.0, 1.0, 0.0)  # relu'(0) = 0, as threshold_backward
-    elif ACT == _ACT_GELU:
-        cdf = 0.5 * (1.0 + tl.math.erf(z * _SQRT1_2))
+def _act_grad(z, ACT: tl.constexpr, FAST_ERF: tl.constexpr):
+    """d act(z) / dz in fp32, as PyTorch's backward formulas (relu is handled by the caller)."""
+    if ACT == _ACT_GELU:
+        cdf = 0.5 * (1.0 + _erf(z * _SQRT1_2, FAST_ERF))
         out = cdf + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
     elif ACT == _ACT_GELU_TANH:
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
@@ -92,15 +115,15 @@ def _act_grad(z, ACT: tl.constexpr):
 
 
 @triton.jit
-def _tile(pid, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row and column indices (int64) and the bounds mask of tile ``pid`` (tiles row-major)."""
+def _tile_ids(pid, n_cols, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    """(row block, column block) of program ``pid``; tiles in row-major order."""
     num_pid_n = tl.cdiv(n_cols, BLOCK_N)
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    return rows, cols, mask
+    if INT64:  # offsets past 2**31 elements: 64-bit index arithmetic, only when needed
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+    return pid_m, pid_n
 
 
 @triton.jit
@@ -108,44 +131,59 @@ def _bias_act_fwd_kernel(
     x_ptr,  # input rows, unit column stride
     b_ptr,  # bias: one row broadcast over all rows, or rows shaped like x; unused without bias
     y_ptr,  # output rows
+    mask_ptr,  # uint8 [n_rows, ceil(n_cols / 8)]: relu's bits (x + b > 0), when STORE_MASK
     n_rows,  # rows of x
     n_cols,  # elements per row
     stride_xm,  # elements between rows of x
     stride_bm,  # elements between rows of the bias (when it is not a single broadcast row)
     stride_ym,  # elements between rows of y
+    stride_mm,  # bytes between rows of the mask
     ACT: tl.constexpr,  # activation code
     HAS_BIAS: tl.constexpr,
     BIAS_IS_ROW: tl.constexpr,  # load the bias tile once and reuse it for every row of the tile
+    STORE_MASK: tl.constexpr,
+    FAST_ERF: tl.constexpr,
+    INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
-    # Streamed once: evict first so the L2 keeps the bias (and whatever the next kernel reuses).
-    z = tl.load(
-        x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, eviction_policy="evict_first"
-    ).to(tl.float32)
+    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    # No eviction hints: evict_first cost 2-3% of bandwidth on an H200 (benchmarks/NOTES.md).
+    z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask).to(tl.float32)
     if HAS_BIAS:
         if BIAS_IS_ROW:
-            b = tl.load(b_ptr + cols, mask=cols < n_cols, eviction_policy="evict_last")
+            b = tl.load(b_ptr + cols, mask=cols < n_cols)
             z += b.to(tl.float32)[None, :]
         else:
-            b = tl.load(
-                b_ptr + rows[:, None] * stride_bm + cols[None, :],
-                mask=mask,
-                eviction_policy="evict_first",
-            )
+            b = tl.load(b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask)
             z += b.to(tl.float32)
-    y = _act(z, ACT)
+    y = _act(z, ACT, FAST_ERF)
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
+    if STORE_MASK:
+        # Eight elements to a byte, element 8k + j in bit j of byte k of its row.
+        bits = tl.where(mask & (z > 0.0), 1, 0)
+        bits = tl.reshape(bits, [BLOCK_M, BLOCK_N // 8, 8])
+        packed = tl.sum(bits << tl.arange(0, 8)[None, None, :], axis=2)
+        byte_cols = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+        byte_mask = (rows < n_rows)[:, None] & (byte_cols < tl.cdiv(n_cols, 8))[None, :]
+        tl.store(
+            mask_ptr + rows[:, None] * stride_mm + byte_cols[None, :],
+            packed.to(tl.uint8),
+            mask=byte_mask,
+        )
 
 
 @triton.jit
 def _bias_act_bwd_kernel(
     dy_ptr,  # upstream gradient rows
-    x_ptr,  # forward input rows (unused when ACT is none)
+    x_ptr,  # forward input rows (unused when ACT is none or FROM_MASK)
     b_ptr,  # forward bias, as in the forward kernel
+    mask_ptr,  # relu's bits from the forward kernel, when FROM_MASK
     dx_ptr,  # gradient of x (written when STORE_DX)
     dbias_partial_ptr,  # fp32 [row_groups, n_cols]: per-row-group column sums of dz
     n_rows,
@@ -154,12 +192,16 @@ def _bias_act_bwd_kernel(
     stride_dym,
     stride_xm,
     stride_bm,
+    stride_mm,
     stride_dxm,
     ACT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BIAS_IS_ROW: tl.constexpr,
+    FROM_MASK: tl.constexpr,  # relu: the gradient passes where the forward stored a 1 bit
     STORE_DX: tl.constexpr,
     BIAS_PARTIALS: tl.constexpr,  # accumulate column sums of dz (the broadcast bias's gradient)
+    FAST_ERF: tl.constexpr,
+    INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -167,38 +209,45 @@ def _bias_act_bwd_kernel(
     # stay in registers and only one partial row per group reaches memory.
     pid_n = tl.program_id(0)
     pid_g = tl.program_id(1)
-    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INT64:
+        pid_n = pid_n.to(tl.int64)
+        pid_g = pid_g.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE:
+    if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE and not FROM_MASK:
         b_row = tl.load(b_ptr + cols, mask=col_mask).to(tl.float32)
     # A full tile of partial sums: reducing across the tile's rows (across warps, through shared
     # memory) once after the loop instead of in every iteration.
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    row_start = pid_g.to(tl.int64) * rows_per_program
+    row_start = pid_g * rows_per_program
     for r in range(0, rows_per_program, BLOCK_M):
         rows = row_start + r + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        dz = tl.load(
-            dy_ptr + rows[:, None] * stride_dym + cols[None, :],
-            mask=mask,
-            other=0.0,
-            eviction_policy="evict_first",
-        ).to(tl.float32)
-        if ACT != _ACT_NONE:
-            z = tl.load(
-                x_ptr + rows[:, None] * stride_xm + cols[None, :],
-                mask=mask,
-                other=0.0,
-                eviction_policy="evict_first",
-            ).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
+        dy = dy.to(tl.float32)
+        if FROM_MASK:
+            byte = tl.load(
+                mask_ptr + rows[:, None] * stride_mm + (cols // 8)[None, :], mask=mask, other=0
+            )
+            on = ((byte.to(tl.int32) >> (cols % 8).to(tl.int32)[None, :]) & 1) != 0
+            dz = tl.where(on, dy, 0.0)
+        elif ACT != _ACT_NONE:
+            z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+            z = z.to(tl.float32)
             if HAS_BIAS:
                 if BIAS_IS_ROW:
                     z += b_row[None, :]
                 else:
-                    z += tl.load(
+                    b = tl.load(
                         b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask, other=0.0
-                    ).to(tl.float32)
-            dz = dz * _act_grad(z, ACT)
+                    )
+                    z += b.to(tl.float32)
+            if ACT == _ACT_RELU:
+                dz = tl.where(z > 0.0, dy, 0.0)  # as threshold_backward: NaN upstream stays out
+            else:
+                dz = dy * _act_grad(z, ACT, FAST_ERF)
+        else:
+            dz = dy
         if STORE_DX:
             tl.store(
                 dx_ptr + rows[:, None] * stride_dxm + cols[None, :],
@@ -221,7 +270,7 @@ def _colsum_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # Second pass of the bias gradient: a fixed summation order, so results are deterministic.
-    cols = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start in range(0, n_rows, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
@@ -241,19 +290,18 @@ def _glu_fwd_kernel(
     stride_um,
     stride_ym,
     ACT: tl.constexpr,
+    FAST_ERF: tl.constexpr,
+    INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
-    g = tl.load(
-        gate_ptr + rows[:, None] * stride_gm + cols[None, :],
-        mask=mask,
-        eviction_policy="evict_first",
-    ).to(tl.float32)
-    u = tl.load(
-        up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, eviction_policy="evict_first"
-    ).to(tl.float32)
-    y = _act(g, ACT) * u
+    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
+    u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
+    y = _act(g, ACT, FAST_ERF) * u
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -274,30 +322,22 @@ def _glu_bwd_kernel(
     stride_dgm,
     stride_dum,
     ACT: tl.constexpr,
+    FAST_ERF: tl.constexpr,
+    INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows, cols, mask = _tile(tl.program_id(0), n_rows, n_cols, BLOCK_M, BLOCK_N)
-    dy = tl.load(
-        dy_ptr + rows[:, None] * stride_dym + cols[None, :],
-        mask=mask,
-        eviction_policy="evict_first",
-    ).to(tl.float32)
-    g = tl.load(
-        gate_ptr + rows[:, None] * stride_gm + cols[None, :],
-        mask=mask,
-        eviction_policy="evict_first",
-    ).to(tl.float32)
-    u = tl.load(
-        up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask, eviction_policy="evict_first"
-    ).to(tl.float32)
-    dgate = dy * u * _act_grad(g, ACT)
-    dup = dy * _act(g, ACT)
-    tl.store(
-        dgate_ptr + rows[:, None] * stride_dgm + cols[None, :],
-        dgate.to(dgate_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask).to(tl.float32)
+    g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
+    u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
+    dgate = dy * u * _act_grad(g, ACT, FAST_ERF)
+    dup = dy * _act(g, ACT, FAST_ERF)
+    dg_ptrs = dgate_ptr + rows[:, None] * stride_dgm + cols[None, :]
+    tl.store(dg_ptrs, dgate.to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(
         dup_ptr + rows[:, None] * stride_dum + cols[None, :],
         dup.to(dup_ptr.dtype.element_ty),
@@ -309,15 +349,18 @@ def _glu_bwd_kernel(
 # Configs: every block size of the family is chosen here.
 # ----------------------------------------------------------------------------------------------
 
-# Chosen by benchmarks/sweep_elementwise.py on an H200 (notes in benchmarks/NOTES.md): one
-# 16-byte vector per thread per tensor, 2048 elements a program, was best or within noise of it
-# for every kernel and dtype; wider tiles left bandwidth behind (up to 10%).
-_TILE_ELEMS = 2048
+# Chosen by benchmarks/sweep_elementwise.py on an H200 (benchmarks/NOTES.md): one 16-byte vector
+# per thread per tensor and 1024 elements a program matched PyTorch's own vectorized kernels;
+# wider tiles left up to 10% of the bandwidth behind.
+_TILE_ELEMS = 1024
 _VECTOR_BYTES = 16
 # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
 _MAX_BLOCK_N_MULTIROW = 512
-_BWD_PROGRAMS_PER_SM = 4  # bias-gradient pass: programs per SM, each walking a group of rows
+# The bias-gradient pass walks row groups: each iteration's tile, and programs per SM.
+_BWD_TILE_ELEMS = 8192
+_BWD_PROGRAMS_PER_SM = 4
 _COLSUM_BLOCK = (32, 128)
+_INT32_LIMIT = 2**31
 
 
 @dataclass(frozen=True)
@@ -329,10 +372,17 @@ class TileConfig:
     num_warps: int
 
     @staticmethod
-    def for_rows(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
-        widest = _TILE_ELEMS if n_rows == 1 else _MAX_BLOCK_N_MULTIROW
-        block_n = min(next_power_of_2(n_cols), widest)
-        block_m = max(1, min(next_power_of_2(n_rows), _TILE_ELEMS // block_n))
+    def for_rows(
+        n_rows: int,
+        n_cols: int,
+        elem_size: int,
+        tile_elems: int | None = None,
+        min_block_n: int = 1,
+    ) -> "TileConfig":
+        tile = tile_elems or _TILE_ELEMS
+        widest = tile if n_rows == 1 else _MAX_BLOCK_N_MULTIROW
+        block_n = max(min_block_n, min(next_power_of_2(n_cols), widest))
+        block_m = max(1, min(next_power_of_2(n_rows), tile // block_n))
         threads = block_m * block_n * elem_size // _VECTOR_BYTES
         num_warps = min(16, max(4, next_power_of_2(threads // 32)))
         return TileConfig(block_m, block_n, num_warps)
@@ -342,10 +392,15 @@ class TileConfig:
 
 
 def _bwd_row_groups(n_rows: int, n_cols: int, cfg: TileConfig, device: torch.device) -> int:
-    """Row groups of the bias-gradient pass: about four programs per SM, never more than rows."""
+    """Row groups of the bias-gradient pass: a few programs per SM, never more than row blocks."""
     col_blocks = cdiv(n_cols, cfg.BLOCK_N)
     target = max(1, (_BWD_PROGRAMS_PER_SM * sm_count(device)) // col_blocks)
     return max(1, min(cdiv(n_rows, cfg.BLOCK_M), target))
+
+
+def _needs_int64(*views: Rows) -> bool:
+    """Whether some element of these row views lies 2**31 or more elements from its base."""
+    return any((v.n_rows - 1) * v.stride_row + v.n_cols >= _INT32_LIMIT for v in views if v.n_rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,11 +408,11 @@ def _bwd_row_groups(n_rows: int, n_cols: int, cfg: TileConfig, device: torch.dev
 # ----------------------------------------------------------------------------------------------
 
 
-def _bias_layout(x: torch.Tensor, bias: torch.Tensor | None) -> str:
+def _bias_layout(shape: torch.Size, bias: torch.Tensor | None) -> str:
     """'none', 'full' (bias shaped like x) or 'row' (bias broadcast over x's leading dims)."""
     if bias is None:
         return "none"
-    if bias.shape == x.shape:
+    if bias.shape == shape:
         return "full"
     return "row"
 
@@ -368,73 +423,116 @@ def _bias_row(bias: torch.Tensor) -> Rows:
     return Rows(r.tensor, 1, r.n_cols, 0)
 
 
-def bias_act_fwd(x: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-    """``act(x + bias)`` with bias absent, shaped like x, or a suffix of x's shape."""
-    layout = _bias_layout(x, bias)
-    if layout == "row":
-        n_cols = bias.numel()
+def _logical_cols(shape: torch.Size, bias: torch.Tensor | None) -> int:
+    """Row length of the logical row-major view that relu's bit mask is indexed by."""
+    if _bias_layout(shape, bias) == "row":
+        return bias.numel()
+    return shape[-1] if len(shape) else 1
+
+
+def _mask_shape(shape: torch.Size, bias: torch.Tensor | None) -> tuple[int, int]:
+    numel = math.prod(shape)
+    n_cols = _logical_cols(shape, bias)
+    return (numel // n_cols if n_cols else 0, cdiv(n_cols, 8))
+
+
+def _fast_erf(t: torch.Tensor) -> bool:
+    return t.element_size() == 2
+
+
+def bias_act_fwd(
+    x: torch.Tensor, bias: torch.Tensor | None, activation: str, save_mask: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``act(x + bias)`` with bias absent, shaped like x, or a suffix of x's shape.
+
+    Returns ``(y, mask)``; with ``save_mask`` (relu only) ``mask`` holds one bit per element
+    of ``x + bias > 0`` in logical row-major order, rows of ``_logical_cols``; else it is empty.
+    """
+    layout = _bias_layout(x.shape, bias)
+    operands = [x] if bias is None else [x, bias]
+    if layout == "row" or save_mask:
+        # Logical row-major rows, so that relu's bits can be found from any gradient's layout.
+        n_cols = _logical_cols(x.shape, bias)
         (xr,) = as_rows([x], n_cols)
+        br = _bias_row(bias) if layout == "row" else None
+        if layout == "full":
+            (br,) = as_rows([bias], n_cols)
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         (yr,) = as_rows([y], n_cols)
-        br = _bias_row(bias)
     else:
-        operands = [x] if bias is None else [x, bias]
         in_rows, (yr,) = elementwise_rows(operands)
         xr = in_rows[0]
-        br = in_rows[1] if bias is not None else xr
+        br = in_rows[1] if bias is not None else None
         y = yr.tensor
+    mask = torch.empty(
+        _mask_shape(x.shape, bias) if save_mask else (0,), dtype=torch.uint8, device=x.device
+    )
     if x.numel() == 0:
-        return y
-    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols, x.element_size())
+        return y, mask
+    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols, x.element_size(), min_block_n=8)
     _bias_act_fwd_kernel[cfg.grid(xr.n_rows, xr.n_cols)](
         xr.tensor,
-        br.tensor,
+        br.tensor if br is not None else xr.tensor,
         yr.tensor,
+        mask,
         xr.n_rows,
         xr.n_cols,
         xr.stride_row,
-        br.stride_row,
+        br.stride_row if br is not None else 0,
         yr.stride_row,
+        mask.stride(0) if save_mask else 0,
         ACT=ACTIVATIONS[activation],
         HAS_BIAS=bias is not None,
         BIAS_IS_ROW=layout == "row",
+        STORE_MASK=save_mask,
+        FAST_ERF=_fast_erf(x),
+        INT64=_needs_int64(xr, yr) or (br is not None and _needs_int64(br)),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
         num_warps=cfg.num_warps,
     )
-    return y
+    return y, mask
 
 
 def bias_act_bwd(
     grad: torch.Tensor,
-    x: torch.Tensor,
+    x: torch.Tensor | None,
     bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     activation: str,
     need_dx: bool,
     need_dbias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of ``act(x + bias)``: (dx, dbias); an output not asked for is an empty tensor.
 
-    With a bias shaped like x, the two gradients are the same tensor: only dx is returned
-    (dbias empty) and the caller uses dx for both.
+    ``x`` is the forward input, or None when relu's bit ``mask`` (from bias_act_fwd) stands in
+    for it, or when the activation is none. With a bias shaped like x, the two gradients are
+    the same tensor: only dx is returned (dbias empty) and the caller uses dx for both.
     """
-    layout = _bias_layout(x, bias)
+    layout = _bias_layout(grad.shape, bias)
     empty = grad.new_empty(0)
     if layout == "full":
         need_dx = need_dx or need_dbias
     row_partials = layout == "row" and need_dbias
     if not (need_dx or row_partials):
         return empty, empty
-    if layout == "row":
-        n_cols = bias.numel()
-        gr, xr = as_rows([grad, x], n_cols)
-        br = _bias_row(bias)
-        dxr = as_rows([torch.empty(x.shape, dtype=x.dtype, device=x.device)], n_cols)[0]
+    from_mask = mask is not None
+    needs_x = activation != "none" and not from_mask
+    if layout == "row" or from_mask:
+        n_cols = _logical_cols(grad.shape, bias)
+        gr, *xr = as_rows([grad] + ([x] if needs_x else []), n_cols)
+        br = _bias_row(bias) if layout == "row" else None
+        if layout == "full" and needs_x:
+            (br,) = as_rows([bias], n_cols)
+        (dxr,) = as_rows([torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)], n_cols)
     else:
-        operands = [grad, x] if bias is None else [grad, x, bias]
+        operands = (
+            [grad] + ([x] if needs_x else []) + ([bias] if bias is not None and needs_x else [])
+        )
         in_rows, (dxr,) = elementwise_rows(operands)
-        gr, xr = in_rows[0], in_rows[1]
-        br = in_rows[2] if bias is not None else xr
+        gr, xr = in_rows[0], in_rows[1:2]
+        br = in_rows[2] if len(in_rows) > 2 else None
+    xr = xr[0] if xr else None
     dx = dxr.tensor if need_dx else empty
     dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if row_partials else empty
     if grad.numel() == 0:
@@ -442,35 +540,43 @@ def bias_act_bwd(
             dbias.zero_()  # a sum over no rows
         return dx, dbias
 
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, x.element_size())
+    elem = grad.element_size()
     if row_partials:
+        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, tile_elems=_BWD_TILE_ELEMS)
         groups = _bwd_row_groups(gr.n_rows, gr.n_cols, cfg, grad.device)
         rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
         groups = cdiv(gr.n_rows, rows_per_program)
         partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
     else:
+        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem)
         rows_per_program = cfg.BLOCK_M
         groups = cdiv(gr.n_rows, cfg.BLOCK_M)
         partial = empty
+    views = [v for v in (gr, xr, br, dxr) if v is not None]
     grid = (cdiv(gr.n_cols, cfg.BLOCK_N), groups)
     _bias_act_bwd_kernel[grid](
         gr.tensor,
-        xr.tensor,
-        br.tensor,
+        xr.tensor if xr is not None else gr.tensor,
+        br.tensor if br is not None else gr.tensor,
+        mask if from_mask else gr.tensor,
         dxr.tensor,
         partial,
         gr.n_rows,
         gr.n_cols,
         rows_per_program,
         gr.stride_row,
-        xr.stride_row,
-        br.stride_row,
+        xr.stride_row if xr is not None else 0,
+        br.stride_row if br is not None else 0,
+        mask.stride(0) if from_mask else 0,
         dxr.stride_row,
         ACT=ACTIVATIONS[activation],
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=br is not None,
         BIAS_IS_ROW=layout == "row",
+        FROM_MASK=from_mask,
         STORE_DX=need_dx,
         BIAS_PARTIALS=row_partials,
+        FAST_ERF=_fast_erf(grad),
+        INT64=_needs_int64(*views),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
         num_warps=cfg.num_warps,
@@ -499,6 +605,8 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
         ur.stride_row,
         yr.stride_row,
         ACT=ACTIVATIONS[activation],
+        FAST_ERF=_fast_erf(gate),
+        INT64=_needs_int64(gr, ur, yr),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
         num_warps=cfg.num_warps,
@@ -528,6 +636,8 @@ def glu_bwd(
         dgr.stride_row,
         dur.stride_row,
         ACT=ACTIVATIONS[activation],
+        FAST_ERF=_fast_erf(gate),
+        INT64=_needs_int64(dyr, gr, ur, dgr, dur),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
         num_warps=cfg.num_warps,
@@ -540,46 +650,51 @@ def glu_bwd(
 # ----------------------------------------------------------------------------------------------
 
 
-def _bias_act_output(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if _bias_layout(x, bias) == "row":
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return elementwise_output([x] if bias is None else [x, bias])
-
-
 @torch.library.custom_op("tritonkit::bias_act", mutates_args=())
-def _bias_act_op(x: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-    return bias_act_fwd(x, bias, activation)
+def _bias_act_op(
+    x: torch.Tensor, bias: torch.Tensor | None, activation: str, save_mask: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return bias_act_fwd(x, bias, activation, save_mask)
 
 
 @_bias_act_op.register_fake
-def _(x, bias, activation):
-    return _bias_act_output(x, bias)
+def _(x, bias, activation, save_mask):
+    if _bias_layout(x.shape, bias) == "row" or save_mask:
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        y = elementwise_output([x] if bias is None else [x, bias])
+    shape = _mask_shape(x.shape, bias) if save_mask else (0,)
+    return y, torch.empty(shape, dtype=torch.uint8, device=x.device)
 
 
 @torch.library.custom_op("tritonkit::bias_act_backward", mutates_args=())
 def _bias_act_backward_op(
     grad: torch.Tensor,
-    x: torch.Tensor,
+    x: torch.Tensor | None,
     bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
     activation: str,
     need_dx: bool,
     need_dbias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return bias_act_bwd(grad, x, bias, activation, need_dx, need_dbias)
+    return bias_act_bwd(grad, x, bias, mask, activation, need_dx, need_dbias)
 
 
 @_bias_act_backward_op.register_fake
-def _(grad, x, bias, activation, need_dx, need_dbias):
-    layout = _bias_layout(x, bias)
+def _(grad, x, bias, mask, activation, need_dx, need_dbias):
+    layout = _bias_layout(grad.shape, bias)
     empty = grad.new_empty(0)
     if layout == "full":
         need_dx = need_dx or need_dbias
     dx = empty
     if need_dx:
-        if layout == "row":
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        needs_x = activation != "none" and mask is None
+        if layout == "row" or mask is not None:
+            dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
         else:
-            dx = elementwise_output([grad, x] if bias is None else [grad, x, bias])
+            operands = [grad] + ([x] if needs_x else [])
+            operands += [bias] if bias is not None and needs_x else []
+            dx = elementwise_output(operands)
     dbias = empty
     if layout == "row" and need_dbias:
         dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
@@ -618,13 +733,17 @@ class BiasActFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, activation):
-        y = torch.ops.tritonkit.bias_act(x, bias, activation)
+        # ReLU keeps one bit per element for its backward pass, and only when one will run.
+        save_mask = activation == "relu" and any(ctx.needs_input_grad[:2])
+        y, mask = torch.ops.tritonkit.bias_act(x, bias, activation, save_mask)
         ctx.activation = activation
         ctx.bias_is_row = bias is not None and bias.shape != x.shape
         if activation == "none":
             # d(x + b)/dx is the identity: keep only the bias (its shape says how to reduce),
             # not x, so that add frees its inputs as early as PyTorch's add does.
             ctx.save_for_backward(bias if ctx.bias_is_row else None)
+        elif save_mask:
+            ctx.save_for_backward(mask, bias if ctx.bias_is_row else None)
         else:
             ctx.save_for_backward(x, bias)
         return y
@@ -632,22 +751,23 @@ class BiasActFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         need_dx, need_dbias = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        op = torch.ops.tritonkit.bias_act_backward
         if ctx.activation == "none":
             (bias,) = ctx.saved_tensors
             dbias = None
             if need_dbias:
                 if ctx.bias_is_row:
-                    _, dbias = torch.ops.tritonkit.bias_act_backward(
-                        grad, grad, bias, "none", False, True
-                    )
+                    _, dbias = op(grad, None, bias, None, "none", False, True)
                 else:
                     dbias = grad
             return (grad if need_dx else None), dbias, None
-        x, bias = ctx.saved_tensors
-        dx, dbias = torch.ops.tritonkit.bias_act_backward(
-            grad, x, bias, ctx.activation, need_dx, need_dbias
-        )
-        if bias is not None and not ctx.bias_is_row:
+        if ctx.activation == "relu":
+            mask, bias = ctx.saved_tensors
+            dx, dbias = op(grad, None, bias, mask, "relu", need_dx, need_dbias)
+        else:
+            x, bias = ctx.saved_tensors
+            dx, dbias = op(grad, x, bias, None, ctx.activation, need_dx, need_dbias)
+        if need_dbias and not ctx.bias_is_row:
             dbias = dx  # d(x + b) is the same tensor for both operands
         return (dx if need_dx else None), (dbias if need_dbias else None), None
 

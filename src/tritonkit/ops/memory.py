@@ -106,7 +106,11 @@ def _(x):
 
 
 class TransposeFunction(torch.autograd.Function):
-    """Materialized transpose of the last two dimensions; the gradient is transposed back."""
+    """Materialized transpose of the last two dimensions.
+
+    The gradient is returned as a transposed view, as PyTorch's own transpose does: autograd
+    accepts any strides, and whoever needs it contiguous pays for the copy once.
+    """
 
     @staticmethod
     def forward(ctx, x):
@@ -114,7 +118,7 @@ class TransposeFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return torch.ops.tritonkit.transpose(grad)
+        return grad.transpose(-2, -1)
 
 
 def copy(x: torch.Tensor) -> torch.Tensor:

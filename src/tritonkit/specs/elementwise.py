@@ -22,13 +22,26 @@ def _unary_inputs(shape, dtype, device, seed):
     return (randn(shape, dtype, device, generator(device, seed)),)
 
 
-def _unary_bytes(inputs, mode):
+def _unary_bytes(inputs, mode, **params):
     (x,) = inputs
     # fwd: read x, write y. bwd: read dy and x, write dx.
     return {"fwd": 2, "bwd": 3, "fwd+bwd": 5}[mode] * nbytes(x)
 
 
-def _unary_spec(name, impl, reference, description, baselines=None):
+def _mask_bytes(numel):
+    return -(-numel // 8)
+
+
+def _relu_bytes(inputs, mode, **params):
+    (x,) = inputs
+    # fwd (no grad): read x, write y. With a backward to come, the forward also writes one bit
+    # per element; bwd reads dy and those bits and writes dx.
+    bits = _mask_bytes(x.numel())
+    fwd, bwd = 2 * nbytes(x), 2 * nbytes(x) + bits
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bits + bwd}[mode]
+
+
+def _unary_spec(name, impl, reference, description, baselines=None, bytes_fn=_unary_bytes):
     return register(
         OpSpec(
             name=name,
@@ -37,8 +50,7 @@ def _unary_spec(name, impl, reference, description, baselines=None):
             reference=reference,
             make_inputs=_unary_inputs,
             shapes=UNARY_SHAPES,
-            bytes=_unary_bytes,
-            flops=lambda inputs, mode: 0,
+            bytes=bytes_fn,
             baselines={**torch_baselines(reference), **(baselines or {})},
             description=description,
         )
@@ -53,7 +65,13 @@ def _gelu_tanh_ref(x):
     return F.gelu(x, approximate="tanh")
 
 
-_unary_spec("relu", tritonkit.relu, torch.relu, "max(x, 0), NaN kept")
+_unary_spec(
+    "relu",
+    tritonkit.relu,
+    torch.relu,
+    "max(x, 0), NaN kept; saves 1 bit per element for backward",
+    bytes_fn=_relu_bytes,
+)
 _unary_spec(
     "gelu", tritonkit.gelu, F.gelu, "GELU, exact (erf)", {"cuda": cuda_gelu_baseline("none")}
 )
@@ -82,7 +100,7 @@ def _add_inputs(shape, dtype, device, seed):
     return randn(x_shape, dtype, device, gen), randn(y_shape, dtype, device, gen)
 
 
-def _add_bytes(inputs, mode):
+def _add_bytes(inputs, mode, **params):
     x, y = inputs
     out = x.numel() if x.numel() >= y.numel() else y.numel()
     out_bytes = out * x.element_size()
@@ -138,12 +156,19 @@ def _bias_act_inputs(shape, dtype, device, seed):
     return randn(shape, dtype, device, gen), randn((shape[-1],), dtype, device, gen)
 
 
-def _bias_act_bytes(inputs, mode):
+def _bias_act_bytes(inputs, mode, activation=None):
     x, bias = inputs
-    # fwd: read x and bias, write y. bwd: read dy, x and bias, write dx and dbias.
+    # fwd: read x and bias, write y. bwd: read dy, x and bias, write dx and dbias; relu reads
+    # its forward's bits (one per element) instead of x and bias.
     fwd = 2 * nbytes(x) + nbytes(bias)
-    bwd = 3 * nbytes(x) + 2 * nbytes(bias)
-    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+    if activation == "relu":
+        bits = _mask_bytes(x.numel())
+        bwd = 2 * nbytes(x) + bits + nbytes(bias)
+        fwd_train = fwd + bits
+    else:
+        bwd = 3 * nbytes(x) + 2 * nbytes(bias)
+        fwd_train = fwd
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_train + bwd}[mode]
 
 
 _EAGER_ACT = {
@@ -194,7 +219,7 @@ def _glu_inputs(shape, dtype, device, seed):
     return randn(shape, dtype, device, gen), randn(shape, dtype, device, gen)
 
 
-def _glu_bytes(inputs, mode):
+def _glu_bytes(inputs, mode, **params):
     gate, _ = inputs
     # fwd: read gate and up, write y. bwd: read dy, gate and up, write dgate and dup.
     return {"fwd": 3, "bwd": 5, "fwd+bwd": 8}[mode] * nbytes(gate)
