@@ -1,0 +1,311 @@
+"""Persistent autotuning: a kernel's best launch config, found once per machine and kept on disk.
+
+``tune(kernel, key, candidates, run)`` returns the best of ``candidates`` for ``key`` (the
+shape class and dtypes a config depends on). The first call on a machine times every
+candidate the active hardware profile allows (``prune``) and stores the winner; every later
+call, in this process or another, finds it in the cache and times nothing.
+
+The cache is one JSON file per (GPU, Triton version) under ``~/.cache/tritonkit/`` (or
+``$TRITONKIT_CACHE_DIR``). Writers take a file lock, merge with what is on disk and replace
+the file atomically, so processes tuning at once lose nothing and readers never see half a
+file. A corrupt or foreign file is ignored with a warning and rewritten, never a crash.
+Under the CPU interpreter, or with ``TRITONKIT_AUTOTUNE=0``, nothing is timed: the first
+candidate (the heuristic default) is used.
+
+This module is a leaf: ops' launchers call it; the harness drives it (``tritonkit tune``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+CACHE_ENV = "TRITONKIT_CACHE_DIR"
+AUTOTUNE_ENV = "TRITONKIT_AUTOTUNE"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch config: constexpr kernel parameters plus warps and pipeline stages."""
+
+    params: Mapping[str, int] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.params.items())), self.num_warps, self.num_stages))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": dict(self.params),
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Config:
+        return Config(dict(d["params"]), int(d["num_warps"]), int(d["num_stages"]))
+
+    def __str__(self) -> str:
+        p = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{p} warps={self.num_warps} stages={self.num_stages}"
+
+
+@dataclass
+class Stats:
+    """What the cache did in this process (tests and reports read it)."""
+
+    hits: int = 0
+    tunings: int = 0
+    timed_configs: int = 0
+    last_tried: list[tuple[Config, float | None]] = field(default_factory=list)
+
+
+STATS = Stats()
+
+
+def enabled() -> bool:
+    if os.environ.get(AUTOTUNE_ENV, "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cache_dir() -> Path:
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tritonkit"
+
+
+def _machine() -> tuple[str, str]:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return gpu, triton.__version__
+
+
+def _slug(text: str) -> str:
+    return "-".join("".join(c if c.isalnum() or c == "." else " " for c in text.lower()).split())
+
+
+def cache_path(machine: tuple[str, str] | None = None) -> Path:
+    gpu, triton_version = machine or _machine()
+    return cache_dir() / f"autotune-{_slug(gpu)}-triton{_slug(triton_version)}.json"
+
+
+def _entry_key(kernel: str, key: Mapping[str, Any]) -> str:
+    return kernel + "|" + json.dumps(dict(key), sort_keys=True, default=str)
+
+
+def _read(path: Path, machine: tuple[str, str]) -> dict[str, Any]:
+    """Entries of a cache file; anything unreadable or from another machine counts as empty."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warnings.warn(
+            f"tritonkit: cannot read autotune cache {path} ({exc}); ignoring it", stacklevel=3
+        )
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        warnings.warn(f"tritonkit: autotune cache {path} is corrupt; ignoring it", stacklevel=3)
+        return {}
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema") != SCHEMA
+        or [doc.get("gpu"), doc.get("triton")] != list(machine)
+        or not isinstance(doc.get("entries"), dict)
+    ):
+        warnings.warn(
+            f"tritonkit: autotune cache {path} is not for this machine ({machine[0]}, triton "
+            f"{machine[1]}) or this version of tritonkit; ignoring it",
+            stacklevel=3,
+        )
+        return {}
+    return doc["entries"]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = path.with_suffix(path.suffix + ".lock")
+    with open(lock_path, "a+") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        except ImportError:  # no fcntl (Windows): the atomic replace still keeps files whole
+            pass
+        yield
+
+
+_memory: dict[Path, dict[str, Any]] = {}
+
+
+def lookup(kernel: str, key: Mapping[str, Any], machine: tuple[str, str] | None = None):
+    """The cached best config for (kernel, key), or None."""
+    machine = machine or _machine()
+    path = cache_path(machine)
+    entries = _memory.get(path)
+    entry_key = _entry_key(kernel, key)
+    if entries is None or entry_key not in entries:
+        entries = _read(path, machine)
+        _memory[path] = entries
+    entry = entries.get(entry_key)
+    if entry is None:
+        return None
+    try:
+        return Config.from_dict(entry["config"])
+    except (KeyError, TypeError, ValueError):
+        warnings.warn(f"tritonkit: bad autotune cache entry for {kernel}; retuning", stacklevel=2)
+        return None
+
+
+def store(
+    kernel: str,
+    key: Mapping[str, Any],
+    best: Config,
+    tried: Sequence[tuple[Config, float | None]],
+    machine: tuple[str, str] | None = None,
+) -> None:
+    """Merge one result into the cache file under a lock; write atomically."""
+    machine = machine or _machine()
+    path = cache_path(machine)
+    with _locked(path):
+        entries = _read(path, machine)
+        entries[_entry_key(kernel, key)] = {
+            "config": best.to_dict(),
+            "tried": [[c.to_dict(), ms] for c, ms in tried],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        doc = {"schema": SCHEMA, "gpu": machine[0], "triton": machine[1], "entries": entries}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _memory[path] = entries
+
+
+def _time_config(run: Callable[[Config], Any], config: Config) -> float | None:
+    """Median ms of ``run(config)``, or None if the config fails (out of resources, say)."""
+    import triton.testing
+
+    try:
+        return float(
+            triton.testing.do_bench(lambda: run(config), warmup=10, rep=40, return_mode="median")
+        )
+    except Exception:  # a config that cannot compile or launch is not a candidate
+        return None
+
+
+def search(
+    candidates: Sequence[Config],
+    run: Callable[[Config], Any],
+    neighbours: Callable[[Config], Sequence[Config]] | None = None,
+    prune: Callable[[Config], bool] | None = None,
+    timer: Callable[[Callable[[Config], Any], Config], float | None] = _time_config,
+) -> tuple[Config, list[tuple[Config, float | None]]]:
+    """Time the candidates; with ``neighbours``, then walk from the best to better neighbours.
+
+    A coarse grid followed by hill climbing over neighbours (hierarchical search) times far
+    fewer configs than the full grid in a large space. Returns (best, every config tried).
+    """
+    allowed = [c for c in candidates if prune is None or prune(c)]
+    if not allowed:
+        raise ValueError("autotune: every candidate config was pruned by the hardware profile")
+    tried: dict[Config, float | None] = {}
+    for c in allowed:
+        tried[c] = timer(run, c)
+    if neighbours is not None:
+        while True:
+            best = min((c for c in tried if tried[c] is not None), key=tried.get, default=None)
+            if best is None:
+                break
+            fresh = [n for n in neighbours(best) if n not in tried and (prune is None or prune(n))]
+            if not fresh:
+                break
+            for n in fresh:
+                tried[n] = timer(run, n)
+            if (
+                min((tried[n] for n in fresh if tried[n] is not None), default=float("inf"))
+                >= tried[best]
+            ):
+                break
+    timed = [(c, ms) for c, ms in tried.items() if ms is not None]
+    if not timed:
+        raise RuntimeError("autotune: no candidate config could run")
+    best = min(timed, key=lambda p: p[1])[0]
+    return best, list(tried.items())
+
+
+def tune(
+    kernel: str,
+    key: Mapping[str, Any],
+    candidates: Sequence[Config],
+    run: Callable[[Config], Any],
+    *,
+    neighbours: Callable[[Config], Sequence[Config]] | None = None,
+    prune: Callable[[Config], bool] | None = None,
+) -> Config:
+    """The best config for ``key``: from the cache, or found now (and cached).
+
+    ``candidates[0]`` is the heuristic default, used without timing when tuning is off.
+    ``run(config)`` launches the kernel once with ``config`` on representative inputs.
+    """
+    if not candidates:
+        raise ValueError("autotune: no candidate configs")
+    if not enabled():
+        return candidates[0]
+    cached = lookup(kernel, key)
+    if cached is not None:
+        STATS.hits += 1
+        return cached
+    best, tried = search(candidates, run, neighbours=neighbours, prune=prune)
+    STATS.tunings += 1
+    STATS.timed_configs += len(tried)
+    STATS.last_tried = tried
+    store(kernel, key, best, tried)
+    return best
+
+
+def fits_shared_memory(bytes_needed: int) -> bool:
+    """Whether a block using ``bytes_needed`` of shared memory fits the active profile."""
+    from tritonkit import _hardware
+
+    profile = _hardware.active()
+    if profile is None:
+        return True
+    return bytes_needed <= profile.smem_per_block_kb * 1024
+
+
+def replace(config: Config, **params: int) -> Config:
+    """A copy of ``config`` with some params (or num_warps / num_stages) changed."""
+    fields = {k: params.pop(k) for k in ("num_warps", "num_stages") if k in params}
+    return dataclasses.replace(config, params={**config.params, **params}, **fields)
