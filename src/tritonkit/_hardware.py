@@ -1,4 +1,4 @@
-"""Hardware profiles: what an accelerator offers, so that tuning and the roofline can reason about it.
+"""Hardware profiles: what an accelerator offers, for tuning and the roofline to reason about.
 
 A profile holds the limits a kernel's launch config must respect (shared memory, registers,
 threads, warp width) and the peak rates the roofline measures against (DRAM bandwidth, matrix
@@ -69,36 +69,34 @@ class Profile:
 #   Lovelace architecture whitepaper (GeForce RTX 4090, non-sparse tensor rates with fp32
 #   accumulate as published there); Ada: 100 KB shared memory per SM, 99 KB per block.
 # - MI300X: AMD Instinct MI300X data sheet (2023); 64 KB LDS per CU, 512 VGPRs x 64 lanes.
+def _rates(fp32, tf32, bf16, fp8=None, int8=None) -> dict[str, float]:
+    rates = {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16, "fp8": fp8, "int8": int8}
+    return {k: v for k, v in rates.items() if v is not None}
+
+
+_HOPPER = _rates(67, 494.7, 989.4, 1978.9, 1978.9)
 KNOWN: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("NVIDIA H100 SXM", "nvidia", 132, 227, 228, 65536, 1024, 32, 3350,
-                {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
+        Profile("NVIDIA H100 SXM", "nvidia", 132, 227, 228, 65536, 1024, 32, 3350, _HOPPER,
                 "NVIDIA H100 datasheet"),
         Profile("NVIDIA H100 PCIe", "nvidia", 114, 227, 228, 65536, 1024, 32, 2000,
-                {"fp32": 51, "tf32": 378, "bf16": 756, "fp16": 756, "fp8": 1513, "int8": 1513},
-                "NVIDIA H100 datasheet"),
-        Profile("NVIDIA H200", "nvidia", 132, 227, 228, 65536, 1024, 32, 4800,
-                {"fp32": 67, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9},
+                _rates(51, 378, 756, 1513, 1513), "NVIDIA H100 datasheet"),
+        Profile("NVIDIA H200", "nvidia", 132, 227, 228, 65536, 1024, 32, 4800, _HOPPER,
                 "NVIDIA H200 datasheet"),
         Profile("NVIDIA A100 40GB", "nvidia", 108, 163, 164, 65536, 1024, 32, 1555,
-                {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-                "NVIDIA A100 datasheet"),
+                _rates(19.5, 156, 312, None, 624), "NVIDIA A100 datasheet"),
         Profile("NVIDIA A100 80GB", "nvidia", 108, 163, 164, 65536, 1024, 32, 2039,
-                {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312, "int8": 624},
-                "NVIDIA A100 datasheet"),
+                _rates(19.5, 156, 312, None, 624), "NVIDIA A100 datasheet"),
         Profile("NVIDIA L4", "nvidia", 58, 99, 100, 65536, 1024, 32, 300,
-                {"fp32": 30.3, "tf32": 60, "bf16": 121, "fp16": 121, "fp8": 242.5, "int8": 242.5},
-                "NVIDIA L4 datasheet"),
+                _rates(30.3, 60, 121, 242.5, 242.5), "NVIDIA L4 datasheet"),
         Profile("NVIDIA L40S", "nvidia", 142, 99, 100, 65536, 1024, 32, 864,
-                {"fp32": 91.6, "tf32": 183, "bf16": 362, "fp16": 362, "fp8": 733, "int8": 733},
-                "NVIDIA L40S datasheet"),
+                _rates(91.6, 183, 362, 733, 733), "NVIDIA L40S datasheet"),
         Profile("NVIDIA GeForce RTX 4090", "nvidia", 128, 99, 100, 65536, 1024, 32, 1008,
-                {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2, "fp8": 330.3, "int8": 660.6},
+                _rates(82.6, 82.6, 165.2, 330.3, 660.6),
                 "NVIDIA Ada Lovelace architecture whitepaper"),
         Profile("AMD Instinct MI300X", "amd", 304, 64, 64, 131072, 1024, 64, 5300,
-                {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4, "fp16": 1307.4, "fp8": 2614.9, "int8": 2614.9},
-                "AMD Instinct MI300X data sheet"),
+                _rates(163.4, 653.7, 1307.4, 2614.9, 2614.9), "AMD Instinct MI300X data sheet"),
     )
 }  # fmt: skip
 
