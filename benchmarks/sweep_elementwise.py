@@ -47,6 +47,8 @@ def _cases(dtype: torch.dtype):
         ),
         "gelu fwd": (lambda: E.bias_act_fwd(x, None, "gelu"), 2 * n),
         "gelu_tanh fwd": (lambda: E.bias_act_fwd(x, None, "gelu_tanh"), 2 * n),
+        "silu fwd": (lambda: E.bias_act_fwd(x, None, "silu"), 2 * n),
+        "gelu bwd": (lambda: E.bias_act_bwd(dy, x, None, None, "gelu", True, False), 3 * n),
         "swiglu fwd": (lambda: E.glu_fwd(x, u, "silu"), 3 * n),
         "swiglu bwd": (lambda: E.glu_bwd(dy, x, u, "silu"), 5 * n),
         "bias_relu fwd": (lambda: E.bias_act_fwd(x, b, "relu"), 2 * n),
@@ -86,35 +88,37 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
         "torch copy_": lambda: torch.empty_like(x).copy_(x),
         "torch relu": lambda: torch.relu(x),
         "torch gelu": lambda: torch.nn.functional.gelu(x),
+        "torch silu": lambda: torch.nn.functional.silu(x),
         "torch gelu_tanh": lambda: torch.nn.functional.gelu(x, approximate="tanh"),
         "compile relu": lambda: compiled_relu(x),
     }
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
-    flat = ["relu fwd", "relu fwd+mask", "relu bwd", "gelu fwd", "gelu_tanh fwd", "swiglu fwd"]
-    flat += ["swiglu bwd"]
-    defaults = (E._TILE_ELEMS, E._VECTOR_BYTES, E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM)
-    for tile, vector in itertools.product((512, 1024, 2048), (8, 16)):
-        E._TILE_ELEMS, E._VECTOR_BYTES = tile, vector
+    flat = ["relu fwd", "relu fwd+mask", "relu bwd", "gelu fwd", "gelu_tanh fwd", "silu fwd"]
+    flat += ["swiglu fwd", "swiglu bwd", "gelu bwd"]
+    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_BWD_BLOCK_N")}
+    defaults.update({k: getattr(E, k) for k in ("_BWD_TILE_ELEMS", "_BWD_ITERS")})
+    for tile_bytes, heavy in itertools.product((1024, 2048, 4096), (1, 2)):
+        E._TILE_BYTES, E._HEAVY_VECTORS = tile_bytes, heavy
         res = _time({k: cases[k][0] for k in flat})
-        config = f"tile={tile} bytes/thread={vector}"
+        config = f"tile={tile_bytes}B heavy_vectors={heavy}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    E._TILE_ELEMS, E._VECTOR_BYTES = defaults[:2]
+    E._TILE_BYTES, E._HEAVY_VECTORS = defaults["_TILE_BYTES"], defaults["_HEAVY_VECTORS"]
 
-    reductions = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
-    for tile, per_sm in itertools.product((2048, 4096, 8192, 16384), (2, 4, 8)):
-        E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM = tile, per_sm
-        res = _time({k: cases[k][0] for k in reductions})
-        config = f"bwd tile={tile} programs/SM={per_sm}"
+    sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
+    for block_n, tile, iters in itertools.product((64, 128, 256), (4096, 8192), (1, 4)):
+        E._BWD_BLOCK_N, E._BWD_TILE_ELEMS, E._BWD_ITERS = block_n, tile, iters
+        res = _time({k: cases[k][0] for k in sums})
+        config = f"bwd block_n={block_n} tile={tile} iters={iters}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    E._BWD_TILE_ELEMS, E._BWD_PROGRAMS_PER_SM = defaults[2:]
+    for k, v in defaults.items():
+        setattr(E, k, v)
     res = _time({"bias_relu fwd": cases["bias_relu fwd"][0]})
     rows += [
         _row(dtype, "bias_relu fwd", "default", cases["bias_relu fwd"][1], res["bias_relu fwd"])
     ]
 
-    shapes = [(64, 64, 4), (128, 64, 8), (64, 128, 8), (128, 128, 8), (128, 128, 16)]
-    shapes += [(1, 1024, 4)]
+    shapes = [(128, 64, 8), (128, 128, 8), (1, 1024, 4)]
     configs = {f"{m}x{nn} w{w}": M.TransposeConfig(m, nn, w) for m, nn, w in shapes}
     fns = {k: (lambda c=c: M.transpose_fwd(x, c)) for k, c in configs.items()}
     fns["copy"] = lambda: tritonkit.copy(x)

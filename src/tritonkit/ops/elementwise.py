@@ -34,7 +34,6 @@ from tritonkit._utils import (
     elementwise_output,
     elementwise_rows,
     next_power_of_2,
-    sm_count,
 )
 
 # Activation codes: constexpr integers so that each activation compiles to its own kernel.
@@ -57,33 +56,34 @@ _GELU_TANH_C = tl.constexpr(0.044715)
 
 
 @triton.jit
-def _erf(x, FAST: tl.constexpr):
-    """erf(x) in fp32; FAST: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) for 16-bit outputs.
+def _gelu_parts(z):
+    """(Phi(z), exp(-z*z/2)) in fp32: the standard normal CDF and the Gaussian's kernel.
 
-    libdevice's erf is exact to about 1 ulp of float32 but costs twice the instructions, and
-    GELU on bf16 is bound by them; 1.5e-7 is a 50000th of a bf16 unit in the last place at 1.
+    Phi from Abramowitz & Stegun 7.1.26 applied to erfc(|z|/sqrt(2)): |error| <= 7.5e-8, about
+    one float32 unit in the last place of values near 1 (libdevice's erf is as close, with
+    twice the instructions, and GELU is bound by them on bf16). Computing 0.5*erfc directly
+    avoids the cancellation of 1 + erf(z) for z << 0. NaN propagates; +-inf give 1 and 0.
     """
-    if FAST:
-        a = tl.abs(x)
-        t = 1.0 / (1.0 + 0.3275911 * a)
-        p = 1.061405429 * t - 1.453152027
-        p = (p * t + 1.421413741) * t - 0.284496736
-        p = (p * t + 0.254829592) * t
-        y = 1.0 - p * tl.exp(-a * a)
-        out = tl.where(x < 0.0, -y, y)
-    else:
-        out = tl.math.erf(x)
-    return out
+    a = tl.abs(z) * _SQRT1_2
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    # The A&S coefficients halved, so that p * e is 0.5 * erfc(a).
+    p = 0.5307027145 * t - 0.7265760135
+    p = (p * t + 0.7107068705) * t - 0.142248368
+    p = (p * t + 0.127414796) * t
+    e = tl.exp2(a * a * -1.4426950408889634)  # exp(-a^2) == exp(-z^2 / 2)
+    half_erfc = p * e
+    return tl.where(z < 0.0, half_erfc, 1.0 - half_erfc), e
 
 
 @triton.jit
-def _act(z, ACT: tl.constexpr, FAST_ERF: tl.constexpr):
+def _act(z, ACT: tl.constexpr):
     """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives."""
     if ACT == _ACT_RELU:
         # where(z < 0) rather than maximum(): max(NaN, 0) is 0 on the GPU, PyTorch gives NaN.
         out = tl.where(z < 0.0, 0.0, z)
     elif ACT == _ACT_GELU:
-        out = 0.5 * z * (1.0 + _erf(z * _SQRT1_2, FAST_ERF))
+        cdf, _ = _gelu_parts(z)
+        out = z * cdf
     elif ACT == _ACT_GELU_TANH:
         # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
@@ -96,11 +96,11 @@ def _act(z, ACT: tl.constexpr, FAST_ERF: tl.constexpr):
 
 
 @triton.jit
-def _act_grad(z, ACT: tl.constexpr, FAST_ERF: tl.constexpr):
+def _act_grad(z, ACT: tl.constexpr):
     """d act(z) / dz in fp32, as PyTorch's backward formulas (relu is handled by the caller)."""
     if ACT == _ACT_GELU:
-        cdf = 0.5 * (1.0 + _erf(z * _SQRT1_2, FAST_ERF))
-        out = cdf + z * _INV_SQRT_2PI * tl.exp(-0.5 * z * z)
+        cdf, e = _gelu_parts(z)
+        out = cdf + z * _INV_SQRT_2PI * e
     elif ACT == _ACT_GELU_TANH:
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
         s = 1.0 / (1.0 + tl.exp(-2.0 * u))  # (1 + tanh u) / 2
@@ -142,7 +142,6 @@ def _bias_act_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BIAS_IS_ROW: tl.constexpr,  # load the bias tile once and reuse it for every row of the tile
     STORE_MASK: tl.constexpr,
-    FAST_ERF: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -160,7 +159,7 @@ def _bias_act_fwd_kernel(
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask)
             z += b.to(tl.float32)
-    y = _act(z, ACT, FAST_ERF)
+    y = _act(z, ACT)
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -200,18 +199,13 @@ def _bias_act_bwd_kernel(
     FROM_MASK: tl.constexpr,  # relu: the gradient passes where the forward stored a 1 bit
     STORE_DX: tl.constexpr,
     BIAS_PARTIALS: tl.constexpr,  # accumulate column sums of dz (the broadcast bias's gradient)
-    FAST_ERF: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Programs are (column block, row group); each walks its row group so that the column sums
-    # stay in registers and only one partial row per group reaches memory.
-    pid_n = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    if INT64:
-        pid_n = pid_n.to(tl.int64)
-        pid_g = pid_g.to(tl.int64)
+    # Program (row group, column block) walks rows_per_program rows of its columns; the bias
+    # gradient's column sums stay in registers and one partial row per group reaches memory.
+    pid_g, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE and not FROM_MASK:
@@ -226,10 +220,15 @@ def _bias_act_bwd_kernel(
         dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
         dy = dy.to(tl.float32)
         if FROM_MASK:
-            byte = tl.load(
-                mask_ptr + rows[:, None] * stride_mm + (cols // 8)[None, :], mask=mask, other=0
-            )
-            on = ((byte.to(tl.int32) >> (cols % 8).to(tl.int32)[None, :]) & 1) != 0
+            # One byte per 8 elements, loaded as its own tile and unpacked in registers (a byte
+            # load per element made the LSU, not DRAM, the limit).
+            byte_cols = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+            byte_mask = (rows < n_rows)[:, None] & (byte_cols < tl.cdiv(n_cols, 8))[None, :]
+            packed = tl.load(
+                mask_ptr + rows[:, None] * stride_mm + byte_cols[None, :], mask=byte_mask, other=0
+            ).to(tl.int32)
+            bits = (packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1
+            on = tl.reshape(bits, [BLOCK_M, BLOCK_N]) != 0
             dz = tl.where(on, dy, 0.0)
         elif ACT != _ACT_NONE:
             z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
@@ -245,7 +244,7 @@ def _bias_act_bwd_kernel(
             if ACT == _ACT_RELU:
                 dz = tl.where(z > 0.0, dy, 0.0)  # as threshold_backward: NaN upstream stays out
             else:
-                dz = dy * _act_grad(z, ACT, FAST_ERF)
+                dz = dy * _act_grad(z, ACT)
         else:
             dz = dy
         if STORE_DX:
@@ -290,7 +289,6 @@ def _glu_fwd_kernel(
     stride_um,
     stride_ym,
     ACT: tl.constexpr,
-    FAST_ERF: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -301,7 +299,7 @@ def _glu_fwd_kernel(
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
-    y = _act(g, ACT, FAST_ERF) * u
+    y = _act(g, ACT) * u
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -322,7 +320,6 @@ def _glu_bwd_kernel(
     stride_dgm,
     stride_dum,
     ACT: tl.constexpr,
-    FAST_ERF: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -334,8 +331,8 @@ def _glu_bwd_kernel(
     dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask).to(tl.float32)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
-    dgate = dy * u * _act_grad(g, ACT, FAST_ERF)
-    dup = dy * _act(g, ACT, FAST_ERF)
+    dgate = dy * u * _act_grad(g, ACT)
+    dup = dy * _act(g, ACT)
     dg_ptrs = dgate_ptr + rows[:, None] * stride_dgm + cols[None, :]
     tl.store(dg_ptrs, dgate.to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(
@@ -349,18 +346,24 @@ def _glu_bwd_kernel(
 # Configs: every block size of the family is chosen here.
 # ----------------------------------------------------------------------------------------------
 
-# Chosen by benchmarks/sweep_elementwise.py on an H200 (benchmarks/NOTES.md): one 16-byte vector
-# per thread per tensor and 1024 elements a program matched PyTorch's own vectorized kernels;
-# wider tiles left up to 10% of the bandwidth behind.
-_TILE_ELEMS = 1024
+# Chosen by benchmarks/sweep_elementwise.py on an H200 (benchmarks/NOTES.md): 2 KiB of each
+# tensor per program, one 16-byte vector per thread, matched PyTorch's own vectorized kernels
+# (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left up to 10% of the bandwidth behind.
+_TILE_BYTES = 2048
 _VECTOR_BYTES = 16
+# Activations that cost more arithmetic (GELU, SiLU, GLUs) may give each thread more vectors,
+# for more independent work in flight per thread.
+_HEAVY_VECTORS = 1
 # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
 _MAX_BLOCK_N_MULTIROW = 512
-# The bias-gradient pass walks row groups: each iteration's tile, and programs per SM.
+# The bias-gradient pass: narrow, tall tiles, each program reducing _BWD_ITERS of them into one
+# partial row (more programs in flight beat fewer programs walking many rows).
+_BWD_BLOCK_N = 128
 _BWD_TILE_ELEMS = 8192
-_BWD_PROGRAMS_PER_SM = 4
+_BWD_ITERS = 1
 _COLSUM_BLOCK = (32, 128)
 _INT32_LIMIT = 2**31
+_MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -373,16 +376,20 @@ class TileConfig:
 
     @staticmethod
     def for_rows(
-        n_rows: int,
-        n_cols: int,
-        elem_size: int,
-        tile_elems: int | None = None,
-        min_block_n: int = 1,
+        n_rows: int, n_cols: int, elem_size: int, vectors: int = 1, min_block_n: int = 8
     ) -> "TileConfig":
-        tile = tile_elems or _TILE_ELEMS
+        tile = _TILE_BYTES * vectors // elem_size
         widest = tile if n_rows == 1 else _MAX_BLOCK_N_MULTIROW
         block_n = max(min_block_n, min(next_power_of_2(n_cols), widest))
         block_m = max(1, min(next_power_of_2(n_rows), tile // block_n))
+        threads = block_m * block_n * elem_size // (_VECTOR_BYTES * vectors)
+        num_warps = min(16, max(4, next_power_of_2(threads // 32)))
+        return TileConfig(block_m, block_n, num_warps)
+
+    @staticmethod
+    def for_row_sums(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
+        block_n = max(8, min(next_power_of_2(n_cols), _BWD_BLOCK_N))
+        block_m = max(1, min(next_power_of_2(n_rows), _BWD_TILE_ELEMS // block_n))
         threads = block_m * block_n * elem_size // _VECTOR_BYTES
         num_warps = min(16, max(4, next_power_of_2(threads // 32)))
         return TileConfig(block_m, block_n, num_warps)
@@ -391,11 +398,8 @@ class TileConfig:
         return (cdiv(n_rows, self.BLOCK_M) * cdiv(n_cols, self.BLOCK_N),)
 
 
-def _bwd_row_groups(n_rows: int, n_cols: int, cfg: TileConfig, device: torch.device) -> int:
-    """Row groups of the bias-gradient pass: a few programs per SM, never more than row blocks."""
-    col_blocks = cdiv(n_cols, cfg.BLOCK_N)
-    target = max(1, (_BWD_PROGRAMS_PER_SM * sm_count(device)) // col_blocks)
-    return max(1, min(cdiv(n_rows, cfg.BLOCK_M), target))
+def _vectors(activation: str) -> int:
+    return 1 if activation in ("none", "relu") else _HEAVY_VECTORS
 
 
 def _needs_int64(*views: Rows) -> bool:
@@ -436,10 +440,6 @@ def _mask_shape(shape: torch.Size, bias: torch.Tensor | None) -> tuple[int, int]
     return (numel // n_cols if n_cols else 0, cdiv(n_cols, 8))
 
 
-def _fast_erf(t: torch.Tensor) -> bool:
-    return t.element_size() == 2
-
-
 def bias_act_fwd(
     x: torch.Tensor, bias: torch.Tensor | None, activation: str, save_mask: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -469,7 +469,7 @@ def bias_act_fwd(
     )
     if x.numel() == 0:
         return y, mask
-    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols, x.element_size(), min_block_n=8)
+    cfg = TileConfig.for_rows(xr.n_rows, xr.n_cols, x.element_size(), _vectors(activation))
     _bias_act_fwd_kernel[cfg.grid(xr.n_rows, xr.n_cols)](
         xr.tensor,
         br.tensor if br is not None else xr.tensor,
@@ -485,7 +485,6 @@ def bias_act_fwd(
         HAS_BIAS=bias is not None,
         BIAS_IS_ROW=layout == "row",
         STORE_MASK=save_mask,
-        FAST_ERF=_fast_erf(x),
         INT64=_needs_int64(xr, yr) or (br is not None and _needs_int64(br)),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
@@ -542,18 +541,20 @@ def bias_act_bwd(
 
     elem = grad.element_size()
     if row_partials:
-        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, tile_elems=_BWD_TILE_ELEMS)
-        groups = _bwd_row_groups(gr.n_rows, gr.n_cols, cfg, grad.device)
-        rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
+        cfg = TileConfig.for_row_sums(gr.n_rows, gr.n_cols, elem)
+        row_blocks = cdiv(gr.n_rows, cfg.BLOCK_M)
+        # Enough tiles per program that the partial rows stay few (and the grid in range).
+        iters = max(_BWD_ITERS, cdiv(row_blocks, _MAX_GRID_Y))
+        rows_per_program = iters * cfg.BLOCK_M
         groups = cdiv(gr.n_rows, rows_per_program)
         partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
     else:
-        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem)
+        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, _vectors(activation))
         rows_per_program = cfg.BLOCK_M
         groups = cdiv(gr.n_rows, cfg.BLOCK_M)
         partial = empty
     views = [v for v in (gr, xr, br, dxr) if v is not None]
-    grid = (cdiv(gr.n_cols, cfg.BLOCK_N), groups)
+    grid = (groups * cdiv(gr.n_cols, cfg.BLOCK_N),)
     _bias_act_bwd_kernel[grid](
         gr.tensor,
         xr.tensor if xr is not None else gr.tensor,
@@ -575,7 +576,6 @@ def bias_act_bwd(
         FROM_MASK=from_mask,
         STORE_DX=need_dx,
         BIAS_PARTIALS=row_partials,
-        FAST_ERF=_fast_erf(grad),
         INT64=_needs_int64(*views),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
@@ -594,7 +594,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
     (gr, ur), (yr,) = elementwise_rows([gate, up])
     if gate.numel() == 0:
         return yr.tensor
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size())
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size(), _HEAVY_VECTORS)
     _glu_fwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
         gr.tensor,
         ur.tensor,
@@ -605,7 +605,6 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
         ur.stride_row,
         yr.stride_row,
         ACT=ACTIVATIONS[activation],
-        FAST_ERF=_fast_erf(gate),
         INT64=_needs_int64(gr, ur, yr),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
@@ -621,7 +620,7 @@ def glu_bwd(
     (dyr, gr, ur), (dgr, dur) = elementwise_rows([grad, gate, up], n_outputs=2)
     if gate.numel() == 0:
         return dgr.tensor, dur.tensor
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size())
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size(), _HEAVY_VECTORS)
     _glu_bwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
         dyr.tensor,
         gr.tensor,
@@ -636,7 +635,6 @@ def glu_bwd(
         dgr.stride_row,
         dur.stride_row,
         ACT=ACTIVATIONS[activation],
-        FAST_ERF=_fast_erf(gate),
         INT64=_needs_int64(dyr, gr, ur, dgr, dur),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
