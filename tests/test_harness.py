@@ -16,6 +16,8 @@ from tritonkit.harness.check import (
 from tritonkit.harness.spec import OpSpec, Shapes
 from tritonkit.harness.timing import summarize
 
+from _synthetic import synthetic_results
+
 
 def _toy_spec(impl, reference=torch.sin, **kw):
     def make_inputs(shape, dtype, device, seed):
@@ -159,65 +161,12 @@ def test_parse_dtype():
 # ---- reports -----------------------------------------------------------------------------------
 
 
-def _synthetic_results():
-    cand = {
-        "kind": "tritonkit",
-        "median": 0.1,
-        "GBps": 3900.0,
-        "pct_copy_bw": 92.0,
-        "peak_mem_bytes": 2**28,
-    }
-    base = {
-        "kind": "baseline",
-        "median": 0.2,
-        "GBps": 1950.0,
-        "pct_copy_bw": 46.0,
-        "peak_mem_bytes": 2**29,
-    }
-    rec = {
-        "op": "relu",
-        "family": "elementwise",
-        "params": {},
-        "shape": "(16384, 8192)",
-        "dtype": "bfloat16",
-        "mode": "fwd",
-        "bytes": 2**29,
-        "flops": 0,
-        "candidates": {"tritonkit": cand, "torch": base},
-        "speedup": {"torch": 2.0},
-        "note": None,
-        "correct": {"passed": True, "rel_l2": 0.001},
-    }
-    fp = {
-        "gpu": "Test GPU",
-        "gpu_capability": "9.0",
-        "gpu_sms": 132,
-        "gpu_memory_GiB": 80,
-        "driver": "1",
-        "cuda": "13.0",
-        "torch": "2.x",
-        "triton": "3.6.0",
-        "python": "3.12",
-        "git_commit": "abc",
-        "date": "2026-11-22T00:00:00+00:00",
-    }
-    return report.make_results(
-        kind="gpu",
-        fingerprint=fp,
-        ceilings={"copy_GBps": 4240.0, "matmul_bf16_TFLOPs": 700.0},
-        checks=[],
-        bench=[rec],
-        seed=1,
-        ops=["relu"],
-    )
-
-
 def test_report_round_trip_and_tables(tmp_path):
-    results = _synthetic_results()
+    results = synthetic_results()
     paths = report.write_report(results, tmp_path)
     assert report.load_json(tmp_path / "results.json") == json.loads(json.dumps(results))
     md = (tmp_path / "report.md").read_text()
-    assert "Test GPU" in md and "2.00x" in md and "3,900" in md
+    assert "Test GPU" in md and "2.00x [1.96, 2.04]" in md and "5,369 GB/s" in md
     assert any(p.suffix == ".png" for p in paths) or not _has_matplotlib()
 
 
@@ -232,10 +181,10 @@ def _has_matplotlib():
 def test_readme_section_is_regenerated(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_BEGIN}\nstale\n{report.README_END}\noutro\n")
-    assert report.update_readme(readme, _synthetic_results(), "x.json")
+    assert report.update_readme(readme, synthetic_results(), "x.json")
     text = readme.read_text()
     assert "stale" not in text and "2.00x torch" in text and text.endswith("outro\n")
-    assert not report.update_readme(readme, _synthetic_results(), "x.json")
+    assert not report.update_readme(readme, synthetic_results(), "x.json")
 
 
 def test_load_json_rejects_other_documents(tmp_path):

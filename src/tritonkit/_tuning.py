@@ -31,7 +31,8 @@ from typing import Any
 
 SCHEMA = 1
 CACHE_ENV = "TRITONKIT_CACHE_DIR"
-AUTOTUNE_ENV = "TRITONKIT_AUTOTUNE"
+AUTOTUNE_ENV = "TRITONKIT_AUTOTUNE"  # "0": never time, use the heuristic default
+FORCE_ENV = "TRITONKIT_AUTOTUNE_FORCE"  # "1": time again even on a cache hit (tritonkit tune)
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,24 @@ class Config:
 
 
 @dataclass
+class Tuning:
+    """One search: what was timed and what won."""
+
+    kernel: str
+    key: Mapping[str, Any]
+    best: Config
+    tried: list[tuple[Config, float | None]]
+    seconds: float
+
+
+@dataclass
 class Stats:
-    """What the cache did in this process (tests and reports read it)."""
+    """What the cache did in this process (tests, reports and `tritonkit tune` read it)."""
 
     hits: int = 0
     tunings: int = 0
     timed_configs: int = 0
-    last_tried: list[tuple[Config, float | None]] = field(default_factory=list)
+    log: list[Tuning] = field(default_factory=list)
 
 
 STATS = Stats()
@@ -113,7 +125,13 @@ def cache_path(machine: tuple[str, str] | None = None) -> Path:
 
 
 def _entry_key(kernel: str, key: Mapping[str, Any]) -> str:
-    return kernel + "|" + json.dumps(dict(key), sort_keys=True, default=str)
+    # The profile's name is part of the key: a simulated machine (--profile) prunes configs
+    # differently, and its winners must not stand in for the real machine's.
+    from tritonkit import _hardware
+
+    profile = _hardware.active()
+    full = {**dict(key), "profile": profile.name if profile else None}
+    return kernel + "|" + json.dumps(full, sort_keys=True, default=str)
 
 
 def _read(path: Path, machine: tuple[str, str]) -> dict[str, Any]:
@@ -230,13 +248,14 @@ def search(
     run: Callable[[Config], Any],
     neighbours: Callable[[Config], Sequence[Config]] | None = None,
     prune: Callable[[Config], bool] | None = None,
-    timer: Callable[[Callable[[Config], Any], Config], float | None] = _time_config,
+    timer: Callable[[Callable[[Config], Any], Config], float | None] | None = None,
 ) -> tuple[Config, list[tuple[Config, float | None]]]:
     """Time the candidates; with ``neighbours``, then walk from the best to better neighbours.
 
     A coarse grid followed by hill climbing over neighbours (hierarchical search) times far
     fewer configs than the full grid in a large space. Returns (best, every config tried).
     """
+    timer = timer or _time_config
     allowed = [c for c in candidates if prune is None or prune(c)]
     if not allowed:
         raise ValueError("autotune: every candidate config was pruned by the hardware profile")
@@ -283,14 +302,16 @@ def tune(
         raise ValueError("autotune: no candidate configs")
     if not enabled():
         return candidates[0]
-    cached = lookup(kernel, key)
-    if cached is not None:
-        STATS.hits += 1
-        return cached
+    if os.environ.get(FORCE_ENV) != "1":
+        cached = lookup(kernel, key)
+        if cached is not None:
+            STATS.hits += 1
+            return cached
+    t0 = time.perf_counter()
     best, tried = search(candidates, run, neighbours=neighbours, prune=prune)
     STATS.tunings += 1
     STATS.timed_configs += len(tried)
-    STATS.last_tried = tried
+    STATS.log.append(Tuning(kernel, dict(key), best, tried, time.perf_counter() - t0))
     store(kernel, key, best, tried)
     return best
 

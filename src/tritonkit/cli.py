@@ -1,4 +1,4 @@
-"""The ``tritonkit`` command: list, check, bench, report, doctor.
+"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress.
 
 Without a GPU, kernels run under Triton's CPU interpreter (turned on here, before any kernel is
 defined): ``check`` works and ``bench`` runs the accuracy checks and says that timings need a GPU.
@@ -141,7 +141,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ceilings = None
     if gpu:
         from tritonkit.harness.bench import bench_spec, default_modes
-        from tritonkit.harness.device import measure_ceilings
         from tritonkit.harness.progress import Progress
 
         try:
@@ -149,10 +148,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"tritonkit: {exc}", file=sys.stderr)
             return 2
-        ceilings = measure_ceilings(torch.cuda.current_device())
+        profile = _gpu_profile(args)
+        ceilings = _ceilings(profile)
         print(
-            f"ceilings: copy {ceilings['copy_GBps']:,.0f} GB/s, "
-            f"bf16 matmul {ceilings['matmul_bf16_TFLOPs']:,.0f} TFLOP/s",
+            f"ceilings ({profile.name}): copy {profile.dram_GBps:,.0f} GB/s, "
+            f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s",
             file=sys.stderr,
         )
         total = sum(
@@ -165,7 +165,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for spec in specs:
             bench += bench_spec(
                 spec,
-                ceilings=ceilings,
+                profile=profile,
                 modes=modes,
                 dtypes=dtypes,
                 baselines=_split(args.baselines),
@@ -193,6 +193,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     print("\nwrote " + ", ".join(str(p) for p in written))
     return status
+
+
+def _gpu_profile(args: argparse.Namespace):
+    """Measured ceilings (cached per GPU), as a profile, with --profile applied; made active."""
+    from tritonkit import _hardware
+    from tritonkit.harness import hardware
+
+    measured = hardware.measured_ceilings(remeasure=getattr(args, "measure", False))
+    try:
+        profile = hardware.resolve_profile(args.profile, measured)
+    except ValueError as exc:
+        print(f"tritonkit: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    _hardware.set_active(profile)
+    return profile
+
+
+def _ceilings(profile) -> dict[str, Any]:
+    return {
+        "profile": profile.to_dict(),
+        "copy_GBps": profile.dram_GBps,
+        "tflops": dict(profile.tflops),
+        "source": profile.source,
+    }
 
 
 def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
@@ -241,6 +265,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     interpreted = _enable_interpreter_without_gpu()
+    from tritonkit import _hardware
     from tritonkit.harness.device import fingerprint
 
     fp = fingerprint()
@@ -252,21 +277,118 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             + (" (TRITON_INTERPRET=1)." if interpreted else ", once TRITON_INTERPRET=1 is set.")
             + " Accuracy checks work; timings need a GPU."
         )
-        return 0
-    from tritonkit.harness.device import measure_ceilings
+        if args.profile:
+            from tritonkit.harness import hardware
 
-    c = measure_ceilings(torch.cuda.current_device())
-    print(f"\n{'copy bandwidth':>16}: {c['copy_GBps']:,.0f} GB/s (1 GiB device copy, read + write)")
-    for key in sorted(k for k in c if k.startswith("matmul_bf16_") and k[12].isdigit()):
-        n = key.split("_")[2]
-        print(f"{'bf16 matmul ' + n:>16}: {c[key]:,.0f} TFLOP/s")
+            try:
+                profile = hardware.resolve_profile(args.profile)
+            except ValueError as exc:
+                print(f"tritonkit: {exc}", file=sys.stderr)
+                return 2
+            _print_profile(profile)
+        return 0
+    datasheet = _hardware.active()
+    if not args.measure and not args.profile:
+        _print_profile(datasheet)
+        print("\n(datasheet figures; `tritonkit doctor --measure` measures this GPU's ceilings)")
+        return 0
+    profile = _gpu_profile(args)
+    _print_profile(profile, datasheet)
     return 0
+
+
+def _print_profile(profile, datasheet=None) -> None:
+    if profile is None:
+        print("\nno profile for this device")
+        return
+    print(f"\nprofile: {profile.name} ({profile.source})")
+    print(
+        f"  {profile.compute_units} compute units, {profile.smem_per_block_kb:g} KB shared "
+        f"memory per block, warp {profile.warp_size}"
+    )
+
+    def vs(measured: float, key: str | None) -> str:
+        if datasheet is None:
+            return ""
+        ref = datasheet.dram_GBps if key is None else datasheet.tflops.get(key)
+        return f"  ({100 * measured / ref:.0f}% of datasheet {ref:,.0f})" if ref else ""
+
+    print(f"  bandwidth: {profile.dram_GBps:,.0f} GB/s{vs(profile.dram_GBps, None)}")
+    for key, value in profile.tflops.items():
+        print(f"  {key:>5}: {value:,.0f} TFLOP/s{vs(value, key)}")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    _enable_interpreter_without_gpu()
+    from tritonkit import _tuning
+    from tritonkit.harness.spec import parse_dtype
+
+    if not torch.cuda.is_available():
+        print("tritonkit: tuning needs a CUDA GPU", file=sys.stderr)
+        return 2
+    specs = _select([args.op])
+    _gpu_profile(args)
+    if args.force:
+        os.environ[_tuning.FORCE_ENV] = "1"
+    for spec in specs:
+        shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else spec.shapes.bench
+        dtypes = [parse_dtype(d) for d in _split(args.dtypes)] if args.dtypes else spec.bench_dtypes
+        for shape in shapes:
+            for dtype in dtypes:
+                inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
+                before = (_tuning.STATS.hits, len(_tuning.STATS.log))
+                spec.impl(*inputs, **spec.params[0])
+                torch.cuda.synchronize()
+                new = _tuning.STATS.log[before[1] :]
+                hits = _tuning.STATS.hits - before[0]
+                print(f"{spec.name} {shape} {dtype}: {len(new)} tuned, {hits} from the cache")
+                for t in new:
+                    print(
+                        f"  {t.kernel} {dict(t.key)}: {len(t.tried)} configs in {t.seconds:.1f} s"
+                    )
+                    for cfg, ms in sorted(t.tried, key=lambda p: (p[1] is None, p[1] or 0)):
+                        mark = "  <- best" if cfg == t.best else ""
+                        time = f"{ms:.4f} ms" if ms is not None else "failed"
+                        print(f"    {time:>12}  {cfg}{mark}")
+    print(f"cache: {_tuning.cache_path()}")
+    return 0
+
+
+def _parse_shape(text: str):
+    import ast
+
+    try:
+        shape = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise SystemExit(  # noqa: B904 - the parse error adds nothing to this message
+            f"tritonkit: --shapes takes Python tuples like '(4096, 4096)', got {text!r}"
+        )
+    return shape
+
+
+def cmd_regress(args: argparse.Namespace) -> int:
+    from tritonkit.harness import regress
+    from tritonkit.harness.report import load_json
+
+    try:
+        new, old = load_json(Path(args.new)), load_json(Path(args.against))
+        rows = regress.compare(new, old, args.threshold)
+    except ValueError as exc:
+        print(f"tritonkit regress: refusing to compare: {exc}", file=sys.stderr)
+        return 2
+    print(regress.render(rows, args.threshold))
+    return 1 if regress.failed(rows) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tritonkit",
         description="Check, benchmark and report tritonkit's Triton kernels.",
+    )
+    p.add_argument(
+        "--profile",
+        help="hardware profile: a JSON file, a known GPU name, or scale factors for this GPU "
+        "such as 'bandwidth=0.7' (tuning and the roofline respond to it)",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -298,8 +420,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--readme", help="also regenerate this README's results section")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("doctor", help="environment, and on a GPU the measured ceilings")
+    s = sub.add_parser("doctor", help="environment, hardware profile, measured ceilings")
+    s.add_argument("--measure", action="store_true", help="measure (and cache) the ceilings")
     s.set_defaults(func=cmd_doctor)
+
+    s = sub.add_parser("tune", help="pre-tune an operator's kernels; print every config tried")
+    s.add_argument("op", help="operator name")
+    s.add_argument("--shapes", nargs="+", help="shapes, e.g. '(8192, 8192)' (default: bench)")
+    s.add_argument("--dtypes", action="append", help="e.g. bf16 (default: bench dtypes)")
+    s.add_argument("--force", action="store_true", help="time again even if cached")
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("regress", help="fail when an operator got slower or less accurate")
+    s.add_argument("new", help="new results.json")
+    s.add_argument("--against", required=True, help="old results.json")
+    s.add_argument("--threshold", type=float, default=0.10, help="allowed slowdown (0.10)")
+    s.set_defaults(func=cmd_regress)
     return p
 
 

@@ -3,9 +3,10 @@
 For each bench shape, dtype and mode (fwd, bwd, fwd+bwd) of a spec, the tritonkit function,
 its variants and every available baseline are timed interleaved (see timing.py). A record
 holds, per candidate, the median time with its percentiles and spread, GB/s and TFLOP/s from
-the spec's byte and FLOP formulas, the percentage of the measured ceilings, the peak memory
-of one call, and tritonkit's speedup over each baseline (baseline median / ours). Before
-timing, the output at the bench shape is compared with the float64 reference.
+the spec's byte and FLOP formulas, its place on the roofline of the effective hardware profile
+(measured ceilings), the peak memory of one call, and tritonkit's speedup over each baseline
+(baseline median / ours) with a bootstrap confidence interval and a verdict. Before timing,
+the output at the bench shape is compared with the float64 reference.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 from tritonkit import _utils
+from tritonkit._hardware import Profile
+from tritonkit.harness import roofline, stats
 from tritonkit.harness.check import _flatten, _upcast, compare
 from tritonkit.harness.spec import MODES, OpSpec, Unavailable, dtype_name
 from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
@@ -61,7 +64,7 @@ def _bench_correctness(spec: OpSpec, inputs: tuple, params: dict) -> dict[str, A
 def bench_spec(
     spec: OpSpec,
     *,
-    ceilings: dict[str, Any],
+    profile: Profile,
     modes: Sequence[str] = ("fwd", "bwd"),
     dtypes: Sequence[torch.dtype] | None = None,
     baselines: Sequence[str] | None = None,
@@ -96,7 +99,7 @@ def bench_spec(
                 if on_step:
                     on_step(f"{spec.name} {dtype_name(dtype)} {shape} {mode}")
                 record = _bench_case(
-                    spec, shape, dtype, mode, inputs, params, candidates, ceilings, seed
+                    spec, shape, dtype, mode, inputs, params, candidates, profile, seed
                 )
                 record["correct"] = correct
                 records.append(record)
@@ -106,7 +109,7 @@ def bench_spec(
     return records
 
 
-def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, ceilings, seed):
+def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, seed):
     n_bytes = spec.bytes(inputs, mode, **params)
     n_flops = spec.flops(inputs, mode, **params)
     record: dict[str, Any] = {
@@ -153,26 +156,29 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, ceilings, 
     host_us: dict[str, float] = {}
     samples = time_interleaved(runnable, host_times=host_us)
     device = torch.device("cuda", torch.cuda.current_device())
+    key = roofline.peak_key(spec.compute, dtype)
+    record["roofline_peak"] = key
     for name, times in samples.items():
-        stats = summarize(times)
+        stats_ = summarize(stats.remove_outliers(times))
         entry = record["candidates"][name]
-        entry.update(stats.as_dict())
+        entry.update(stats_.as_dict())
         entry["host_us"] = host_us.get(name)
-        seconds = stats.median * 1e-3
-        entry["GBps"] = n_bytes / seconds / 1e9 if n_bytes else None
-        entry["TFLOPs"] = n_flops / seconds / 1e12 if n_flops else None
-        entry["pct_copy_bw"] = (
-            100.0 * entry["GBps"] / ceilings["copy_GBps"] if entry["GBps"] else None
-        )
-        entry["pct_matmul_peak"] = (
-            100.0 * entry["TFLOPs"] / ceilings["matmul_bf16_TFLOPs"] if entry["TFLOPs"] else None
-        )
+        entry["samples_ms"] = [float(f"{t:.5g}") for t in times]
+        point = roofline.place_on(profile, n_flops, n_bytes, stats_.median, key)
+        entry["GBps"] = point.achieved_GBps
+        entry["TFLOPs"] = point.achieved_TFLOPs
+        entry["pct_copy_bw"] = 100.0 * point.achieved_GBps / profile.dram_GBps if n_bytes else None
+        entry["pct_of_roofline"] = point.pct_of_roofline
+        entry["bottleneck"] = point.bottleneck
+        entry["intensity"] = point.intensity if n_bytes else None
         entry["peak_mem_bytes"] = peak_memory(runnable[name], device)
-    ours = record["candidates"].get(OURS, {})
-    if "median" in ours:
+    record["comparison"] = {}
+    if OURS in samples:
         for name, entry in record["candidates"].items():
-            if entry["kind"] == "baseline" and "median" in entry:
-                record["speedup"][name] = entry["median"] / ours["median"]
+            if entry["kind"] == "baseline" and name in samples:
+                cmp = stats.compare(samples[OURS], samples[name], seed=seed)
+                record["speedup"][name] = cmp.speedup
+                record["comparison"][name] = cmp.as_dict()
     return record
 
 

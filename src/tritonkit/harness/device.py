@@ -1,13 +1,8 @@
-"""What machine is this: the environment fingerprint and the measured ceilings.
-
-Percentages in reports are of ceilings measured on the device itself (a large device-to-device
-copy; a large matrix product through cuBLAS), never of datasheet numbers.
-"""
+"""What machine is this: the environment fingerprint recorded with every result."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import os
 import platform
 import subprocess
@@ -87,44 +82,3 @@ def gpu_slug(info: dict[str, Any]) -> str:
     """A file-name-safe name of the GPU, e.g. ``nvidia-h200``."""
     name = (info.get("gpu") or "cpu").lower()
     return "-".join("".join(c if c.isalnum() else " " for c in name).split())
-
-
-def _copy_case(n_bytes: int, device: torch.device):
-    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-def _matmul_case(n: int, dtype: torch.dtype, device: torch.device):
-    a = torch.randn(n, n, device=device, dtype=torch.float32).to(dtype)
-    b = torch.randn(n, n, device=device, dtype=torch.float32).to(dtype)
-    return lambda: a @ b
-
-
-def _median_ms(fn, device: torch.device) -> float:
-    from tritonkit.harness.timing import summarize, time_interleaved
-
-    return summarize(time_interleaved({"case": fn}, device=device)["case"]).median
-
-
-@functools.cache
-def measure_ceilings(device_index: int = 0) -> dict[str, Any]:
-    """Measure copy bandwidth and bf16 matmul throughput on this GPU (cached per process).
-
-    Copy: a 1 GiB device-to-device ``copy_``, counting bytes read plus written. Matmul:
-    ``torch.matmul`` of random bf16 square matrices at n = 4096 and 8192, the better of the two.
-    """
-    device = torch.device("cuda", device_index)
-    n_bytes = 1 << 30
-    ceilings: dict[str, Any] = {"copy_bytes": 2 * n_bytes}
-    ceilings["copy_ms"] = _median_ms(_copy_case(n_bytes, device), device)
-    ceilings["copy_GBps"] = 2 * n_bytes / (ceilings["copy_ms"] * 1e-3) / 1e9
-    best = 0.0
-    for n in (4096, 8192):
-        ms = _median_ms(_matmul_case(n, torch.bfloat16, device), device)
-        tflops = 2 * n**3 / (ms * 1e-3) / 1e12
-        ceilings[f"matmul_bf16_{n}_TFLOPs"] = tflops
-        best = max(best, tflops)
-    ceilings["matmul_bf16_TFLOPs"] = best
-    torch.cuda.empty_cache()
-    return ceilings

@@ -111,9 +111,10 @@ def environment_lines(results: dict[str, Any]) -> list[str]:
     )
     c = results.get("ceilings")
     if c:
+        rates = ", ".join(f"{k} {v:,.0f}" for k, v in c["tflops"].items())
         lines.append(
-            f"- Measured ceilings: copy {c['copy_GBps']:,.0f} GB/s (1 GiB device copy, read + "
-            f"write), bf16 matmul {c['matmul_bf16_TFLOPs']:,.0f} TFLOP/s (torch.matmul)"
+            f"- Ceilings ({c['profile']['name']}; {c['source']}): copy {c['copy_GBps']:,.0f} "
+            f"GB/s (1 GiB device copy, read + write); matmul TFLOP/s: {rates}"
         )
     return lines
 
@@ -156,6 +157,44 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
     return out
 
 
+def _speedup_cell(record: dict[str, Any], baseline: str) -> str:
+    if baseline in record["speedup"]:
+        cmp = record.get("comparison", {}).get(baseline)
+        if not cmp:
+            return f"{record['speedup'][baseline]:.2f}x"
+        mark = {"faster": "", "slower": "", "no significant difference": " (≈)"}[cmp["verdict"]]
+        flag = " ⚠" if cmp.get("flag") else ""
+        return f"{cmp['speedup']:.2f}x [{cmp['ci_low']:.2f}, {cmp['ci_high']:.2f}]{mark}{flag}"
+    why = record["candidates"].get(baseline, {}).get("skipped")
+    return f"— ({why})" if why else "—"
+
+
+def _rate(c: dict[str, Any]) -> str:
+    if c.get("TFLOPs"):
+        return f"{_fmt(c['TFLOPs'])} TFLOP/s"
+    if c.get("GBps"):
+        return f"{_fmt(c['GBps'])} GB/s"
+    return "—"
+
+
+def evolution_rows(record: dict[str, Any]) -> list[list[str]]:
+    """Variants in order, then tritonkit's default path: time, rate, % of cuBLAS/torch, gain."""
+    cands = record["candidates"]
+    order = [n for n, c in cands.items() if c["kind"] == "variant"] + ["tritonkit"]
+    ref = cands.get("torch", {})
+    rows, previous = [], None
+    for name in order:
+        c = cands.get(name, {})
+        if "median" not in c:
+            continue
+        pct = 100.0 * ref["median"] / c["median"] if "median" in ref else None
+        gain = f"{previous / c['median']:.2f}x" if previous else "—"
+        label = name if name != "tritonkit" else "tritonkit (default)"
+        rows.append([label, _fmt(c["median"]), _rate(c), _fmt(pct), gain])
+        previous = c["median"]
+    return rows
+
+
 def render_bench(bench: list[dict[str, Any]]) -> str:
     if not bench:
         return "No timings: this run had no GPU."
@@ -163,15 +202,16 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
     for family in dict.fromkeys(r["family"] for r in bench):
         recs = [r for r in bench if r["family"] == family]
         base = _baselines_in(recs)
-        header = ["operator", "params", "shape", "dtype", "mode", "ms", "GB/s", "% copy BW"]
-        header += [f"vs {b}" for b in base] + ["peak MiB (ours / torch)", "correct (rel. L2)"]
-        rows = []
-        notes = []
+        header = ["operator", "params", "shape", "dtype", "mode", "ms", "rate", "% roofline"]
+        header += [f"vs {b} [95% CI]" for b in base]
+        header += ["peak MiB (ours / torch)", "correct (rel. L2)"]
+        rows, notes = [], []
         for r in recs:
             ours = r["candidates"].get("tritonkit", {})
             if r.get("note"):
                 notes.append(f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}: {r['note']}")
                 continue
+            roof = ours.get("pct_of_roofline")
             row = [
                 r["op"],
                 _params(r["params"]),
@@ -179,15 +219,10 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
                 r["dtype"],
                 r["mode"],
                 _fmt(ours.get("median")),
-                _fmt(ours.get("GBps")),
-                _fmt(ours.get("pct_copy_bw")),
+                _rate(ours),
+                f"{roof:.0f}% ({ours.get('bottleneck')})" if roof is not None else "—",
             ]
-            for b in base:
-                if b in r["speedup"]:
-                    row.append(f"{r['speedup'][b]:.2f}x")
-                else:
-                    why = r["candidates"].get(b, {}).get("skipped")
-                    row.append(f"— ({why})" if why else "—")
+            row += [_speedup_cell(r, b) for b in base]
             torch_mem = r["candidates"].get("torch", {}).get("peak_mem_bytes")
             ours_mem = ours.get("peak_mem_bytes")
             row.append(
@@ -197,42 +232,27 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
             corr = r.get("correct", {})
             row.append(("ok " if corr.get("passed") else "FAIL ") + _fmt(corr.get("rel_l2")))
             rows.append(row)
-        parts.append(f"### {family}\n\n" + _table(header, rows))
-        variants = [
-            (r, name, c)
-            for r in recs
-            for name, c in r["candidates"].items()
-            if c["kind"] in ("variant", "tritonkit")
-            and any(cc["kind"] == "variant" for cc in r["candidates"].values())
-        ]
-        if variants:
-            vrows = [
-                [
-                    r["op"],
-                    r["shape"],
-                    r["dtype"],
-                    r["mode"],
-                    name if c["kind"] == "variant" else "tritonkit (default)",
-                    _fmt(c.get("median")),
-                    _fmt(c.get("GBps")),
-                    _fmt(c.get("pct_copy_bw")),
-                ]
-                for r, name, c in variants
-                if "median" in c
+            flags = [
+                f"{r['op']} {r['shape']} {r['dtype']} {r['mode']} vs {b}: {c['flag']}"
+                for b, c in r.get("comparison", {}).items()
+                if c.get("flag")
             ]
-            parts.append(
-                f"#### {family}: variants side by side\n\n"
-                + _table(
-                    ["operator", "shape", "dtype", "mode", "variant", "ms", "GB/s", "% copy BW"],
-                    vrows,
-                )
+            notes += flags
+        parts.append(f"### {family}\n\n" + _table(header, rows))
+        for r in recs:
+            if r.get("note") or not any(c["kind"] == "variant" for c in r["candidates"].values()):
+                continue
+            title = f"#### {r['op']} {r['shape']} {r['dtype']} {r['mode']}: versions side by side"
+            table = _table(
+                ["version", "ms", "rate", "% of torch", "gain over previous"], evolution_rows(r)
             )
+            parts.append(title + "\n\n" + table)
         if notes:
-            parts.append("Not timed:\n\n" + "\n".join(f"- {n}" for n in notes))
+            parts.append("Notes:\n\n" + "\n".join(f"- {n}" for n in notes))
     return "\n\n".join(parts)
 
 
-def render_markdown(results: dict[str, Any]) -> str:
+def render_markdown(results: dict[str, Any], plots: list[Path] | None = None) -> str:
     lines = ["# tritonkit report", "", *environment_lines(results), ""]
     if results["kind"] != "gpu":
         lines += [
@@ -241,11 +261,18 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        "Formulas: GB/s = the fewest bytes the operator must read and write (each spec's "
-        "`bytes`) / median time; % copy BW = that / the measured copy bandwidth; "
-        "`vs X` = X's median time / tritonkit's (above 1 means tritonkit is faster), both "
-        "timed in the same run, interleaved, L2 flushed before every sample.",
+        "How to read it: `rate` is the fewest bytes (or FLOPs) the operator must move (or do), "
+        "from each spec's formula, over the median time; `% roofline` is the hardware floor "
+        "max(FLOPs / peak, bytes / bandwidth) over the measured time, with the term that "
+        "bounds it; `vs X` is X's median time over tritonkit's (above 1: tritonkit is faster), "
+        "both timed in the same run, interleaved, L2 flushed before every sample, outliers "
+        "beyond 1.5 IQR dropped, with a 95% bootstrap interval; (≈) marks no significant "
+        "difference, ⚠ a speedup above 10x to review.",
         "",
+    ]
+    if plots:
+        lines += [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += [
         "## Accuracy",
         "",
         render_checks(results["checks"]) if results["checks"] else "No checks in this run.",
@@ -261,56 +288,48 @@ def render_markdown(results: dict[str, Any]) -> str:
 # ---- README -----------------------------------------------------------------------------------
 
 
+def _readme_cells(rec: dict[str, Any] | None) -> list[str]:
+    ours = rec["candidates"].get("tritonkit", {}) if rec else {}
+    if not rec or rec.get("note") or "median" not in ours:
+        return ["—", "—"]
+    rate = f"{_rate(ours)} ({ours['pct_of_roofline']:.0f}%)"
+    if not rec["speedup"]:
+        return [rate, "—"]
+    best = min(rec["speedup"], key=rec["speedup"].get)  # the fastest baseline
+    cmp = rec.get("comparison", {}).get(best, {})
+    mark = " (≈)" if cmp.get("verdict") == "no significant difference" else ""
+    return [rate, f"{rec['speedup'][best]:.2f}x {best}{mark}"]
+
+
 def render_readme_table(results: dict[str, Any], source: str) -> str:
-    """One line per (operator, shape, dtype): fwd and bwd bandwidth, speedup over the best peer."""
+    """One line per (operator, shape, dtype): fwd and bwd rate, speedup over the best baseline."""
     bench = results["bench"]
+    index = {(r["op"], r["shape"], r["dtype"], r["mode"]): r for r in bench}
     rows = []
-    keys = list(dict.fromkeys((r["op"], r["shape"], r["dtype"]) for r in bench))
-    for op, shape, dtype in keys:
+    for op, shape, dtype in dict.fromkeys((r["op"], r["shape"], r["dtype"]) for r in bench):
         cells = [op, shape, dtype]
-        for mode in ("fwd", "bwd"):
-            rec = next(
-                (
-                    r
-                    for r in bench
-                    if (r["op"], r["shape"], r["dtype"], r["mode"]) == (op, shape, dtype, mode)
-                ),
-                None,
-            )
-            ours = rec["candidates"].get("tritonkit", {}) if rec else {}
-            if not rec or rec.get("note") or "median" not in ours:
-                cells += ["—", "—"]
-                continue
-            gbps = ours.get("GBps")
-            cells.append(
-                f"{_fmt(gbps)} ({ours['pct_copy_bw']:.0f}%)"
-                if gbps
-                else f"{_fmt(ours['median'])} ms"
-            )
-            torch_peers = {
-                k: v for k, v in rec["speedup"].items() if k in ("torch", "torch.compile")
-            }
-            if torch_peers:
-                best = min(torch_peers, key=torch_peers.get)
-                cells.append(f"{torch_peers[best]:.2f}x {best}")
-            else:
-                cells.append("—")
+        for mode in ("fwd", "bwd", "fwd+bwd"):
+            cells += _readme_cells(index.get((op, shape, dtype, mode)))
         rows.append(cells)
     fp = results["fingerprint"]
     head = (
         f"Measured on {fp.get('gpu')} ({fp['date'][:10]}, torch {fp['torch']}, triton "
         f"{fp['triton']}, commit `{fp['git_commit'][:12]}`); copy ceiling "
-        f"{results['ceilings']['copy_GBps']:,.0f} GB/s. Source: `{source}`."
+        f"{results['ceilings']['copy_GBps']:,.0f} GB/s. Rate with % of the roofline; speedup "
+        f"over the fastest baseline of the same run (torch, torch.compile, and peers), (≈) where "
+        f"the 95% interval includes 1. Source: `{source}`."
     )
     table = _table(
         [
             "operator",
             "shape",
             "dtype",
-            "fwd GB/s (% of copy)",
-            "fwd vs best of torch / torch.compile",
-            "bwd GB/s (% of copy)",
-            "bwd vs best of torch / torch.compile",
+            "fwd",
+            "fwd vs best",
+            "bwd",
+            "bwd vs best",
+            "fwd+bwd",
+            "fwd+bwd vs best",
         ],
         rows,
     )
@@ -347,48 +366,165 @@ def readme_section(readme: Path) -> str:
 # ---- plots ------------------------------------------------------------------------------------
 
 
-def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Bar charts of GB/s for tritonkit, its variants and baselines, one PNG per mode."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _label(r: dict[str, Any]) -> str:
+    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
+    return f"{r['op']} {short} {r['mode']}"
+
+
+def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
+    """Log-log roofline of the effective profile with every timed operator that does arithmetic."""
+    plt = _pyplot()
+    ceilings = results.get("ceilings")
+    recs = [
+        r
+        for r in results["bench"]
+        if not r.get("note")
+        and r["flops"]
+        and r["bytes"]
+        and "median" in r["candidates"].get("tritonkit", {})
+    ]
+    if plt is None or not ceilings or not recs:
+        return None
+    bw = ceilings["copy_GBps"] * 1e9
+    fig, ax = plt.subplots(figsize=(9, 6))
+    xs = [r["flops"] / r["bytes"] for r in recs]
+    lo, hi = min([*xs, 0.1]) / 3, max([*xs, 1000.0]) * 3
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    keys = sorted({r.get("roofline_peak", "fp32") for r in recs})
+    for key in keys:
+        peak = ceilings["tflops"].get(key)
+        if not peak:
+            continue
+        ax.plot(
+            grid,
+            [min(peak, x * bw / 1e12) for x in grid],
+            linewidth=1.5,
+            label=f"roof: {key} {peak:,.0f} TFLOP/s, {bw / 1e9:,.0f} GB/s",
+        )
+    markers = "osD^v<>pPX*h"
+    for i, r in enumerate(recs):
+        ours = r["candidates"]["tritonkit"]
+        x = r["flops"] / r["bytes"]
+        ax.scatter(
+            [x],
+            [ours["TFLOPs"]],
+            marker=markers[i % len(markers)],
+            s=40,
+            zorder=3,
+            label=f"{_label(r)} ({ours['pct_of_roofline']:.0f}%)",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(
+        f"Roofline, {results['fingerprint'].get('gpu')} (measured ceilings); "
+        "tritonkit, % of roof in the legend"
+    )
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(fontsize=6, ncol=2, loc="lower right")
+    fig.tight_layout()
+    path = out_dir / "roofline.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedups(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One bar chart per baseline: tritonkit's speedup per case with its 95% interval."""
+    plt = _pyplot()
+    if plt is None:
         return []
-    written = []
     bench = [r for r in results["bench"] if not r.get("note")]
-    ceiling = (results.get("ceilings") or {}).get("copy_GBps")
-    for mode in dict.fromkeys(r["mode"] for r in bench):
-        recs = [
-            r
-            for r in bench
-            if r["mode"] == mode and r["candidates"].get("tritonkit", {}).get("GBps")
-        ]
+    written = []
+    for baseline in _baselines_in(bench):
+        recs = [r for r in bench if baseline in r.get("comparison", {})]
         if not recs:
             continue
-        names = list(
-            dict.fromkeys(n for r in recs for n, c in r["candidates"].items() if c.get("GBps"))
+        cmps = [r["comparison"][baseline] for r in recs]
+        ys = list(range(len(recs)))
+        fig, ax = plt.subplots(figsize=(8, max(3, 0.22 * len(recs) + 1)))
+        colors = [
+            "tab:green" if c["ci_low"] > 1 else "tab:red" if c["ci_high"] < 1 else "tab:gray"
+            for c in cmps
+        ]
+        ax.barh(
+            ys,
+            [c["speedup"] for c in cmps],
+            color=colors,
+            xerr=[
+                [c["speedup"] - c["ci_low"] for c in cmps],
+                [c["ci_high"] - c["speedup"] for c in cmps],
+            ],
+            capsize=2,
         )
-        fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(recs) * max(1, len(names)) / 2), 5))
-        width = 0.8 / len(names)
-        for j, name in enumerate(names):
-            xs = [i + j * width for i in range(len(recs))]
-            ys = [r["candidates"].get(name, {}).get("GBps") or 0 for r in recs]
-            ax.bar(xs, ys, width=width, label=name)
-        if ceiling:
-            ax.axhline(ceiling, color="k", linestyle="--", linewidth=1, label="measured copy BW")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(recs))])
-        ax.set_xticklabels([f"{r['op']}\n{r['dtype']}" for r in recs], fontsize=7)
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"{mode}: achieved bandwidth ({results['fingerprint'].get('gpu')})")
-        ax.legend(fontsize=7, ncol=3)
+        ax.axvline(1.0, color="k", linewidth=1)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([_label(r) for r in recs], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"speedup over {baseline} (its median time / tritonkit's)")
+        ax.set_title(
+            f"tritonkit vs {baseline}: green faster, red slower, gray no significant "
+            "difference (95% CI)",
+            fontsize=9,
+        )
         fig.tight_layout()
-        path = out_dir / f"bandwidth_{mode.replace('+', '_')}.png"
+        path = out_dir / f"speedup_vs_{baseline.replace('.', '_')}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> Path | None:
+    """GB/s of tritonkit, its variants and baselines, forward, against the copy bandwidth."""
+    plt = _pyplot()
+    recs = [
+        r
+        for r in results["bench"]
+        if r["mode"] == "fwd"
+        and not r.get("note")
+        and r["candidates"].get("tritonkit", {}).get("GBps")
+    ]
+    if plt is None or not recs:
+        return None
+    names = list(
+        dict.fromkeys(n for r in recs for n, c in r["candidates"].items() if c.get("GBps"))
+    )
+    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(recs) * len(names) / 2), 5))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        xs = [i + j * width for i in range(len(recs))]
+        ax.bar(
+            xs,
+            [r["candidates"].get(name, {}).get("GBps") or 0 for r in recs],
+            width=width,
+            label=name,
+        )
+    ceiling = (results.get("ceilings") or {}).get("copy_GBps")
+    if ceiling:
+        ax.axhline(ceiling, color="k", linestyle="--", linewidth=1, label="measured copy BW")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(recs))])
+    ax.set_xticklabels([_label(r) for r in recs], fontsize=6, rotation=60, ha="right")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"forward: achieved bandwidth ({results['fingerprint'].get('gpu')})")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    path = out_dir / "bandwidth_fwd.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -396,5 +532,7 @@ def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(results, out_dir / "results.json")
-    (out_dir / "report.md").write_text(render_markdown(results))
-    return [out_dir / "results.json", out_dir / "report.md", *plot_bandwidth(results, out_dir)]
+    plots = [p for p in (plot_roofline(results, out_dir), plot_bandwidth(results, out_dir)) if p]
+    plots += plot_speedups(results, out_dir)
+    (out_dir / "report.md").write_text(render_markdown(results, plots))
+    return [out_dir / "results.json", out_dir / "report.md", *plots]

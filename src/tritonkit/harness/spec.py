@@ -84,6 +84,7 @@ class OpSpec:
     baselines: Mapping[str, Baseline] = field(default_factory=dict)
     variants: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     special_values: bool = True  # inject NaN and +-inf and expect PyTorch's pattern back
+    compute: str = "vector"  # roofline ceiling: "vector" (fp32 ALUs) or "tensor" (per dtype)
     bench_note: Callable[[Any, str], str | None] = lambda shape, mode: None  # reason to skip
     description: str = ""
 

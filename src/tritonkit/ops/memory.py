@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit._utils import LAYOUT_COPIES, cdiv, check_tensor
+from tritonkit import _tuning
+from tritonkit._utils import LAYOUT_COPIES, cdiv, check_tensor, next_power_of_2
 from tritonkit.ops.elementwise import BiasActFunction
 
 
@@ -55,19 +56,48 @@ class TransposeConfig:
 
 
 # 32 KiB tiles, 8 warps: the best of nine tile shapes on an H200 for bf16 (128 x 128) and
-# fp32 (128 x 64); see benchmarks/NOTES.md.
+# fp32 (128 x 64) (benchmarks/NOTES.md). They are the defaults; on a GPU the first call per
+# shape class times the candidates below once and the persistent autotune cache keeps the winner.
 _TILED_BY_ELEMENT_SIZE = {2: TransposeConfig(128, 128, 8)}
 _TILED_DEFAULT = TransposeConfig(128, 64, 8)
+_CANDIDATES = [(128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 4), (32, 128, 4)]
 STRIDED = TransposeConfig(1, 1024, 4)
 
 
-def tiled_config(elem_size: int) -> TransposeConfig:
-    return _TILED_BY_ELEMENT_SIZE.get(elem_size, _TILED_DEFAULT)
+def _as_tuning(c: TransposeConfig) -> _tuning.Config:
+    return _tuning.Config({"BLOCK_M": c.BLOCK_M, "BLOCK_N": c.BLOCK_N}, c.num_warps, 1)
+
+
+def _from_tuning(c: _tuning.Config) -> TransposeConfig:
+    return TransposeConfig(c.params["BLOCK_M"], c.params["BLOCK_N"], c.num_warps)
+
+
+def tiled_config(x3: torch.Tensor, y: torch.Tensor) -> TransposeConfig:
+    """The tile for transposing ``x3`` ([batch, M, N]) into ``y``: cached, tuned, or default."""
+    es = x3.element_size()
+    default = _TILED_BY_ELEMENT_SIZE.get(es, _TILED_DEFAULT)
+    if not _tuning.enabled():
+        return default
+    _, m, n = x3.shape
+    key = {"elem_size": es, "m": min(next_power_of_2(m), 8192), "n": min(next_power_of_2(n), 8192)}
+    candidates = [default] + [
+        TransposeConfig(*c) for c in _CANDIDATES if TransposeConfig(*c) != default
+    ]
+    best = _tuning.tune(
+        "transpose",
+        key,
+        [_as_tuning(c) for c in candidates],
+        lambda cfg: _launch(x3, y, _from_tuning(cfg)),
+        # The tile passes through shared memory on its way from row- to column-major.
+        prune=lambda cfg: _tuning.fits_shared_memory(
+            cfg.params["BLOCK_M"] * cfg.params["BLOCK_N"] * es
+        ),
+    )
+    return _from_tuning(best)
 
 
 def transpose_fwd(x: torch.Tensor, config: TransposeConfig | None = None) -> torch.Tensor:
     """``x.transpose(-2, -1).contiguous()``; the launcher behind tritonkit.transpose."""
-    config = config or tiled_config(x.element_size())
     *batch_shape, m, n = x.shape
     y = torch.empty((*batch_shape, n, m), dtype=x.dtype, device=x.device)
     if x.numel() == 0:
@@ -77,7 +107,12 @@ def transpose_fwd(x: torch.Tensor, config: TransposeConfig | None = None) -> tor
     except RuntimeError:  # batch dimensions without one common stride
         LAYOUT_COPIES.count += 1
         x3 = x.contiguous().view(-1, m, n)
-    batch = x3.shape[0]
+    _launch(x3, y, config or tiled_config(x3, y))
+    return y
+
+
+def _launch(x3: torch.Tensor, y: torch.Tensor, config: TransposeConfig) -> None:
+    batch, m, n = x3.shape
     grid = (batch * cdiv(m, config.BLOCK_M) * cdiv(n, config.BLOCK_N),)
     _transpose_kernel[grid](
         x3,
@@ -91,7 +126,6 @@ def transpose_fwd(x: torch.Tensor, config: TransposeConfig | None = None) -> tor
         BLOCK_N=config.BLOCK_N,
         num_warps=config.num_warps,
     )
-    return y
 
 
 @torch.library.custom_op("tritonkit::transpose", mutates_args=())
