@@ -18,6 +18,19 @@ UNARY_SHAPES = Shapes(
 )
 
 
+# Nominal FLOPs per element, for the roofline: the operations of the textbook formula, each
+# add/mul/max/exp/erf/tanh counted once (relu max(x, 0); silu x / (1 + exp(-x)) as 4; gelu
+# x * 0.5 * (1 + erf(x / sqrt 2)) as 5; gelu_tanh as 9). A backward pass counts twice the
+# forward's plus the chain rule's multiply. These are all far below one FLOP per byte: the
+# family is memory-bound on any GPU, which is what the roofline should show.
+ACT_FLOPS = {None: 0, "none": 0, "relu": 1, "silu": 4, "gelu": 5, "gelu_tanh": 9}
+
+
+def _per_element_flops(numel, fwd, mode):
+    bwd = 2 * fwd + 1
+    return numel * {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
 def _unary_inputs(shape, dtype, device, seed):
     return (randn(shape, dtype, device, generator(device, seed)),)
 
@@ -41,7 +54,7 @@ def _relu_bytes(inputs, mode, **params):
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bits + bwd}[mode]
 
 
-def _unary_spec(name, impl, reference, description, baselines=None, bytes_fn=_unary_bytes):
+def _unary_spec(name, impl, reference, description, act, baselines=None, bytes_fn=_unary_bytes):
     return register(
         OpSpec(
             name=name,
@@ -51,6 +64,9 @@ def _unary_spec(name, impl, reference, description, baselines=None, bytes_fn=_un
             make_inputs=_unary_inputs,
             shapes=UNARY_SHAPES,
             bytes=bytes_fn,
+            flops=lambda inputs, mode, **params: _per_element_flops(
+                inputs[0].numel(), ACT_FLOPS[act], mode
+            ),
             baselines={**torch_baselines(reference), **(baselines or {})},
             description=description,
         )
@@ -70,19 +86,26 @@ _unary_spec(
     tritonkit.relu,
     torch.relu,
     "max(x, 0), NaN kept; saves 1 bit per element for backward",
+    "relu",
     bytes_fn=_relu_bytes,
 )
 _unary_spec(
-    "gelu", tritonkit.gelu, F.gelu, "GELU, exact (erf)", {"cuda": cuda_gelu_baseline("none")}
+    "gelu",
+    tritonkit.gelu,
+    F.gelu,
+    "GELU, exact (erf)",
+    "gelu",
+    {"cuda": cuda_gelu_baseline("none")},
 )
 _unary_spec(
     "gelu_tanh",
     _gelu_tanh,
     _gelu_tanh_ref,
     "GELU, tanh approximation",
+    "gelu_tanh",
     {"cuda": cuda_gelu_baseline("tanh")},
 )
-_unary_spec("silu", tritonkit.silu, F.silu, "x * sigmoid(x)")
+_unary_spec("silu", tritonkit.silu, F.silu, "x * sigmoid(x)", "silu")
 
 
 # A broadcast operand's gradient sums up to n_rows float32 terms: its absolute error grows with
@@ -140,6 +163,9 @@ register(
             empty=[((0, 5), (5,)), ((3, 0), (3, 0))],
         ),
         bytes=_add_bytes,
+        flops=lambda inputs, mode, **params: (
+            max(inputs[0].numel(), inputs[1].numel()) if mode != "bwd" else 0
+        ),
         grad_tolerance=ROW_SUM_GRAD_TOLERANCE,
         baselines=torch_baselines(torch.add),
         bench_note=_add_bench_note,
@@ -204,6 +230,9 @@ register(
             {"activation": "silu"},
         ),
         bytes=_bias_act_bytes,
+        flops=lambda inputs, mode, activation=None: _per_element_flops(
+            inputs[0].numel(), 1 + ACT_FLOPS[activation], mode
+        ),
         grad_tolerance=ROW_SUM_GRAD_TOLERANCE,
         baselines=torch_baselines(_bias_act_ref),
         description="act(x + bias), bias broadcast over rows; one pass instead of two",
@@ -248,6 +277,9 @@ register(
         make_inputs=_glu_inputs,
         shapes=_GLU_SHAPES,
         bytes=_glu_bytes,
+        flops=lambda inputs, mode, **params: _per_element_flops(
+            inputs[0].numel(), 1 + ACT_FLOPS["silu"], mode
+        ),
         baselines=torch_baselines(_swiglu_ref),
         description="silu(gate) * up",
     )
@@ -263,6 +295,9 @@ register(
         shapes=_GLU_SHAPES,
         params=({"approximate": "none"}, {"approximate": "tanh"}),
         bytes=_glu_bytes,
+        flops=lambda inputs, mode, approximate="none": _per_element_flops(
+            inputs[0].numel(), 1 + ACT_FLOPS["gelu" if approximate == "none" else "gelu_tanh"], mode
+        ),
         baselines=torch_baselines(_geglu_ref),
         description="gelu(gate) * up",
     )
