@@ -98,7 +98,7 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     flat += ["swiglu fwd", "swiglu bwd", "gelu bwd"]
     defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_BWD_BLOCK_N")}
     defaults.update({k: getattr(E, k) for k in ("_BWD_TILE_ELEMS", "_BWD_ITERS")})
-    for tile_bytes, heavy in itertools.product((1024, 2048, 4096), (1, 2)):
+    for tile_bytes, heavy in itertools.product((2048, 4096), (1, 2)):
         E._TILE_BYTES, E._HEAVY_VECTORS = tile_bytes, heavy
         res = _time({k: cases[k][0] for k in flat})
         config = f"tile={tile_bytes}B heavy_vectors={heavy}"
@@ -106,7 +106,8 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     E._TILE_BYTES, E._HEAVY_VECTORS = defaults["_TILE_BYTES"], defaults["_HEAVY_VECTORS"]
 
     sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
-    for block_n, tile, iters in itertools.product((64, 128, 256), (4096, 8192), (1, 4)):
+    sum_configs = [*itertools.product((64, 128, 256), (4096, 8192), (1,)), (128, 8192, 4)]
+    for block_n, tile, iters in sum_configs:
         E._BWD_BLOCK_N, E._BWD_TILE_ELEMS, E._BWD_ITERS = block_n, tile, iters
         res = _time({k: cases[k][0] for k in sums})
         config = f"bwd block_n={block_n} tile={tile} iters={iters}"
