@@ -94,11 +94,10 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     }
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
-    flat = ["relu fwd", "relu fwd+mask", "relu bwd", "gelu fwd", "gelu_tanh fwd", "silu fwd"]
-    flat += ["swiglu fwd", "swiglu bwd", "gelu bwd"]
-    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_BWD_BLOCK_N")}
-    defaults.update({k: getattr(E, k) for k in ("_BWD_TILE_ELEMS", "_BWD_ITERS")})
-    for tile_bytes, heavy in itertools.product((2048, 4096), (1, 2)):
+    flat = ["gelu fwd", "gelu_tanh fwd", "silu fwd", "relu bwd"]
+    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_BWD_WARPS")}
+    defaults.update({k: getattr(E, k) for k in ("_BWD_ROWS", "_BWD_PROGRAMS_PER_SM")})
+    for tile_bytes, heavy in ((2048, 1), (2048, 2), (4096, 2)):
         E._TILE_BYTES, E._HEAVY_VECTORS = tile_bytes, heavy
         res = _time({k: cases[k][0] for k in flat})
         config = f"tile={tile_bytes}B heavy_vectors={heavy}"
@@ -106,11 +105,10 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     E._TILE_BYTES, E._HEAVY_VECTORS = defaults["_TILE_BYTES"], defaults["_HEAVY_VECTORS"]
 
     sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
-    sum_configs = [*itertools.product((64, 128, 256), (4096, 8192), (1,)), (128, 8192, 4)]
-    for block_n, tile, iters in sum_configs:
-        E._BWD_BLOCK_N, E._BWD_TILE_ELEMS, E._BWD_ITERS = block_n, tile, iters
+    for warps, rows_, per_sm in itertools.product((4, 8), (2, 4, 8), (4, 8)):
+        E._BWD_WARPS, E._BWD_ROWS, E._BWD_PROGRAMS_PER_SM = warps, rows_, per_sm
         res = _time({k: cases[k][0] for k in sums})
-        config = f"bwd block_n={block_n} tile={tile} iters={iters}"
+        config = f"bwd warps={warps} rows={rows_} programs/SM={per_sm}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
     for k, v in defaults.items():
         setattr(E, k, v)

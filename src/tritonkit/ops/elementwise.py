@@ -34,6 +34,7 @@ from tritonkit._utils import (
     elementwise_output,
     elementwise_rows,
     next_power_of_2,
+    sm_count,
 )
 
 # Activation codes: constexpr integers so that each activation compiles to its own kernel.
@@ -351,19 +352,21 @@ def _glu_bwd_kernel(
 # (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left up to 10% of the bandwidth behind.
 _TILE_BYTES = 2048
 _VECTOR_BYTES = 16
-# Activations that cost more arithmetic (GELU, SiLU, GLUs) may give each thread more vectors,
-# for more independent work in flight per thread.
-_HEAVY_VECTORS = 1
+# Activations that cost more arithmetic (GELU, SiLU) give each thread two vectors: more
+# independent work in flight (bf16 GELU 3088 -> 3633 GB/s, SiLU 3925 -> 4111).
+_HEAVY_VECTORS = 2
 # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
 _MAX_BLOCK_N_MULTIROW = 512
-# The bias-gradient pass: narrow, tall tiles, each program reducing _BWD_ITERS of them into one
-# partial row (more programs in flight beat fewer programs walking many rows).
-_BWD_BLOCK_N = 128
-_BWD_TILE_ELEMS = 8192
-_BWD_ITERS = 1
+# The bias-gradient pass: wide, short tiles whose rows all sit in the same thread (one 16-byte
+# vector of each row per thread), so the column sums accumulate in registers with no
+# cross-thread reduction; each program walks a group of rows, about _BWD_PROGRAMS_PER_SM
+# programs per SM, and writes one fp32 partial row (tall tiles reduced across warps ran at
+# 20-70% of copy bandwidth, benchmarks/NOTES.md).
+_BWD_WARPS = 4
+_BWD_ROWS = 4
+_BWD_PROGRAMS_PER_SM = 8
 _COLSUM_BLOCK = (32, 128)
 _INT32_LIMIT = 2**31
-_MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -388,11 +391,10 @@ class TileConfig:
 
     @staticmethod
     def for_row_sums(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
-        block_n = max(8, min(next_power_of_2(n_cols), _BWD_BLOCK_N))
-        block_m = max(1, min(next_power_of_2(n_rows), _BWD_TILE_ELEMS // block_n))
-        threads = block_m * block_n * elem_size // _VECTOR_BYTES
-        num_warps = min(16, max(4, next_power_of_2(threads // 32)))
-        return TileConfig(block_m, block_n, num_warps)
+        widest = 32 * _BWD_WARPS * _VECTOR_BYTES // elem_size
+        block_n = max(8, min(next_power_of_2(n_cols), widest))
+        block_m = max(1, min(next_power_of_2(n_rows), _BWD_ROWS))
+        return TileConfig(block_m, block_n, _BWD_WARPS)
 
     def grid(self, n_rows: int, n_cols: int) -> tuple[int]:
         return (cdiv(n_rows, self.BLOCK_M) * cdiv(n_cols, self.BLOCK_N),)
@@ -542,10 +544,10 @@ def bias_act_bwd(
     elem = grad.element_size()
     if row_partials:
         cfg = TileConfig.for_row_sums(gr.n_rows, gr.n_cols, elem)
-        row_blocks = cdiv(gr.n_rows, cfg.BLOCK_M)
-        # Enough tiles per program that the partial rows stay few (and the grid in range).
-        iters = max(_BWD_ITERS, cdiv(row_blocks, _MAX_GRID_Y))
-        rows_per_program = iters * cfg.BLOCK_M
+        col_blocks = cdiv(gr.n_cols, cfg.BLOCK_N)
+        target = max(1, _BWD_PROGRAMS_PER_SM * sm_count(grad.device) // col_blocks)
+        groups = max(1, min(cdiv(gr.n_rows, cfg.BLOCK_M), target))
+        rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
         groups = cdiv(gr.n_rows, rows_per_program)
         partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
     else:
