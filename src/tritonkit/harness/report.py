@@ -377,9 +377,18 @@ def _pyplot():
     return plt
 
 
-def _label(r: dict[str, Any]) -> str:
+def _label(r: dict[str, Any], with_shape: bool = False) -> str:
     short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
-    return f"{r['op']} {short} {r['mode']}"
+    shape = f" {r['shape']}" if with_shape else ""
+    return f"{r['op']}{shape} {short} {r['mode']}"
+
+
+def _labels(recs: list[dict[str, Any]]) -> list[str]:
+    """Labels that name the shape only for operators timed at several shapes."""
+    shapes: dict[str, set] = defaultdict(set)
+    for r in recs:
+        shapes[r["op"]].add(r["shape"])
+    return [_label(r, len(shapes[r["op"]]) > 1) for r in recs]
 
 
 def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
@@ -413,7 +422,7 @@ def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
             label=f"roof: {key} {peak:,.0f} TFLOP/s, {bw / 1e9:,.0f} GB/s",
         )
     markers = "osD^v<>pPX*h"
-    for i, r in enumerate(recs):
+    for i, (r, label) in enumerate(zip(recs, _labels(recs))):
         ours = r["candidates"]["tritonkit"]
         x = r["flops"] / r["bytes"]
         ax.scatter(
@@ -471,7 +480,7 @@ def plot_speedups(results: dict[str, Any], out_dir: Path) -> list[Path]:
         )
         ax.axvline(1.0, color="k", linewidth=1)
         ax.set_yticks(ys)
-        ax.set_yticklabels([_label(r) for r in recs], fontsize=7)
+        ax.set_yticklabels(_labels(recs), fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel(f"speedup over {baseline} (its median time / tritonkit's)")
         ax.set_title(
@@ -516,7 +525,7 @@ def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> Path | None:
     if ceiling:
         ax.axhline(ceiling, color="k", linestyle="--", linewidth=1, label="measured copy BW")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(recs))])
-    ax.set_xticklabels([_label(r) for r in recs], fontsize=6, rotation=60, ha="right")
+    ax.set_xticklabels(_labels(recs), fontsize=6, rotation=60, ha="right")
     ax.set_ylabel("GB/s")
     ax.set_title(f"forward: achieved bandwidth ({results['fingerprint'].get('gpu')})")
     ax.legend(fontsize=7, ncol=3)
