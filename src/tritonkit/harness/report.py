@@ -431,7 +431,7 @@ def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
             marker=markers[i % len(markers)],
             s=40,
             zorder=3,
-            label=f"{_label(r)} ({ours['pct_of_roofline']:.0f}%)",
+            label=f"{label} ({ours['pct_of_roofline']:.0f}%)",
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
