@@ -90,7 +90,11 @@ class OpSpec:
 
     def tolerance_for(self, dtype: torch.dtype, grad: bool = False) -> Tolerance:
         table = self.grad_tolerance if grad and self.grad_tolerance is not None else self.tolerance
-        return table.get(dtype, DEFAULT_TOLERANCES[dtype])
+        if dtype in table:
+            return table[dtype]
+        if dtype not in DEFAULT_TOLERANCES:
+            raise KeyError(f"{self.name}: no tolerance for {dtype}; give one in the spec")
+        return DEFAULT_TOLERANCES[dtype]
 
     def grad_indices(self, inputs: Sequence[Any]) -> list[int]:
         if self.grad_inputs is not None:
