@@ -106,7 +106,7 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
 
     sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
     for warps, rows_, per_sm in itertools.product((4, 8), (2, 4, 8), (4, 8)):
-        E._BWD_WARPS, E._BWD_ROWS, E._BWD_PROGRAMS_PER_SM = warps, rows_, per_sm
+        E._BWD_WARPS, E._BWD_ROWS, E._BWD_PROGRAMS_PER_SM = warps, {2: rows_, 4: rows_}, per_sm
         res = _time({k: cases[k][0] for k in sums})
         config = f"bwd warps={warps} rows={rows_} programs/SM={per_sm}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]

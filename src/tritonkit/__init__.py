@@ -13,7 +13,21 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_FUNCTIONS = ("add", "bias_act", "copy", "geglu", "gelu", "relu", "silu", "swiglu", "transpose")
+_FUNCTIONS = (
+    "add",
+    "bias_act",
+    "copy",
+    "geglu",
+    "gelu",
+    "int8_matmul",
+    "linear",
+    "matmul",
+    "relu",
+    "scaled_matmul",
+    "silu",
+    "swiglu",
+    "transpose",
+)
 __all__ = [*_FUNCTIONS, "functional", "nn"]
 
 if TYPE_CHECKING:
@@ -24,7 +38,11 @@ if TYPE_CHECKING:
     from tritonkit.functional import copy as copy
     from tritonkit.functional import geglu as geglu
     from tritonkit.functional import gelu as gelu
+    from tritonkit.functional import int8_matmul as int8_matmul
+    from tritonkit.functional import linear as linear
+    from tritonkit.functional import matmul as matmul
     from tritonkit.functional import relu as relu
+    from tritonkit.functional import scaled_matmul as scaled_matmul
     from tritonkit.functional import silu as silu
     from tritonkit.functional import swiglu as swiglu
     from tritonkit.functional import transpose as transpose

@@ -361,10 +361,10 @@ _MAX_BLOCK_N_MULTIROW = 512
 # vector of each row per thread), so the column sums accumulate in registers with no
 # cross-thread reduction; each program walks a group of rows, about _BWD_PROGRAMS_PER_SM
 # programs per SM, and writes one fp32 partial row (tall tiles reduced across warps ran at
-# 20-70% of copy bandwidth, benchmarks/NOTES.md).
-_BWD_WARPS = 4
-_BWD_ROWS = 4
-_BWD_PROGRAMS_PER_SM = 8
+# 20-70% of copy bandwidth; this shape at 80-95%, benchmarks/NOTES.md).
+_BWD_WARPS = 8
+_BWD_ROWS = {2: 2, 4: 4}  # rows per iteration by element size: 8 KiB (bf16) / 16 KiB (fp32)
+_BWD_PROGRAMS_PER_SM = 4
 _COLSUM_BLOCK = (32, 128)
 _INT32_LIMIT = 2**31
 
@@ -393,7 +393,7 @@ class TileConfig:
     def for_row_sums(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
         widest = 32 * _BWD_WARPS * _VECTOR_BYTES // elem_size
         block_n = max(8, min(next_power_of_2(n_cols), widest))
-        block_m = max(1, min(next_power_of_2(n_rows), _BWD_ROWS))
+        block_m = max(1, min(next_power_of_2(n_rows), _BWD_ROWS.get(elem_size, 4)))
         return TileConfig(block_m, block_n, _BWD_WARPS)
 
     def grid(self, n_rows: int, n_cols: int) -> tuple[int]:

@@ -1,0 +1,579 @@
+"""Matmul family: accuracy through the check engine, semantics, layouts, variants, TMA and
+split-K paths, FP8/INT8, bad inputs, nn.Linear, autograd and torch.compile.
+
+Under the CPU interpreter ``tl.dot`` on bfloat16 operands is wrong (fp16 and fp32 are right),
+so bfloat16 GEMMs are checked on the GPU only; the CUDA-core ``naive`` variant, which has no
+``tl.dot``, is checked in bfloat16 here too.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonkit import _tuning, _utils
+from tritonkit.nn.linear import Linear
+from tritonkit.ops import matmul as mm
+from tritonkit.ops.matmul import (
+    VARIANTS,
+    MatmulConfig,
+    int8_matmul,
+    linear,
+    matmul,
+    matmul_fwd,
+    matmul_variant,
+    scaled_matmul,
+    split_k_for,
+)
+
+from _checks import assert_spec_passes
+
+INTERPRETED = _utils.interpreter_enabled()
+BF16_DOT_SKIP = "the Triton interpreter computes bf16 tl.dot wrongly: checked on the GPU only"
+
+
+def _ref(a, b):
+    return (a.double() @ b.double()).to(a.dtype)
+
+
+def _close(out, ref, dtype=None):
+    dtype = dtype or out.dtype
+    tol = {torch.float32: (1e-5, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (8e-3, 1e-2)}
+    rtol, atol = tol[dtype]
+    torch.testing.assert_close(out.double(), ref.double(), rtol=rtol, atol=atol)
+
+
+# ---- the check engine ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["matmul", "linear"])
+def test_check_engine_passes(name, dtype, device):
+    """Every shape x params: random, non-contiguous, NaN/inf, gradients, empty."""
+    if dtype == torch.bfloat16 and INTERPRETED:
+        pytest.skip(BF16_DOT_SKIP)
+    assert_spec_passes(name, device, dtypes=(dtype,))
+
+
+@pytest.mark.parametrize("name", ["scaled_matmul", "int8_matmul"])
+def test_low_precision_specs_pass_the_check_engine(name, device):
+    assert_spec_passes(name, device)
+
+
+# ---- semantics and layouts (acceptance 5) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((1, 1), (1, 1)),
+        ((17, 65), (65, 33)),  # K = 65: not a multiple of any BLOCK_K
+        ((2, 1, 5, 7), (3, 7, 4)),  # batch broadcast on both sides
+        ((5, 7), (3, 7, 4)),  # a 2-D a against a batched b
+        ((4, 6, 9), (9, 5)),  # batched a, 2-D b: folded into one GEMM
+        ((7,), (7, 5)),
+        ((6, 7), (7,)),
+        ((7,), (7,)),
+        ((2, 3, 4, 5, 6), (3, 1, 6, 2)),  # three batch dimensions
+    ],
+)
+def test_matmul_matches_torch(a_shape, b_shape, dtype, device):
+    a = torch.randn(a_shape, device=device).to(dtype)
+    b = torch.randn(b_shape, device=device).to(dtype)
+    out = matmul(a, b)
+    expected = torch.matmul(a, b)
+    assert out.shape == expected.shape and out.dtype == dtype and out.is_contiguous()
+    _close(out, _ref(a, b))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["transposed a", "transposed b", "both transposed", "sliced", "strided", "batched transposed"],
+)
+def test_any_strides_without_copies(layout, device):
+    if layout == "transposed a":
+        a, b = torch.randn(70, 40, device=device).t(), torch.randn(70, 50, device=device)
+    elif layout == "transposed b":
+        a, b = torch.randn(40, 70, device=device), torch.randn(50, 70, device=device).t()
+    elif layout == "both transposed":
+        a, b = torch.randn(70, 40, device=device).t(), torch.randn(50, 70, device=device).t()
+    elif layout == "sliced":
+        a = torch.randn(50, 90, device=device)[5:45, 3:73]
+        b = torch.randn(80, 60, device=device)[:70, 10:]
+    elif layout == "strided":
+        a = torch.randn(40, 140, device=device)[:, ::2]
+        b = torch.randn(70, 100, device=device)[:, ::2]
+    else:
+        a = torch.randn(3, 70, 40, device=device).transpose(1, 2)
+        b = torch.randn(3, 50, 70, device=device).transpose(1, 2)
+    _utils.LAYOUT_COPIES.reset()
+    out = matmul(a, b)
+    assert _utils.LAYOUT_COPIES.reset() == 0
+    _close(out, _ref(a, b))
+
+
+def test_batch_dimensions_beyond_two_strides_are_copied_and_counted(device):
+    # batch strides (120, 360, 30): no two of the three dimensions merge
+    a = torch.randn(2, 3, 4, 5, 6, device=device).permute(1, 0, 2, 3, 4)
+    b = torch.randn(6, 2, device=device).expand(3, 1, 4, 6, 2)
+    _utils.LAYOUT_COPIES.reset()
+    out = matmul(a, b)
+    assert _utils.LAYOUT_COPIES.reset() > 0
+    _close(out, _ref(a, b))
+
+
+def test_empty_shapes(device):
+    a, b = torch.randn(4, 0, device=device), torch.randn(0, 3, device=device)
+    out = matmul(a, b)  # K = 0: a sum of nothing
+    assert out.shape == (4, 3) and torch.equal(out, torch.zeros(4, 3, device=device))
+    assert matmul(torch.randn(0, 5, device=device), torch.randn(5, 3, device=device)).shape == (
+        0,
+        3,
+    )
+    assert matmul(torch.randn(2, 0, 5, device=device), torch.randn(5, 3, device=device)).shape == (
+        2,
+        0,
+        3,
+    )
+    x, w = torch.randn(3, 0, device=device), torch.randn(4, 0, device=device)
+    bias, r = torch.randn(4, device=device), torch.randn(3, 4, device=device)
+    out = linear(x, w, bias, "silu", r)  # K = 0: the epilogue still applies
+    torch.testing.assert_close(out, F.silu(bias).expand(3, 4) + r)
+
+
+def test_tf32_follows_pytorch_settings():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert not mm._tf32_enabled()
+        assert mm._operand_class(torch.float32) == "ieee"
+        torch.set_float32_matmul_precision("high")
+        assert mm._tf32_enabled()
+        assert mm._operand_class(torch.float32) == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+# ---- variants, TMA, split-K, configs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_variants_agree_with_torch(variant, dtype, device):
+    a = torch.randn(37, 70, device=device).to(dtype)
+    b = torch.randn(70, 45, device=device).to(dtype)
+    _close(matmul_variant(a, b, variant), _ref(a, b))
+    batched = torch.randn(2, 9, 70, device=device).to(dtype)
+    _close(matmul_variant(batched, b, variant), _ref(batched, b))
+
+
+def test_naive_variant_in_bfloat16(device):
+    """The CUDA-core v0 has no tl.dot, so bf16 runs even under the interpreter."""
+    a = torch.randn(37, 70, device=device).to(torch.bfloat16)
+    b = torch.randn(70, 45, device=device).to(torch.bfloat16)
+    _close(matmul_variant(a, b, "naive"), _ref(a, b))
+
+
+def test_variants_share_one_kernel():
+    """The evolution is one kernel at different constexprs, each step adding one idea."""
+    assert not mm.NAIVE.dot and mm.TILED.dot
+    assert (mm.TILED.BLOCK_M, mm.TILED.BLOCK_N, mm.TILED.BLOCK_K) == (
+        mm.PIPELINED.BLOCK_M,
+        mm.PIPELINED.BLOCK_N,
+        mm.PIPELINED.BLOCK_K,
+    )
+    assert mm.TILED.num_stages == 1 < mm.PIPELINED.num_stages
+    tuned = mm._candidates("autotuned", "16bit", tma=False, m=4096, split=1)
+    persistent = mm._candidates("persistent", "16bit", tma=True, m=4096, split=1)
+    assert all(c.GROUP_M > 1 and not c.persistent for c in tuned)
+    assert all(c.persistent and c.tma for c in persistent)
+
+
+@pytest.fixture
+def tma_in_interpreter(monkeypatch):
+    if not INTERPRETED:
+        pytest.skip("forces the TMA path under the interpreter")
+    monkeypatch.setattr(mm, "_INTERPRETER_TMA", True)
+
+
+@pytest.mark.parametrize("a_t", [False, True], ids=["a row-major", "a col-major"])
+@pytest.mark.parametrize("b_t", [False, True], ids=["b row-major", "b col-major"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MatmulConfig(32, 32, 16, GROUP_M=2, persistent=True, tma=True),
+        MatmulConfig(32, 64, 16, tma=True, subtile=True),
+        MatmulConfig(16, 32, 32, persistent=True, tma=True, SPLIT_K=2),
+    ],
+    ids=["persistent", "subtile", "split-k"],
+)
+def test_tma_path_every_layout(config, a_t, b_t, tma_in_interpreter, device):
+    a = torch.randn(40, 72, device=device).half()
+    b = torch.randn(72, 48, device=device).half()
+    a_in = a.t().contiguous().t() if a_t else a
+    b_in = b.t().contiguous().t() if b_t else b
+    p, _ = mm._plan_matmul(a_in, b_in, torch.float16)
+    assert mm._tma_ok(p) and mm._layout_flags(p) == (a_t, b_t)
+    _close(matmul_fwd(a_in, b_in, config=config), _ref(a, b))
+
+
+def test_tma_falls_back_where_it_cannot_read(tma_in_interpreter, device):
+    a = torch.randn(40, 65, device=device).half()  # 130-byte rows: not 16-byte aligned
+    b = torch.randn(65, 48, device=device).half()
+    p, _ = mm._plan_matmul(a, b, torch.float16)
+    assert not mm._tma_ok(p)
+    config = MatmulConfig(32, 32, 16, persistent=True, tma=True)
+    _close(matmul_fwd(a, b, config=config), _ref(a, b))
+    # 8-bit and fp32 operands must be K-major for wgmma: a transposed fp32 b goes through TMA,
+    # a row-major one takes the pointer path.
+    af, bf = torch.randn(40, 64, device=device), torch.randn(48, 64, device=device)
+    assert mm._tma_ok(mm._plan_matmul(af, bf.t(), torch.float32)[0])
+    assert not mm._tma_ok(mm._plan_matmul(af, bf.t().contiguous(), torch.float32)[0])
+    # batches and tiny problems take the pointer path too
+    assert not mm._tma_ok(mm._plan_matmul(a[None].expand(2, 40, 65), b, torch.float16)[0])
+
+
+def test_split_k_heuristic():
+    sms = 132
+    # Skinny: few output tiles, long K: split until one wave of programs.
+    assert split_k_for(16, 4096, 4096, sms=sms) == 4
+    assert split_k_for(64, 1024, 65536, sms=sms) == 16
+    assert split_k_for(1, 1, 8192, sms=sms) == 8
+    # Enough tiles, short K, or a batch: no split.
+    assert split_k_for(8192, 8192, 8192, sms=sms) == 1
+    assert split_k_for(16, 4096, 1024, sms=sms) == 1
+    assert split_k_for(16, 4096, 4096, n_batch=8, sms=sms) == 1
+    assert split_k_for(0, 4096, 4096, sms=sms) == 1
+    # Each split keeps at least _SPLITK_MIN_CHUNK of K.
+    for m, n, k in [(16, 512, 3000), (32, 256, 2048), (8, 128, 100000)]:
+        split = split_k_for(m, n, k, sms=sms)
+        assert split == 1 or k // split >= mm._SPLITK_MIN_CHUNK
+
+
+def test_split_k_is_chosen_for_skinny_shapes_and_correct(monkeypatch, device):
+    launched = []
+    real = mm._launch
+    monkeypatch.setattr(
+        mm, "_launch", lambda p, epi, cfg: launched.append(cfg) or real(p, epi, cfg)
+    )
+    monkeypatch.setattr(mm, "sm_count", lambda dev: 132)
+    a = torch.randn(16, 4096, device=device)
+    b = torch.randn(4096, 64, device=device)
+    out = matmul(a, b)
+    assert launched[-1].SPLIT_K == split_k_for(16, 64, 4096, sms=132) > 1
+    _close(out, _ref(a, b))
+    # the epilogue runs once, in the reduction pass
+    x, w = torch.randn(3, 16, 2048, device=device), torch.randn(24, 2048, device=device) / 45
+    bias, r = torch.randn(24, device=device), torch.randn(3, 16, 24, device=device)
+    out = linear(x, w, bias, "gelu", r)
+    assert launched[-1].SPLIT_K > 1
+    torch.testing.assert_close(out, F.gelu(F.linear(x, w, bias)) + r, rtol=1e-4, atol=1e-4)
+
+
+def test_sixty_four_bit_offsets(monkeypatch, device):
+    """The INT64 path (operands of 2**31 elements or more), forced on small tensors."""
+    monkeypatch.setattr(mm, "_INT32_LIMIT", 16)
+    a = torch.randn(2, 40, 70, device=device).transpose(1, 2)
+    b = torch.randn(40, 30, device=device)
+    _close(matmul(a, b), _ref(a, b))
+    cfg = MatmulConfig(16, 32, 32, SPLIT_K=3)
+    _close(matmul_fwd(a[0], b, config=cfg), _ref(a[0], b))
+
+
+def test_configs_round_trip_through_the_tuning_cache():
+    for cls in ("16bit", "8bit", "tf32", "ieee"):
+        for kind in ("autotuned", "persistent", "splitk"):
+            for cfg in mm._candidates(kind, cls, tma=True, m=24, split=4):
+                assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
+
+
+def test_default_configs_fit_shared_memory():
+    """The untimed default (tuning off) and the fixed steps must fit the GPU they run on."""
+    from tritonkit import _hardware
+
+    sizes = {torch.float16: (2, 2, 2), torch.int8: (1, 1, 4), torch.float32: (4, 4, 4)}
+    try:
+        for gpu in ("NVIDIA H100 SXM", "NVIDIA A100 80GB"):
+            _hardware.set_active(_hardware.KNOWN[gpu])
+            for dtype, elems in sizes.items():
+                a = torch.zeros(256, 256, dtype=dtype)
+                p, _ = mm._plan_matmul(a, a, torch.int32 if dtype == torch.int8 else dtype)
+                for kind in ("autotuned", "persistent"):
+                    cfg = mm._tuned(p, mm._NO_EPILOGUE, kind)
+                    assert _tuning.fits_shared_memory(cfg.smem_bytes(*elems)), (gpu, dtype, kind)
+                for name in ("tiled", "pipelined"):
+                    cfg = mm._fixed_config(name, elems[0])
+                    assert _tuning.fits_shared_memory(cfg.smem_bytes(*elems)), (gpu, dtype, name)
+    finally:
+        _hardware.set_active(None)
+
+
+# ---- linear -------------------------------------------------------------------------------------
+
+_ACT = {
+    None: lambda z: z,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+@pytest.mark.parametrize("activation", list(_ACT))
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_linear_forward_and_backward(activation, with_bias, with_residual, device):
+    x = torch.randn(2, 5, 24, device=device, requires_grad=True)
+    w = torch.randn(16, 24, device=device, requires_grad=True)
+    bias = torch.randn(16, device=device, requires_grad=True) if with_bias else None
+    r = torch.randn(2, 5, 16, device=device, requires_grad=True) if with_residual else None
+    out = linear(x, w, bias, activation, r)
+    expected = _ACT[activation](F.linear(x, w, bias))
+    expected = expected + r if r is not None else expected
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    leaves = [t for t in (x, w, bias, r) if t is not None]
+    g = torch.randn_like(out)
+    for got, want in zip(
+        torch.autograd.grad(out, leaves, g), torch.autograd.grad(expected, leaves, g)
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _saved_tensors(fn):
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+def test_linear_saves_the_pre_bias_product_only_when_the_activation_needs_it(device):
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    w = torch.randn(5, 8, device=device, requires_grad=True)
+    bias = torch.randn(5, device=device, requires_grad=True)
+    _, saved = _saved_tensors(lambda: linear(x, w, bias, "gelu_tanh"))
+    z = [t for t in saved if t.shape == (6, 5)]
+    assert len(z) == 1
+    torch.testing.assert_close(z[0], x.detach() @ w.detach().t())
+    _, saved = _saved_tensors(lambda: linear(x, w, bias))
+    assert not [t for t in saved if t.shape == (6, 5)]
+    _, saved = _saved_tensors(lambda: linear(x.detach(), w.detach(), bias.detach(), "gelu"))
+    assert saved == []
+
+
+def test_linear_only_requested_gradients(device):
+    x = torch.randn(6, 8, device=device)
+    w = torch.randn(5, 8, device=device, requires_grad=True)
+    bias = torch.randn(5, device=device)
+    (gw,) = torch.autograd.grad(linear(x, w, bias, "silu").sum(), w)
+    (ref,) = torch.autograd.grad(F.silu(F.linear(x, w, bias)).sum(), w)
+    torch.testing.assert_close(gw, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_nn_linear_loads_a_torch_state_dict(device):
+    ref = torch.nn.Linear(24, 10).to(device)
+    ours = Linear(24, 10, activation="gelu").to(device)
+    ours.load_state_dict(ref.state_dict())
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(3, 4, 24, device=device)
+    torch.testing.assert_close(ours(x), F.gelu(ref(x)), rtol=1e-5, atol=1e-5)
+    back = torch.nn.Linear(24, 10).to(device)
+    back.load_state_dict(ours.state_dict())  # and the other way
+    torch.testing.assert_close(back.weight, ref.weight)
+    r = torch.randn(3, 4, 10, device=device)
+    torch.testing.assert_close(ours(x, r), F.gelu(ref(x)) + r, rtol=1e-5, atol=1e-5)
+    plain = Linear.from_linear(ref)
+    assert plain.weight is ref.weight
+    torch.testing.assert_close(plain(x), ref(x), rtol=1e-5, atol=1e-5)
+    no_bias = Linear(24, 10, bias=False)
+    assert no_bias.bias is None and "activation=None" in repr(no_bias)
+    assert "activation='gelu'" in repr(ours)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        Linear(3, 4, activation="tanh")
+
+
+# ---- FP8 and INT8 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a_dtype", mm.FP8_DTYPES)
+@pytest.mark.parametrize("b_dtype", mm.FP8_DTYPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_scaled_matmul(a_dtype, b_dtype, out_dtype, device):
+    a = torch.randn(33, 70, device=device).to(a_dtype)
+    b = torch.randn(20, 70, device=device).to(b_dtype).t()
+    sa = torch.rand(33, 1, device=device) + 0.5
+    sb = torch.rand(1, 20, device=device) / 8 + 0.05
+    bias = torch.randn(20, device=device).to(out_dtype)
+    out = scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, bias=bias)
+    assert out.dtype == out_dtype and out.shape == (33, 20)
+    expected = (a.double() @ b.double()) * sa.double() * sb.double() + bias.double()
+    _close(out, expected, torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float16)
+    # per-tensor scales, any layout
+    one = torch.tensor(0.25, device=device)
+    out = scaled_matmul(b.t(), a.t(), one, torch.ones(1, 1, device=device), torch.float32)
+    _close(out, (b.t().double() @ a.t().double()) * 0.25)
+
+
+def test_int8_matmul_is_exact_and_dequantises(device):
+    a = torch.randint(-128, 128, (33, 70), device=device, dtype=torch.int8)
+    b = torch.randint(-128, 128, (20, 70), device=device, dtype=torch.int8).t()
+    exact = (a.long() @ b.long()).int()
+    out = int8_matmul(a, b)
+    assert out.dtype == torch.int32 and torch.equal(out, exact)
+    assert torch.equal(int8_matmul(a, b.contiguous()), exact)  # any layout
+    split = mm.scaled_matmul_fwd(
+        a, b, None, None, None, torch.int32, MatmulConfig(16, 32, 32, SPLIT_K=3)
+    )
+    assert torch.equal(split, exact)
+    sa = torch.rand(33, 1, device=device) / 5000
+    sb = torch.rand(1, 20, device=device)
+    out = int8_matmul(a, b, sa, sb, out_dtype=torch.bfloat16)
+    expected = exact.double() * sa.double() * sb.double()
+    _close(out, expected)
+    out = int8_matmul(a, b, scale_b=sb, out_dtype=torch.float32)  # a missing scale counts as 1
+    _close(out, exact.double() * sb.double())
+
+
+# ---- bad inputs: clear errors naming the argument ------------------------------------------------
+
+
+def test_matmul_bad_inputs(device):
+    a = torch.randn(4, 5, device=device)
+    with pytest.raises(ValueError, match=r"inner dimensions must match: a.shape\[-1\] = 5 but b"):
+        matmul(a, torch.randn(6, 3, device=device))
+    with pytest.raises(ValueError, match=r"b.shape\[0\] = 4"):
+        matmul(a, torch.randn(4, device=device))
+    with pytest.raises(ValueError, match="a must have at least 1 dimension, got a 0-d tensor"):
+        matmul(torch.tensor(1.0, device=device), a)
+    with pytest.raises(ValueError, match="batch dimensions must broadcast"):
+        matmul(torch.randn(2, 4, 5, device=device), torch.randn(3, 5, 2, device=device))
+    with pytest.raises(
+        TypeError, match=r"b must have the same dtype as a \(float32\), got float16"
+    ):
+        matmul(a, torch.randn(5, 3, device=device).half())
+    with pytest.raises(TypeError, match="a must have dtype float32, float16, bfloat16, got int64"):
+        matmul(torch.ones(4, 5, dtype=torch.long, device=device), a)
+    with pytest.raises(TypeError, match=r"b must be a torch\.Tensor, got list"):
+        matmul(a, [1.0])
+    with pytest.raises(ValueError, match="b must be on the same device as a"):
+        matmul(a, torch.empty(5, 3, device="meta"))
+    with pytest.raises(ValueError, match="variant must be one of"):
+        matmul_variant(a, a.t(), "fastest")
+
+
+def test_linear_bad_inputs(device):
+    x = torch.randn(3, 8, device=device)
+    w = torch.randn(5, 8, device=device)
+    with pytest.raises(
+        ValueError, match=r"x.shape\[-1\] must equal weight.shape\[1\] \(in_features"
+    ):
+        linear(torch.randn(3, 7, device=device), w)
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        linear(x, torch.randn(8, device=device))
+    with pytest.raises(ValueError, match=r"bias must have shape \(out_features,\) = \(5,\), got"):
+        linear(x, w, torch.randn(8, device=device))
+    with pytest.raises(ValueError, match=r"residual must have the output's shape \(3, 5\)"):
+        linear(x, w, residual=torch.randn(3, 8, device=device))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        linear(x, w, activation="tanh")
+    with pytest.raises(TypeError, match="weight must have the same dtype as x"):
+        linear(x, w.half())
+    with pytest.raises(ValueError, match="x must have at least 1 dimension"):
+        linear(torch.tensor(1.0, device=device), w)
+
+
+def test_low_precision_bad_inputs(device):
+    a = torch.randn(4, 8, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(8, 3, device=device).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0, device=device)
+    with pytest.raises(TypeError, match=r"a must have dtype float8_e4m3fn, float8_e5m2, got"):
+        scaled_matmul(a.float(), b, one, one)
+    with pytest.raises(ValueError, match=r"scale_a must have one element .* or shape \(4, 1\)"):
+        scaled_matmul(a, b, torch.ones(1, 4, device=device), one)
+    with pytest.raises(ValueError, match=r"scale_b must have one element .* or shape \(1, 3\)"):
+        scaled_matmul(a, b, one, torch.ones(3, device=device))
+    with pytest.raises(TypeError, match="scale_a must have dtype float32, got float16"):
+        scaled_matmul(a, b, one.half(), one)
+    with pytest.raises(TypeError, match="out_dtype must be one of bfloat16, float16, float32"):
+        scaled_matmul(a, b, one, one, out_dtype=torch.int32)
+    with pytest.raises(TypeError, match="bias must have dtype bfloat16, got float32"):
+        scaled_matmul(a, b, one, one, bias=torch.ones(3, device=device))
+    with pytest.raises(ValueError, match="a must be 2-D, got 3-D"):
+        scaled_matmul(a[None], b, one, one)
+    with pytest.raises(ValueError, match=r"inner dimensions must match: a.shape\[1\] = 8"):
+        scaled_matmul(a, b[:5], one, one)
+    ai = torch.ones(4, 8, dtype=torch.int8, device=device)
+    bi = torch.ones(8, 3, dtype=torch.int8, device=device)
+    with pytest.raises(ValueError, match="scale_a and scale_b need a floating out_dtype"):
+        int8_matmul(ai, bi, scale_a=one)
+    with pytest.raises(TypeError, match="b must have dtype int8, got uint8"):
+        int8_matmul(ai, bi.to(torch.uint8))
+    with pytest.raises(TypeError, match="out_dtype must be one of int32"):
+        int8_matmul(ai, bi, out_dtype=torch.int64)
+
+
+def test_failed_call_leaves_inputs_untouched(device):
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    w = torch.randn(5, 8, device=device, requires_grad=True)
+    before = (x.detach().clone(), w.detach().clone())
+    with pytest.raises(ValueError):
+        linear(x, w, torch.randn(7, device=device))
+    with pytest.raises(ValueError):
+        matmul(x, w)
+    assert torch.equal(x.detach(), before[0]) and torch.equal(w.detach(), before[1])
+    assert x.grad is None and w.grad is None
+
+
+# ---- torch.compile ------------------------------------------------------------------------------
+
+COMPILE_CASES = {
+    "matmul": (lambda x, w, b: matmul(x, w.t()) * 2, lambda x, w, b: torch.matmul(x, w.t()) * 2),
+    "matmul batched": (
+        lambda x, w, b: matmul(x.view(2, 3, 8), w.t()),
+        lambda x, w, b: torch.matmul(x.view(2, 3, 8), w.t()),
+    ),
+    "linear": (
+        lambda x, w, b: linear(x, w, b, "gelu_tanh") + 1,
+        lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh") + 1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CASES))
+def test_compile_fullgraph_traces(name, device):
+    """fullgraph=True fails on any graph break: the custom ops and Functions must trace."""
+    torch._dynamo.reset()
+    fn, ref = COMPILE_CASES[name]
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    w = torch.randn(5, 8, device=device, requires_grad=True)
+    b = torch.randn(5, device=device, requires_grad=True)
+    out = compiled(x, w, b)
+    expected = ref(x, w, b)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w, b), g, allow_unused=True)
+    want = torch.autograd.grad(expected, (x, w, b), g, allow_unused=True)
+    for a, e in zip(got, want):
+        if e is None:
+            assert a is None or not a.any()
+        else:
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_traces_low_precision_ops(device):
+    torch._dynamo.reset()
+    a = torch.randn(6, 8, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(5, 8, device=device).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device=device)
+    fn = torch.compile(
+        lambda a, b: scaled_matmul(a, b, one, one, torch.float32),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    _close(fn(a, b), a.double() @ b.double())
