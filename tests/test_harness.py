@@ -194,3 +194,14 @@ def test_load_json_rejects_other_documents(tmp_path):
         report.load_json(p)
     with pytest.raises(ValueError, match="does not exist"):
         report.load_json(tmp_path / "missing.json")
+
+
+def test_merge_joins_runs_of_one_gpu_and_refuses_two():
+    from _synthetic import synthetic_record
+
+    a = synthetic_results([synthetic_record(op="relu")])
+    b = synthetic_results([synthetic_record(op="gelu")])
+    merged = report.merge([a, b])
+    assert [r["op"] for r in merged["bench"]] == ["relu", "gelu"]
+    with pytest.raises(ValueError, match="different GPUs"):
+        report.merge([a, synthetic_results(gpu="Other GPU")])

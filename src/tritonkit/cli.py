@@ -245,10 +245,10 @@ def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tritonkit.harness.report import load_json, update_readme, write_report
+    from tritonkit.harness.report import load_json, merge, update_readme, write_report
 
     try:
-        results = load_json(Path(args.results))
+        results = merge([load_json(Path(p)) for p in args.results])
     except ValueError as exc:
         print(f"tritonkit: {exc}", file=sys.stderr)
         return 2
@@ -258,7 +258,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         if results["kind"] != "gpu":
             print("tritonkit: the README table needs GPU results", file=sys.stderr)
             return 2
-        changed = update_readme(Path(args.readme), results, source=args.results)
+        source = args.source or ", ".join(args.results)
+        changed = update_readme(Path(args.readme), results, source=source)
         print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
     return 0
 
@@ -415,9 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("report", help="render a report (and the README table) from results JSON")
-    s.add_argument("results", help="a results.json written by `tritonkit bench`")
+    s.add_argument("results", nargs="+", help="results.json files of `tritonkit bench` (merged)")
     s.add_argument("--out", default=DEFAULT_OUT)
     s.add_argument("--readme", help="also regenerate this README's results section")
+    s.add_argument("--source", help="the results file the README should name as its source")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("doctor", help="environment, hardware profile, measured ceilings")

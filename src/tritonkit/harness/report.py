@@ -46,6 +46,34 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results document from several runs on the same GPU (e.g. one per family)."""
+    if not documents:
+        raise ValueError("no results to merge")
+    first = documents[0]
+    for doc in documents[1:]:
+        if doc["fingerprint"].get("gpu") != first["fingerprint"].get("gpu"):
+            raise ValueError(
+                f"cannot merge results from different GPUs: {first['fingerprint'].get('gpu')!r} "
+                f"and {doc['fingerprint'].get('gpu')!r}"
+            )
+        if doc["kind"] != first["kind"]:
+            raise ValueError("cannot merge GPU results with interpreter-only results")
+    merged = dict(first)
+    merged["ops"] = [op for d in documents for op in d["ops"]]
+    merged["checks"] = [c for d in documents for c in d["checks"]]
+    merged["bench"] = [r for d in documents for r in d["bench"]]
+    merged["merged_from"] = [
+        {
+            "date": d["fingerprint"]["date"],
+            "git_commit": d["fingerprint"]["git_commit"],
+            "ops": d["ops"],
+        }
+        for d in documents
+    ]
+    return merged
+
+
 def load_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
