@@ -15,16 +15,23 @@ __version__ = "0.1.0"
 
 _FUNCTIONS = (
     "add",
+    "add_layer_norm",
+    "add_rms_norm",
     "bias_act",
     "copy",
+    "cross_entropy",
     "geglu",
     "gelu",
     "int8_matmul",
+    "layer_norm",
     "linear",
+    "log_softmax",
     "matmul",
     "relu",
+    "rms_norm",
     "scaled_matmul",
     "silu",
+    "softmax",
     "swiglu",
     "transpose",
 )
@@ -34,16 +41,23 @@ if TYPE_CHECKING:
     from tritonkit import functional as functional
     from tritonkit import nn as nn
     from tritonkit.functional import add as add
+    from tritonkit.functional import add_layer_norm as add_layer_norm
+    from tritonkit.functional import add_rms_norm as add_rms_norm
     from tritonkit.functional import bias_act as bias_act
     from tritonkit.functional import copy as copy
+    from tritonkit.functional import cross_entropy as cross_entropy
     from tritonkit.functional import geglu as geglu
     from tritonkit.functional import gelu as gelu
     from tritonkit.functional import int8_matmul as int8_matmul
+    from tritonkit.functional import layer_norm as layer_norm
     from tritonkit.functional import linear as linear
+    from tritonkit.functional import log_softmax as log_softmax
     from tritonkit.functional import matmul as matmul
     from tritonkit.functional import relu as relu
+    from tritonkit.functional import rms_norm as rms_norm
     from tritonkit.functional import scaled_matmul as scaled_matmul
     from tritonkit.functional import silu as silu
+    from tritonkit.functional import softmax as softmax
     from tritonkit.functional import swiglu as swiglu
     from tritonkit.functional import transpose as transpose
 

@@ -2,5 +2,18 @@
 
 from tritonkit.nn.activation import GELU, ReLU, SiLU
 from tritonkit.nn.linear import Linear
+from tritonkit.nn.loss import CrossEntropyLoss
+from tritonkit.nn.norm import LayerNorm, RMSNorm
+from tritonkit.nn.softmax import LogSoftmax, Softmax
 
-__all__ = ["GELU", "Linear", "ReLU", "SiLU"]
+__all__ = [
+    "GELU",
+    "CrossEntropyLoss",
+    "LayerNorm",
+    "Linear",
+    "LogSoftmax",
+    "RMSNorm",
+    "ReLU",
+    "SiLU",
+    "Softmax",
+]

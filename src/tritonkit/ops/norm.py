@@ -1,0 +1,974 @@
+"""Norm family: LayerNorm and RMSNorm, alone or fused with the residual add, forward and backward.
+
+The kernels see their tensors as ``(n_outer, n_cols, n_inner)`` with real strides, as the
+softmax family does (``ops/softmax.py``: ``plan_rows``), the normalized dims merged into the
+column axis.
+
+Forward: a row that fits in registers (``MAX_FUSED_COLS``) is read once; a wider row is read
+twice (statistics, then the output, last chunk first), the second time from L2. Per row it
+saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
+on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value is
+first shifted by the row's first element, which makes the subtraction of nearby values exact,
+the mean is that of the shifted values, and the variance is that of the deviations from it
+(two passes over registers; chunks merged with Chan's formula on the looped path), never
+E[x^2] - E[x]^2. The saved "mean" is the shifted mean, and the backward shifts again by the
+same first element.
+
+Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
+per program, each program walking a group of rows; a second pass sums the partials in a fixed
+order, so the result is deterministic. Rows wider than ``MAX_FUSED_COLS`` first get their two
+row sums (sum(w * dy * xhat), sum(w * dy)) from a looped pass, then a column-block pass
+computes dx and the partial sums.
+
+The fused residual forms return ``(norm(x + residual), x + residual)``: the sum is normalized in
+fp32 before it is rounded and stored (the unfused eager code normalizes the rounded sum, one
+rounding less accurate); the backward reads the stored sum, not x and residual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonkit._utils import (
+    LAYOUT_COPIES,
+    cdiv,
+    check_same_device,
+    check_same_dtype,
+    check_same_shape,
+    check_tensor,
+    sm_count,
+)
+from tritonkit.ops.elementwise import _colsum_kernel
+from tritonkit.ops.softmax import (
+    RowConfig,
+    RowLayout,
+    _col_ids,
+    _tile_rows,
+    _warps,
+    plan_rows,
+    pow2_floor,
+    row_config,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
+# ----------------------------------------------------------------------------------------------
+
+# Widest row kept in registers; wider rows are looped in chunks of LOOP_BLOCK_N (forward) and
+# take the two-kernel backward.
+MAX_FUSED_COLS = 16384
+LOOP_BLOCK_N = 8192
+TILE_ELEMS = 4096  # short rows share a tile of up to this many elements
+ADJACENT_ROWS = 64  # rows per tile when rows are adjacent in memory (a transposed input)
+ELEMS_PER_THREAD = 16
+MAX_WARPS = 32
+LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between the two sweeps
+# Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
+# and bias once, not once per row (48-78 registers at 8 warps: four fit on an SM). 0: one
+# program per row tile.
+FWD_PROGRAMS_PER_SM = 4
+# Backward of rows in registers: programs per SM walking row groups; each writes one fp32 row
+# of weight (and bias) partial sums. At 8 warps the kernel takes 114-127 registers per thread
+# (ptxas, sm_90a): two programs fit on an SM, so a third would only start a second wave.
+BWD_PROGRAMS_PER_SM = 2
+# Backward of wide rows: columns per program of the dx pass (80-128 registers at 8 warps), and
+# its programs per SM.
+WIDE_BWD_BLOCK_N = 4096
+WIDE_BWD_PROGRAMS_PER_SM = 2
+COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
+
+
+def norm_config(layout: RowLayout, device: torch.device) -> RowConfig:
+    """The norm family's row config (forward, and the row-sum pass of the wide backward)."""
+    cfg = row_config(
+        layout,
+        device,
+        max_fused=MAX_FUSED_COLS,
+        loop_block=LOOP_BLOCK_N,
+        tile_elems=TILE_ELEMS,
+        adjacent_rows=ADJACENT_ROWS,
+        elems_per_thread=ELEMS_PER_THREAD,
+        max_warps=MAX_WARPS,
+        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
+    )
+    if not cfg.LOOPED and FWD_PROGRAMS_PER_SM > 0:
+        programs = min(cfg.n_tiles, FWD_PROGRAMS_PER_SM * sm_count(device))
+        cfg = dataclasses.replace(cfg, programs=max(1, programs))
+    return cfg
+
+
+def _bwd_grid(cfg: RowConfig, n_cols: int, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_N, num_warps, column blocks, row groups) of the dx / partial-sum backward pass."""
+    if cfg.LOOPED:
+        block_n = pow2_floor(min(WIDE_BWD_BLOCK_N, cfg.BLOCK_N))
+        col_blocks = cdiv(n_cols, block_n)
+        target = WIDE_BWD_PROGRAMS_PER_SM * sm_count(device) // col_blocks
+    else:
+        block_n, col_blocks = cfg.BLOCK_N, 1
+        target = BWD_PROGRAMS_PER_SM * sm_count(device)
+    warps = _warps(cfg.BLOCK_R * block_n, ELEMS_PER_THREAD, MAX_WARPS)
+    return block_n, warps, col_blocks, max(1, min(cfg.n_tiles, target))
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr = False):
+    """x, or x + residual, in fp32 (rounded to x's dtype first when ROUND); 0 where masked."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    dtype = x.dtype
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        x += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if ROUND:
+            x = x.to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    x_ptr,  # input, seen as (n_outer, n_cols, n_inner) with the strides below
+    r_ptr,  # residual, when HAS_RESIDUAL
+    w_ptr,  # weight [n_cols], when HAS_WEIGHT
+    b_ptr,  # bias [n_cols], when HAS_BIAS
+    y_ptr,  # normalized output
+    h_ptr,  # x + residual, when HAS_RESIDUAL
+    mean_ptr,  # fp32 per row: mean of the row minus its first element (LayerNorm only)
+    rstd_ptr,  # fp32 per row: 1 / sqrt(var + eps), or 1 / sqrt(mean(x^2) + eps)
+    n_cols,  # normalized elements per row
+    n_inner,  # rows per outer index
+    n_iblocks,  # row tiles per outer index
+    n_tiles,  # row tiles in all
+    eps,  # added to the variance (mean square) under the square root
+    stride_xo,  # x: outer, column and inner strides
+    stride_xn,
+    stride_xi,
+    stride_ro,  # residual: as for x
+    stride_rn,
+    stride_ri,
+    stride_yo,  # y: as for x
+    stride_yn,
+    stride_yi,
+    stride_ho,  # h: as for x
+    stride_hn,
+    stride_hi,
+    stride_so,  # per-row statistics: outer and inner strides
+    stride_si,
+    stride_w,  # weight: elements between columns
+    stride_b,  # bias: elements between columns
+    IS_RMS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = _col_ids(BLOCK_N, INT64)
+    if not LOOPED:  # the affine parameters are loaded once per program
+        col_mask = cols < n_cols
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        x_rows = x_ptr + o * stride_xo + i * stride_xi
+        r_rows = r_ptr + o * stride_ro + i * stride_ri
+        y_rows = y_ptr + o * stride_yo + i * stride_yi
+        h_rows = h_ptr + o * stride_ho + i * stride_hi
+        s_offs = o * stride_so + i * stride_si
+        if not IS_RMS:
+            # Each row's first element, as stored: the backward shifts by the same value.
+            shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
+        if LOOPED:
+            if IS_RMS:
+                acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+            else:
+                mean = tl.zeros([BLOCK_R], tl.float32)
+                m2 = tl.zeros([BLOCK_R], tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                x = _load_sum(
+                    x_rows[:, None] + c[None, :] * stride_xn,
+                    r_rows[:, None] + c[None, :] * stride_rn,
+                    mask,
+                    HAS_RESIDUAL,
+                )
+                if IS_RMS:
+                    acc += x * x
+                else:
+                    # Chan's merge of (count, mean, M2) of the rows so far with this chunk's,
+                    # each chunk's own by two passes over registers.
+                    n_a = start * 1.0
+                    n_b = tl.minimum(n_cols - start, BLOCK_N) * 1.0
+                    xs = tl.where(mask, x - shift[:, None], 0.0)
+                    mean_b = tl.sum(xs, axis=1) / n_b
+                    d = tl.where(mask, xs - mean_b[:, None], 0.0)
+                    delta = mean_b - mean
+                    mean += delta * (n_b / (n_a + n_b))
+                    m2 += tl.sum(d * d, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
+            if IS_RMS:
+                rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+            else:
+                rstd = tl.math.rsqrt(m2 / n_cols + eps)
+            n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            for k in range(0, n_chunks):
+                # Last chunk first: the chunks read last by the first sweep are still in L2.
+                c = (n_chunks - 1 - k) * BLOCK_N + cols
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                x = _load_sum(
+                    x_rows[:, None] + c[None, :] * stride_xn,
+                    r_rows[:, None] + c[None, :] * stride_rn,
+                    mask,
+                    HAS_RESIDUAL,
+                )
+                if HAS_RESIDUAL:
+                    tl.store(
+                        h_rows[:, None] + c[None, :] * stride_hn,
+                        x.to(h_ptr.dtype.element_ty),
+                        mask=mask,
+                    )
+                if IS_RMS:
+                    y = x * rstd[:, None]
+                else:
+                    y = ((x - shift[:, None]) - mean[:, None]) * rstd[:, None]
+                if HAS_WEIGHT:
+                    y *= tl.load(w_ptr + c * stride_w, mask=c < n_cols).to(tl.float32)[None, :]
+                if HAS_BIAS:
+                    y += tl.load(b_ptr + c * stride_b, mask=c < n_cols).to(tl.float32)[None, :]
+                tl.store(
+                    y_rows[:, None] + c[None, :] * stride_yn,
+                    y.to(y_ptr.dtype.element_ty),
+                    mask=mask,
+                )
+        else:
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = _load_sum(
+                x_rows[:, None] + cols[None, :] * stride_xn,
+                r_rows[:, None] + cols[None, :] * stride_rn,
+                mask,
+                HAS_RESIDUAL,
+            )
+            if HAS_RESIDUAL:
+                tl.store(
+                    h_rows[:, None] + cols[None, :] * stride_hn,
+                    x.to(h_ptr.dtype.element_ty),
+                    mask=mask,
+                )
+            if IS_RMS:
+                rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+                y = x * rstd[:, None]
+            else:
+                xs = tl.where(mask, x - shift[:, None], 0.0)
+                mean = tl.sum(xs, axis=1) / n_cols
+                d = tl.where(mask, xs - mean[:, None], 0.0)
+                rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
+                y = d * rstd[:, None]
+            if HAS_WEIGHT:
+                y *= w[None, :]
+            if HAS_BIAS:
+                y += b[None, :]
+            tl.store(
+                y_rows[:, None] + cols[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask
+            )
+        if not IS_RMS:
+            tl.store(mean_ptr + s_offs, mean, mask=row_mask)
+        tl.store(rstd_ptr + s_offs, rstd, mask=row_mask)
+
+
+@triton.jit
+def _xhat(x, x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
+    """(normalized x, rstd) from the saved statistics; 0 where masked."""
+    rstd = tl.load(rstd_ptr + s_offs, mask=row_mask, other=0.0)
+    if IS_RMS:
+        xhat = x * rstd[:, None]
+    else:
+        shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + s_offs, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, ((x - shift[:, None]) - mean[:, None]) * rstd[:, None], 0.0)
+    return xhat, rstd
+
+
+@triton.jit
+def _norm_bwd_sums_kernel(
+    dy_ptr,  # upstream gradient of the normalized output
+    x_ptr,  # forward input (x, or x + residual as stored)
+    w_ptr,  # weight [n_cols], when HAS_WEIGHT
+    mean_ptr,  # saved fp32 statistics, per row
+    rstd_ptr,
+    c1_ptr,  # fp32 per row: mean(w * dy * xhat)
+    c2_ptr,  # fp32 per row: mean(w * dy) (LayerNorm only)
+    n_cols,  # as in the forward kernel
+    n_inner,
+    n_iblocks,
+    n_tiles,
+    stride_dyo,  # dy: outer, column and inner strides
+    stride_dyn,
+    stride_dyi,
+    stride_xo,  # x: as for dy
+    stride_xn,
+    stride_xi,
+    stride_so,  # statistics (mean, rstd, c1, c2): outer and inner strides
+    stride_si,
+    stride_w,  # weight: elements between columns
+    IS_RMS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # First pass of the wide-row backward: the two row sums that dx needs, over chunks.
+    cols = _col_ids(BLOCK_N, INT64)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
+        x_rows = x_ptr + o * stride_xo + i * stride_xi
+        s_offs = o * stride_so + i * stride_si
+        acc1 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+        acc2 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_mask[:, None] & (c < n_cols)[None, :]
+            dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask, other=0.0)
+            x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask, other=0.0)
+            xhat, _ = _xhat(
+                x.to(tl.float32), x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS
+            )
+            wdy = dy.to(tl.float32)
+            if HAS_WEIGHT:
+                wdy *= tl.load(w_ptr + c * stride_w, mask=c < n_cols).to(tl.float32)[None, :]
+            acc1 += wdy * xhat
+            if not IS_RMS:
+                acc2 += wdy
+        tl.store(c1_ptr + s_offs, tl.sum(acc1, axis=1) / n_cols, mask=row_mask)
+        if not IS_RMS:
+            tl.store(c2_ptr + s_offs, tl.sum(acc2, axis=1) / n_cols, mask=row_mask)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    dy_ptr,  # upstream gradient of the normalized output
+    x_ptr,  # forward input (x, or x + residual as stored)
+    dres_ptr,  # upstream gradient of x + residual, when HAS_DRES
+    w_ptr,  # weight [n_cols], when HAS_WEIGHT
+    mean_ptr,  # saved fp32 statistics, per row
+    rstd_ptr,
+    c1_ptr,  # fp32 row sums from _norm_bwd_sums_kernel, when SUMS_GIVEN
+    c2_ptr,
+    dx_ptr,  # gradient of x (and of the residual)
+    dw_part_ptr,  # fp32 [row groups, n_cols]: partial sums of dy * xhat, when WEIGHT_GRAD
+    db_part_ptr,  # fp32 [row groups, n_cols]: partial sums of dy, when BIAS_GRAD
+    n_cols,  # as in the forward kernel
+    n_inner,
+    n_iblocks,
+    n_tiles,
+    stride_dyo,  # dy: outer, column and inner strides
+    stride_dyn,
+    stride_dyi,
+    stride_xo,  # x: as for dy
+    stride_xn,
+    stride_xi,
+    stride_ro,  # dres: as for dy
+    stride_rn,
+    stride_ri,
+    stride_dxo,  # dx: as for dy
+    stride_dxn,
+    stride_dxi,
+    stride_so,  # statistics: outer and inner strides
+    stride_si,
+    stride_w,  # weight: elements between columns
+    IS_RMS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    SUMS_GIVEN: tl.constexpr,  # wide rows: one column block here, row sums from the first pass
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Programs are (column block, row group); each walks the row tiles of its group, so the
+    # weight and bias partial sums stay in registers and one row of each reaches memory.
+    pid_n = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    cols = _col_ids(BLOCK_N, INT64)
+    if INT64:
+        pid_n = tl.cast(pid_n, tl.int64)
+    cols += pid_n * BLOCK_N
+    col_mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols * stride_w, mask=col_mask, other=0.0).to(tl.float32)
+    # Full tiles of partial sums, reduced across the tile's rows once after the loop.
+    acc_w = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    for tile in range(pid_g, n_tiles, tl.num_programs(1)):
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        x_rows = x_ptr + o * stride_xo + i * stride_xi
+        s_offs = o * stride_so + i * stride_si
+        mask = row_mask[:, None] & col_mask[None, :]
+        dy = tl.load(
+            dy_ptr + (o * stride_dyo + i * stride_dyi)[:, None] + cols[None, :] * stride_dyn,
+            mask=mask,
+            other=0.0,
+        ).to(tl.float32)
+        x = tl.load(x_rows[:, None] + cols[None, :] * stride_xn, mask=mask, other=0.0)
+        xhat, rstd = _xhat(
+            x.to(tl.float32), x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS
+        )
+        wdy = dy
+        if HAS_WEIGHT:
+            wdy = dy * w[None, :]
+        if SUMS_GIVEN:
+            c1 = tl.load(c1_ptr + s_offs, mask=row_mask, other=0.0)
+        else:
+            c1 = tl.sum(wdy * xhat, axis=1) / n_cols
+        dx = wdy - xhat * c1[:, None]
+        if not IS_RMS:
+            if SUMS_GIVEN:
+                c2 = tl.load(c2_ptr + s_offs, mask=row_mask, other=0.0)
+            else:
+                c2 = tl.sum(wdy, axis=1) / n_cols
+            dx -= c2[:, None]
+        dx *= rstd[:, None]
+        if HAS_DRES:
+            dres = tl.load(
+                dres_ptr + (o * stride_ro + i * stride_ri)[:, None] + cols[None, :] * stride_rn,
+                mask=mask,
+                other=0.0,
+            )
+            dx += dres.to(tl.float32)
+        tl.store(
+            dx_ptr + (o * stride_dxo + i * stride_dxi)[:, None] + cols[None, :] * stride_dxn,
+            dx.to(dx_ptr.dtype.element_ty),
+            mask=mask,
+        )
+        if WEIGHT_GRAD:
+            acc_w += dy * xhat
+        if BIAS_GRAD:
+            acc_b += dy
+    if WEIGHT_GRAD:
+        tl.store(dw_part_ptr + pid_g * n_cols + cols, tl.sum(acc_w, axis=0), mask=col_mask)
+    if BIAS_GRAD:
+        tl.store(db_part_ptr + pid_g * n_cols + cols, tl.sum(acc_b, axis=0), mask=col_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduced(ndim: int, n_dims: int) -> tuple[int, ...]:
+    return tuple(range(ndim - n_dims, ndim))
+
+
+def _vector(t: torch.Tensor | None, n_cols: int) -> tuple[torch.Tensor | None, int]:
+    """A weight or bias as one strided row of n_cols elements: (tensor, stride)."""
+    if t is None:
+        return None, 0
+    try:
+        v = t.view(n_cols)
+    except RuntimeError:
+        LAYOUT_COPIES.count += 1
+        v = t.contiguous().view(n_cols)
+    return v, v.stride(0)
+
+
+def _fwd_plan(x, residual, n_dims, rms, count=True):
+    inputs = [x] if residual is None else [x, residual]
+    n_out = 1 if residual is None else 2
+    n_stats = 1 if rms else 2
+    return plan_rows(inputs, _reduced(x.dim(), n_dims), n_out, n_row_outputs=n_stats, count=count)
+
+
+def norm_fwd(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    n_dims: int,
+    eps: float,
+    rms: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, h, mean, rstd) of LayerNorm / RMSNorm over the last ``n_dims`` dims of x (+ residual).
+
+    ``h`` is ``x + residual`` (empty without a residual); ``mean`` is empty for RMSNorm. The
+    statistics are fp32 of shape x.shape with the normalized dims set to 1.
+    """
+    inputs, outputs, stats, layout = _fwd_plan(x, residual, n_dims, rms)
+    y = outputs[0]
+    h = outputs[1] if residual is not None else x.new_empty(0)
+    mean, rstd = (x.new_empty(0, dtype=torch.float32), stats[0]) if rms else stats
+    if layout is None:
+        return y, h, mean, rstd
+    xt = inputs[0]
+    rt = inputs[1] if residual is not None else xt
+    w, stride_w = _vector(weight, layout.n_cols)
+    b, stride_b = _vector(bias, layout.n_cols)
+    cfg = norm_config(layout, x.device)
+    sx, *rest = layout.strides
+    if residual is not None:
+        sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]
+    else:
+        sr, sy, sh, ss = sx, rest[0], rest[0], rest[1]
+    _norm_fwd_kernel[(cfg.programs,)](
+        xt,
+        rt,
+        w if w is not None else xt,
+        b if b is not None else xt,
+        y,
+        h if residual is not None else y,
+        mean if not rms else rstd,
+        rstd,
+        layout.n_cols,
+        layout.n_inner,
+        cfg.n_iblocks,
+        cfg.n_tiles,
+        eps,
+        *sx,
+        *sr,
+        *sy,
+        *sh,
+        ss[0],
+        ss[2],
+        stride_w,
+        stride_b,
+        IS_RMS=rms,
+        HAS_RESIDUAL=residual is not None,
+        HAS_WEIGHT=w is not None,
+        HAS_BIAS=b is not None,
+        LOOPED=cfg.LOOPED,
+        INT64=layout.needs_int64(),
+        BLOCK_R=cfg.BLOCK_R,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    return y, h, mean, rstd
+
+
+def _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms, count=True):
+    inputs = [grad, xh] + ([dres] if dres is not None else [])
+    stats = [rstd] if rms else [mean, rstd]
+    return plan_rows(inputs, _reduced(xh.dim(), n_dims), 1, row_inputs=stats, count=count)
+
+
+def _param_grad(xh: torch.Tensor, n_dims: int, wanted: bool) -> torch.Tensor | None:
+    """A weight or bias gradient (shaped like the normalized dims, in x's dtype), if wanted."""
+    if not wanted:
+        return None
+    return torch.empty(xh.shape[xh.dim() - n_dims :], dtype=xh.dtype, device=xh.device)
+
+
+def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    # Each output of a custom op must be its own tensor, even an empty placeholder.
+    return t if t is not None else like.new_empty(0)
+
+
+def norm_bwd(
+    grad: torch.Tensor,
+    dres: torch.Tensor | None,
+    xh: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    n_dims: int,
+    rms: bool,
+    need_dweight: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dweight, dbias); dweight and dbias are empty when not asked for.
+
+    ``xh`` is the forward input (x, or the stored x + residual); ``dres`` the gradient of the
+    stored sum, added to dx; ``mean`` and ``rstd`` are norm_fwd's statistics.
+    """
+    inputs, (dx,), _, layout = _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms)
+    empty = grad.new_empty(0)
+    dw = _param_grad(xh, n_dims, need_dweight and weight is not None)
+    db = _param_grad(xh, n_dims, need_dbias)
+    if layout is None:
+        for t in (dw, db):
+            if t is not None:
+                t.zero_()  # a sum over no rows
+        return dx, _or_empty(dw, grad), _or_empty(db, grad)
+    gt, xt = inputs[0], inputs[1]
+    rt = inputs[2] if dres is not None else gt
+    sg, sx, *rest = layout.strides
+    sr = rest.pop(0) if dres is not None else sg
+    sdx = rest.pop(0)
+    ss = rest[0]
+    w, stride_w = _vector(weight, layout.n_cols)
+    cfg = norm_config(layout, grad.device)
+    block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device)
+    stat_mean = rstd if rms else mean
+    c1 = c2 = rstd  # placeholders when the sums are computed in registers
+    if cfg.LOOPED:
+        c1 = torch.empty_like(rstd)
+        c2 = torch.empty_like(rstd) if not rms else c1
+        _norm_bwd_sums_kernel[(cfg.programs,)](
+            gt,
+            xt,
+            w if w is not None else gt,
+            stat_mean,
+            rstd,
+            c1,
+            c2,
+            layout.n_cols,
+            layout.n_inner,
+            cfg.n_iblocks,
+            cfg.n_tiles,
+            *sg,
+            *sx,
+            ss[0],
+            ss[2],
+            stride_w,
+            IS_RMS=rms,
+            HAS_WEIGHT=w is not None,
+            INT64=layout.needs_int64(),
+            BLOCK_R=cfg.BLOCK_R,
+            BLOCK_N=cfg.BLOCK_N,
+            num_warps=cfg.num_warps,
+        )
+    dw_part, db_part = (
+        torch.empty((groups, layout.n_cols), dtype=torch.float32, device=grad.device)
+        if out is not None
+        else empty
+        for out in (dw, db)
+    )
+    _norm_bwd_kernel[(col_blocks, groups)](
+        gt,
+        xt,
+        rt,
+        w if w is not None else gt,
+        stat_mean,
+        rstd,
+        c1,
+        c2,
+        dx,
+        dw_part,
+        db_part,
+        layout.n_cols,
+        layout.n_inner,
+        cfg.n_iblocks,
+        cfg.n_tiles,
+        *sg,
+        *sx,
+        *sr,
+        *sdx,
+        ss[0],
+        ss[2],
+        stride_w,
+        IS_RMS=rms,
+        HAS_WEIGHT=w is not None,
+        HAS_DRES=dres is not None,
+        WEIGHT_GRAD=dw is not None,
+        BIAS_GRAD=db is not None,
+        SUMS_GIVEN=cfg.LOOPED,
+        INT64=layout.needs_int64(),
+        BLOCK_R=cfg.BLOCK_R,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
+    block_m, block_c = COLSUM_BLOCK
+    for part, out in ((dw_part, dw), (db_part, db)):
+        if out is not None:
+            _colsum_kernel[(cdiv(layout.n_cols, block_c),)](
+                part, out, groups, layout.n_cols, BLOCK_M=block_m, BLOCK_N=block_c, num_warps=4
+            )
+    return dx, _or_empty(dw, grad), _or_empty(db, grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library registration
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tritonkit::norm", mutates_args=())
+def _norm_op(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    n_dims: int,
+    eps: float,
+    rms: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return norm_fwd(x, residual, weight, bias, n_dims, eps, rms)
+
+
+@_norm_op.register_fake
+def _(x, residual, weight, bias, n_dims, eps, rms):
+    _, outputs, stats, _ = _fwd_plan(x, residual, n_dims, rms, count=False)
+    h = outputs[1] if residual is not None else x.new_empty(0)
+    mean, rstd = (x.new_empty(0, dtype=torch.float32), stats[0]) if rms else stats
+    return outputs[0], h, mean, rstd
+
+
+@torch.library.custom_op("tritonkit::norm_backward", mutates_args=())
+def _norm_backward_op(
+    grad: torch.Tensor,
+    dres: torch.Tensor | None,
+    xh: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    n_dims: int,
+    rms: bool,
+    need_dweight: bool,
+    need_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return norm_bwd(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias)
+
+
+@_norm_backward_op.register_fake
+def _(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias):
+    _, (dx,), _, _ = _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms, count=False)
+    dw = _param_grad(xh, n_dims, need_dweight and weight is not None)
+    db = _param_grad(xh, n_dims, need_dbias)
+    return dx, _or_empty(dw, grad), _or_empty(db, grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+def _backward(ctx, grad, dres, xh, weight, mean, rstd):
+    need_dw = weight is not None and ctx.needs_input_grad[ctx.weight_index]
+    need_db = ctx.has_bias and ctx.needs_input_grad[ctx.weight_index + 1]
+    if grad is None:  # only the sum was used downstream
+        grad = torch.zeros_like(xh)
+    dx, dw, db = torch.ops.tritonkit.norm_backward(
+        grad, dres, xh, weight, mean, rstd, ctx.n_dims, ctx.rms, need_dw, need_db
+    )
+    return dx, (dw if need_dw else None), (db if need_db else None)
+
+
+class NormFunction(torch.autograd.Function):
+    """LayerNorm (``rms`` False) or RMSNorm over the last ``n_dims`` dims, affine optional."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, n_dims, eps, rms):
+        y, _, mean, rstd = torch.ops.tritonkit.norm(x, None, weight, bias, n_dims, eps, rms)
+        ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 1
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _backward(ctx, grad, None, x, weight, mean, rstd)
+        return (dx if ctx.needs_input_grad[0] else None), dw, db, None, None, None
+
+
+class AddNormFunction(torch.autograd.Function):
+    """``(norm(x + residual), x + residual)``; the backward reads the stored sum only."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, n_dims, eps, rms):
+        y, h, mean, rstd = torch.ops.tritonkit.norm(x, residual, weight, bias, n_dims, eps, rms)
+        ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 2
+        ctx.save_for_backward(h, weight, mean, rstd)
+        ctx.set_materialize_grads(False)  # an unused output costs no zero-filled gradient
+        return y, h
+
+    @staticmethod
+    def backward(ctx, grad, dres):
+        h, weight, mean, rstd = ctx.saved_tensors
+        if grad is None and dres is None:
+            return None, None, None, None, None, None, None
+        dx, dw, db = _backward(ctx, grad, dres, h, weight, mean, rstd)
+        # d(x + residual) is the same tensor for both operands.
+        return (
+            dx if ctx.needs_input_grad[0] else None,
+            dx if ctx.needs_input_grad[1] else None,
+            dw,
+            db,
+            None,
+            None,
+            None,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+
+
+def _normalized_shape(op: str, normalized_shape: object) -> tuple[int, ...]:
+    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
+        return (normalized_shape,)
+    if isinstance(normalized_shape, (tuple, list, torch.Size)) and all(
+        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        if len(normalized_shape) == 0:
+            raise ValueError(f"{op}: normalized_shape must have at least one dimension, got ()")
+        return tuple(normalized_shape)
+    raise TypeError(
+        f"{op}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+    )
+
+
+def _check_eps(op: str, eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0.0:
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+    return float(eps)
+
+
+def _check_norm_args(
+    op: str,
+    x: torch.Tensor,
+    shape: Sequence[int],
+    residual: torch.Tensor | None = None,
+    **params: torch.Tensor | None,
+) -> None:
+    check_tensor(op, "x", x)
+    if tuple(x.shape[max(0, x.dim() - len(shape)) :]) != tuple(shape) or x.dim() < len(shape):
+        raise ValueError(
+            f"{op}: the last dims of x must equal normalized_shape {tuple(shape)}, got x of shape "
+            f"{tuple(x.shape)}"
+        )
+    if residual is not None:
+        check_tensor(op, "residual", residual)
+        check_same_device(op, x=x, residual=residual)
+        check_same_dtype(op, x=x, residual=residual)
+        check_same_shape(op, x=x, residual=residual)
+    for name, t in params.items():
+        if t is None:
+            continue
+        check_tensor(op, name, t)
+        check_same_device(op, x=x, **{name: t})
+        check_same_dtype(op, x=x, **{name: t})
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(
+                f"{op}: {name} must have shape normalized_shape = {tuple(shape)}, "
+                f"got {tuple(t.shape)}"
+            )
+
+
+def _rms_eps(eps: float | None) -> float:
+    # As F.rms_norm: None means the epsilon of the compute type, float32 for every dtype here.
+    return torch.finfo(torch.float32).eps if eps is None else eps
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm``, with autograd (weight and bias gradients included).
+
+    Saves two fp32 values per row (mean and 1/std) for the backward pass; the weight and bias
+    gradients are deterministic.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any strides, whose last dims
+            equal ``normalized_shape``.
+        normalized_shape: the trailing shape to normalize over (an int for one dim).
+        weight: optional scale of shape ``normalized_shape``, same dtype and device as x.
+        bias: optional shift of shape ``normalized_shape``, same dtype and device as x.
+        eps: added to the variance before the square root.
+    """
+    op = "tritonkit.layer_norm"
+    shape = _normalized_shape(op, normalized_shape)
+    _check_norm_args(op, x, shape, weight=weight, bias=bias)
+    return NormFunction.apply(x, weight, bias, len(shape), _check_eps(op, eps), False)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm``: ``x / sqrt(mean(x^2) + eps) * weight``, with autograd.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any strides, whose last dims
+            equal ``normalized_shape``.
+        normalized_shape: the trailing shape to normalize over (an int for one dim).
+        weight: optional scale of shape ``normalized_shape``, same dtype and device as x.
+        eps: added to the mean square; None means ``torch.finfo(torch.float32).eps``, what
+            ``F.rms_norm`` uses for every dtype supported here (it computes in float32).
+    """
+    op = "tritonkit.rms_norm"
+    shape = _normalized_shape(op, normalized_shape)
+    _check_norm_args(op, x, shape, weight=weight)
+    eps = _rms_eps(None if eps is None else _check_eps(op, eps))
+    return NormFunction.apply(x, weight, None, len(shape), eps, True)
+
+
+def _add_norm(op, x, residual, weight, bias, eps, rms):
+    check_tensor(op, "x", x)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    shape = (x.shape[-1],)
+    for t in (weight, bias):  # the affine parameters' shape is the normalized shape
+        if isinstance(t, torch.Tensor):
+            shape = tuple(t.shape)
+            break
+    _check_norm_args(op, x, shape, residual, weight=weight, bias=bias)
+    return AddNormFunction.apply(x, residual, weight, bias, len(shape), eps, rms)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual; (rms_norm(h, weight.shape, weight, eps), h)`` in one pass.
+
+    The sum is normalized in fp32, then rounded and stored; the backward reads the stored sum
+    (not x or residual) and returns one gradient for both operands.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any strides.
+        residual: tensor of the same shape, dtype and device.
+        weight: scale over the trailing dims (its shape is the normalized shape), or None to
+            normalize over the last dim without a scale.
+        eps: as in :func:`rms_norm`; None means ``torch.finfo(torch.float32).eps``.
+
+    Returns:
+        ``(normalized, x + residual)``.
+    """
+    op = "tritonkit.add_rms_norm"
+    eps = _rms_eps(None if eps is None else _check_eps(op, eps))
+    return _add_norm(op, x, residual, weight, None, eps, True)
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual; (layer_norm(h, weight.shape, weight, bias, eps), h)`` in one pass.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any strides.
+        residual: tensor of the same shape, dtype and device.
+        weight: scale over the trailing dims (its shape is the normalized shape), or None to
+            normalize over the last dim.
+        bias: shift of the same shape as weight, or None.
+        eps: added to the variance before the square root.
+
+    Returns:
+        ``(normalized, x + residual)``.
+    """
+    op = "tritonkit.add_layer_norm"
+    return _add_norm(op, x, residual, weight, bias, _check_eps(op, eps), False)

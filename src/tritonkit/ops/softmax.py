@@ -1,0 +1,641 @@
+"""Softmax family: softmax and log_softmax over any dimension, forward and backward.
+
+Every kernel of the row-reduction families (softmax, norms) sees its tensors as
+``(n_outer, n_cols, n_inner)``: the reduced dimension is the middle axis, with its own stride,
+and the other dimensions are merged into at most two "row" axes. A reduction over the last
+dimension of a contiguous tensor is ``(1, C, R)`` with a row stride of C; over dim 0 it is
+``(1, R, C)`` with unit-stride rows, so that a tile of adjacent rows is read coalesced. Neither
+needs a transpose copy; only a layout whose row dimensions cannot be merged into two strided
+axes is copied (and counted in ``_utils.LAYOUT_COPIES``).
+
+A row that fits in registers (``MAX_FUSED_COLS``) is read once and written once. A wider row
+takes the looped path: one sweep keeps a running maximum and sum per lane (an online softmax,
+one exponential per element), a second sweep writes the output. The second sweep reads the row
+again, last chunk first, and the grid is capped at ``LOOP_PROGRAMS_PER_SM`` programs per SM, so
+that the rows in flight fit in L2 and that second read does not reach DRAM.
+
+Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonkit._utils import (
+    LAYOUT_COPIES,
+    cdiv,
+    check_tensor,
+    is_dense,
+    next_power_of_2,
+    sm_count,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
+# ----------------------------------------------------------------------------------------------
+
+# Widest row kept in registers: 16384 fp32 values are 16 per thread at 32 warps (ptxas for
+# sm_90a: 32-57 registers, no spills; a 65536 row spills). Wider rows are looped in chunks of
+# LOOP_BLOCK_N: 8192 at 16 warps keeps 32 KiB of loads in flight per SM at 2 programs per SM.
+MAX_FUSED_COLS = 16384
+LOOP_BLOCK_N = 8192
+# Short rows share a program: a tile holds up to TILE_ELEMS elements.
+TILE_ELEMS = 4096
+# Rows that are adjacent in memory (a reduction over a non-last dim): rows per tile, so that a
+# warp reads a contiguous run of them.
+ADJACENT_ROWS = 64
+# Warps are sized so that each thread holds about this many elements of a tile.
+ELEMS_PER_THREAD = 16
+MAX_WARPS = 32
+# Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
+# bounds the L2 footprint (132 SMs x 2 x 128 KiB = 33 MiB for a bf16 row of 65536).
+LOOP_PROGRAMS_PER_SM = 2
+
+_INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """Launch config of a row-reduction kernel over a (n_outer, n_cols, n_inner) layout."""
+
+    BLOCK_R: int  # rows per tile
+    BLOCK_N: int  # columns per tile: the whole row, or one chunk of the looped path
+    LOOPED: bool  # the row does not fit in one tile: two sweeps over chunks
+    num_warps: int
+    programs: int  # grid size; each program walks tiles pid, pid + programs, ...
+    n_tiles: int
+    n_iblocks: int  # tiles along the inner row axis per outer index
+
+
+def pow2_floor(n: int) -> int:
+    """The largest power of 2 <= n (block sizes must be powers of 2; configs need not be)."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _warps(elems: int, elems_per_thread: int, max_warps: int) -> int:
+    return max(1, min(max_warps, next_power_of_2(max(1, elems // (32 * elems_per_thread)))))
+
+
+def row_config(
+    layout: RowLayout,
+    device: torch.device,
+    *,
+    max_fused: int,
+    loop_block: int,
+    tile_elems: int,
+    adjacent_rows: int,
+    elems_per_thread: int,
+    max_warps: int,
+    loop_programs_per_sm: int,
+) -> RowConfig:
+    """Tile shape, warps and grid for one row-reduction launch (shared by softmax and norms).
+
+    The family's constants are passed in by its own config function, so each family tunes its
+    kernels in one place.
+    """
+    _, stride_n, stride_i = layout.strides[0]
+    rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
+    rows = next_power_of_2(layout.n_inner)
+    if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
+        block_r = min(rows, pow2_floor(adjacent_rows))
+        widest = max(1, tile_elems // block_r)
+    else:
+        block_r = 1
+        widest = max_fused
+    block_n = next_power_of_2(layout.n_cols)
+    looped = block_n > widest
+    if looped:
+        block_n = pow2_floor(min(loop_block, widest))
+    else:  # short rows: several per tile
+        block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
+    n_iblocks = cdiv(layout.n_inner, block_r)
+    n_tiles = layout.n_outer * n_iblocks
+    programs = n_tiles
+    if looped:
+        programs = max(1, min(n_tiles, loop_programs_per_sm * sm_count(device)))
+    return RowConfig(
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        LOOPED=looped,
+        num_warps=_warps(block_r * block_n, elems_per_thread, max_warps),
+        programs=programs,
+        n_tiles=n_tiles,
+        n_iblocks=n_iblocks,
+    )
+
+
+def softmax_config(layout: RowLayout, device: torch.device) -> RowConfig:
+    """The softmax family's config (forward and backward) from the module constants."""
+    return row_config(
+        layout,
+        device,
+        max_fused=MAX_FUSED_COLS,
+        loop_block=LOOP_BLOCK_N,
+        tile_elems=TILE_ELEMS,
+        adjacent_rows=ADJACENT_ROWS,
+        elems_per_thread=ELEMS_PER_THREAD,
+        max_warps=MAX_WARPS,
+        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout: same-shaped tensors as (n_outer, n_cols, n_inner) with real strides.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Tensors of one shape seen as ``(n_outer, n_cols, n_inner)``, reduced along the middle.
+
+    ``strides[k]`` is ``(outer, col, inner)`` for the k-th tensor of the plan. Per-row tensors
+    (statistics) have shape ``keepdim`` and a col stride of 0.
+    """
+
+    n_outer: int
+    n_cols: int
+    n_inner: int
+    strides: tuple[tuple[int, int, int], ...]
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_outer * self.n_inner
+
+    def needs_int64(self) -> bool:
+        """Whether some element lies 2**31 or more elements from its tensor's base."""
+        return any(
+            (self.n_outer - 1) * so + (self.n_cols - 1) * sn + (self.n_inner - 1) * si
+            >= _INT32_LIMIT
+            for so, sn, si in self.strides
+        )
+
+
+def _layout(
+    shape: Sequence[int], reduced: Sequence[int], tensors: Sequence[tuple[Sequence[int], bool]]
+) -> RowLayout | None:
+    """The common (outer, col, inner) view of tensors given as (strides, has_cols), or None.
+
+    The reduced dims must merge into one strided axis in logical order (a weight is indexed by
+    the logical column). The other dims may be merged in any order (rows are independent); they
+    are ordered by the first tensor's strides, so that the inner axis is its smallest-stride
+    one. None: more than two row axes remain, or the reduced dims do not merge.
+    """
+    red = [d for d in reduced if shape[d] != 1]
+    n_cols = math.prod(shape[d] for d in reduced)
+    col_strides = []
+    for strides, has_cols in tensors:
+        if not has_cols or not red:
+            col_strides.append(0 if not has_cols else 1)
+            continue
+        for a, b in itertools.pairwise(red):
+            if strides[a] != shape[b] * strides[b]:
+                return None
+        col_strides.append(strides[red[-1]])
+    row_dims = [d for d in range(len(shape)) if d not in reduced and shape[d] != 1]
+    row_dims.sort(key=lambda d: -tensors[0][0][d])
+    groups: list[tuple[int, list[int]]] = []
+    for d in row_dims:
+        here = [strides[d] for strides, _ in tensors]
+        if groups and all(g == shape[d] * s for g, s in zip(groups[-1][1], here)):
+            groups[-1] = (groups[-1][0] * shape[d], here)
+        else:
+            groups.append((shape[d], here))
+    if len(groups) > 2:
+        return None
+    while len(groups) < 2:
+        groups.insert(0, (1, [0] * len(tensors)))
+    (n_outer, so), (n_inner, si) = groups
+    strides = tuple((a, b, c) for a, b, c in zip(so, col_strides, si))
+    return RowLayout(n_outer, n_cols, n_inner, strides)
+
+
+def new_like(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor shaped like t: with t's strides when t is dense, else contiguous."""
+    if is_dense(t):
+        return torch.empty_like(t)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def keepdim_shape(shape: Sequence[int], reduced: Sequence[int]) -> tuple[int, ...]:
+    return tuple(1 if d in reduced else s for d, s in enumerate(shape))
+
+
+def plan_rows(
+    inputs: Sequence[torch.Tensor],
+    reduced: Sequence[int],
+    n_outputs: int,
+    row_inputs: Sequence[torch.Tensor] = (),
+    n_row_outputs: int = 0,
+    count: bool = True,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], RowLayout | None]:
+    """Plan a row-reduction pass: (inputs, outputs, row outputs, layout).
+
+    Outputs are shaped like ``inputs[0]`` (its strides when it is dense); row outputs are fp32
+    per-row statistics of shape ``keepdim_shape``, contiguous; ``row_inputs`` are such
+    statistics from an earlier pass. The layout's strides are in the order inputs, outputs,
+    row inputs, row outputs. When the tensors have no common strided view, the non-contiguous
+    inputs are copied (counted in ``LAYOUT_COPIES`` when ``count``; fake tensors pass False)
+    and the outputs are contiguous. The layout is None for an empty tensor.
+    """
+    first = inputs[0]
+    shape = tuple(first.shape)
+    outputs = [new_like(first) for _ in range(n_outputs)]
+    keep = keepdim_shape(shape, reduced)
+    row_outputs = [
+        torch.empty(keep, dtype=torch.float32, device=first.device) for _ in range(n_row_outputs)
+    ]
+    inputs = list(inputs)
+    if first.numel() == 0:
+        return inputs, outputs, row_outputs, None
+
+    def attempt() -> RowLayout | None:
+        described = [(t.stride(), True) for t in (*inputs, *outputs)]
+        described += [(t.stride(), False) for t in (*row_inputs, *row_outputs)]
+        return _layout(shape, reduced, described)
+
+    layout = attempt()
+    if layout is None:
+        copied = []
+        for t in inputs:
+            if not t.is_contiguous():
+                if count:
+                    LAYOUT_COPIES.count += 1
+                t = t.contiguous()
+            copied.append(t)
+        inputs = copied
+        outputs = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in outputs]
+        layout = attempt()
+        assert layout is not None  # contiguous tensors always have this view
+    return inputs, outputs, row_outputs, layout
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile_rows(tile, n_inner, n_iblocks, BLOCK_R: tl.constexpr, INT64: tl.constexpr):
+    """(outer index, inner indices [BLOCK_R], row mask) of row tile ``tile``."""
+    if INT64:  # offsets past 2**31 elements: 64-bit index arithmetic, only when needed
+        tile = tl.cast(tile, tl.int64)
+    o = tile // n_iblocks
+    i = (tile % n_iblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return o, i, i < n_inner
+
+
+@triton.jit
+def _col_ids(BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    cols = tl.arange(0, BLOCK_N)
+    if INT64:
+        cols = cols.to(tl.int64)
+    return cols
+
+
+@triton.jit
+def _online_max_sum(
+    x_rows, n_cols, stride_n, row_mask, cols, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Row maxima and sums of exp(x - max) in one sweep over chunks; one exp per element.
+
+    Each lane keeps its own running maximum m and sum s. A new element x either raises the
+    maximum (s = s * exp(m - x) + 1) or not (s += exp(x - m)): both are exp(-|x - m|). The
+    lanes are combined once at the end. -inf contributes nothing; +inf or NaN make the row
+    NaN, as PyTorch's softmax does.
+    """
+    m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        c = start + cols
+        mask = row_mask[:, None] & (c < n_cols)[None, :]
+        x = tl.load(x_rows[:, None] + c[None, :] * stride_n, mask=mask, other=float("-inf"))
+        x = x.to(tl.float32)
+        d = x - m
+        e = tl.exp(-tl.abs(d))
+        s_new = tl.where(d > 0.0, s * e + 1.0, s + e)
+        s = tl.where(x == float("-inf"), s, s_new)  # also masked lanes: -inf - -inf is NaN
+        m = tl.maximum(m, x)
+    row_max = tl.max(m, axis=1)
+    row_sum = tl.sum(s * tl.exp(m - row_max[:, None]), axis=1)
+    return row_max, row_sum
+
+
+@triton.jit
+def _softmax_fwd_kernel(
+    x_ptr,  # input, seen as (n_outer, n_cols, n_inner) with the strides below
+    y_ptr,  # output, same view
+    n_cols,  # length of the reduced dimension
+    n_inner,  # rows per outer index
+    n_iblocks,  # row tiles per outer index: cdiv(n_inner, BLOCK_R)
+    n_tiles,  # row tiles in all: n_outer * n_iblocks
+    stride_xo,  # x: elements between outer indices
+    stride_xn,  # x: elements between columns (along the reduced dim)
+    stride_xi,  # x: elements between inner rows
+    stride_yo,  # y: as for x
+    stride_yn,
+    stride_yi,
+    LOG: tl.constexpr,  # log_softmax instead of softmax
+    LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = _col_ids(BLOCK_N, INT64)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        x_rows = x_ptr + o * stride_xo + i * stride_xi
+        y_rows = y_ptr + o * stride_yo + i * stride_yi
+        if LOOPED:
+            row_max, row_sum = _online_max_sum(
+                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N
+            )
+            log_sum = tl.log(row_sum)
+            inv_sum = 1.0 / row_sum
+            n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            for k in range(0, n_chunks):
+                # Last chunk first: the chunks read last by the first sweep are still in L2.
+                c = (n_chunks - 1 - k) * BLOCK_N + cols
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask)
+                z = x.to(tl.float32) - row_max[:, None]
+                if LOG:
+                    y = z - log_sum[:, None]
+                else:
+                    y = tl.exp(z) * inv_sum[:, None]
+                tl.store(
+                    y_rows[:, None] + c[None, :] * stride_yn,
+                    y.to(y_ptr.dtype.element_ty),
+                    mask=mask,
+                )
+        else:
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = tl.load(x_rows[:, None] + cols[None, :] * stride_xn, mask=mask, other=float("-inf"))
+            x = x.to(tl.float32)
+            z = x - tl.max(x, axis=1)[:, None]
+            e = tl.exp(z)
+            row_sum = tl.sum(e, axis=1)
+            if LOG:
+                y = z - tl.log(row_sum)[:, None]
+            else:
+                y = e * (1.0 / row_sum)[:, None]
+            tl.store(
+                y_rows[:, None] + cols[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask
+            )
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    dy_ptr,  # upstream gradient, seen as (n_outer, n_cols, n_inner)
+    y_ptr,  # forward output (softmax, or log_softmax when LOG)
+    dx_ptr,  # gradient of the input
+    n_cols,  # as in the forward kernel
+    n_inner,
+    n_iblocks,
+    n_tiles,
+    stride_dyo,  # dy: outer, column and inner strides
+    stride_dyn,
+    stride_dyi,
+    stride_yo,  # y: as for dy
+    stride_yn,
+    stride_yi,
+    stride_dxo,  # dx: as for dy
+    stride_dxn,
+    stride_dxi,
+    LOG: tl.constexpr,
+    LOOPED: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy).
+    cols = _col_ids(BLOCK_N, INT64)
+    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
+        y_rows = y_ptr + o * stride_yo + i * stride_yi
+        dx_rows = dx_ptr + o * stride_dxo + i * stride_dxi
+        if LOOPED:
+            acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+            for start in range(0, n_cols, BLOCK_N):
+                c = start + cols
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask, other=0.0)
+                if LOG:
+                    acc += dy.to(tl.float32)
+                else:
+                    y = tl.load(y_rows[:, None] + c[None, :] * stride_yn, mask=mask, other=0.0)
+                    acc += dy.to(tl.float32) * y.to(tl.float32)
+            total = tl.sum(acc, axis=1)
+            n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            for k in range(0, n_chunks):
+                c = (n_chunks - 1 - k) * BLOCK_N + cols  # in reverse, as in the forward
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask)
+                y = tl.load(y_rows[:, None] + c[None, :] * stride_yn, mask=mask)
+                dy = dy.to(tl.float32)
+                y = y.to(tl.float32)
+                if LOG:
+                    dx = dy - tl.exp(y) * total[:, None]
+                else:
+                    dx = y * (dy - total[:, None])
+                tl.store(
+                    dx_rows[:, None] + c[None, :] * stride_dxn,
+                    dx.to(dx_ptr.dtype.element_ty),
+                    mask=mask,
+                )
+        else:
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            dy = tl.load(dy_rows[:, None] + cols[None, :] * stride_dyn, mask=mask, other=0.0)
+            y = tl.load(y_rows[:, None] + cols[None, :] * stride_yn, mask=mask, other=0.0)
+            dy = dy.to(tl.float32)
+            y = y.to(tl.float32)
+            if LOG:
+                dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
+            else:
+                dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
+            tl.store(
+                dx_rows[:, None] + cols[None, :] * stride_dxn,
+                dx.to(dx_ptr.dtype.element_ty),
+                mask=mask,
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
+    return {
+        "INT64": layout.needs_int64(),
+        "BLOCK_R": cfg.BLOCK_R,
+        "BLOCK_N": cfg.BLOCK_N,
+        "num_warps": cfg.num_warps,
+    }
+
+
+def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """softmax (or log_softmax) of x along ``dim`` (already normalized to 0 <= dim < x.dim())."""
+    (x,), (y,), _, layout = plan_rows([x], (dim,), 1)
+    if layout is None:
+        return y
+    cfg = softmax_config(layout, x.device)
+    (sxo, sxn, sxi), (syo, syn, syi) = layout.strides
+    _softmax_fwd_kernel[(cfg.programs,)](
+        x,
+        y,
+        layout.n_cols,
+        layout.n_inner,
+        cfg.n_iblocks,
+        cfg.n_tiles,
+        sxo,
+        sxn,
+        sxi,
+        syo,
+        syn,
+        syi,
+        LOG=log,
+        LOOPED=cfg.LOOPED,
+        **_launch_kwargs(cfg, layout),
+    )
+    return y
+
+
+def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    """Gradient of softmax (log_softmax) along ``dim`` from the upstream gradient and output."""
+    (grad, y), (dx,), _, layout = plan_rows([grad, y], (dim,), 1)
+    if layout is None:
+        return dx
+    cfg = softmax_config(layout, y.device)
+    (sgo, sgn, sgi), (syo, syn, syi), (sdo, sdn, sdi) = layout.strides
+    _softmax_bwd_kernel[(cfg.programs,)](
+        grad,
+        y,
+        dx,
+        layout.n_cols,
+        layout.n_inner,
+        cfg.n_iblocks,
+        cfg.n_tiles,
+        sgo,
+        sgn,
+        sgi,
+        syo,
+        syn,
+        syi,
+        sdo,
+        sdn,
+        sdi,
+        LOG=log,
+        LOOPED=cfg.LOOPED,
+        **_launch_kwargs(cfg, layout),
+    )
+    return dx
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library registration
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tritonkit::softmax", mutates_args=())
+def _softmax_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return softmax_fwd(x, dim, log)
+
+
+@_softmax_op.register_fake
+def _(x, dim, log):
+    return plan_rows([x], (dim,), 1, count=False)[1][0]
+
+
+@torch.library.custom_op("tritonkit::softmax_backward", mutates_args=())
+def _softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    return softmax_bwd(grad, y, dim, log)
+
+
+@_softmax_backward_op.register_fake
+def _(grad, y, dim, log):
+    return plan_rows([grad, y], (dim,), 1, count=False)[1][0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+class SoftmaxFunction(torch.autograd.Function):
+    """softmax or log_softmax along one dim; the backward needs only the output."""
+
+    @staticmethod
+    def forward(ctx, x, dim, log):
+        y = torch.ops.tritonkit.softmax(x, dim, log)
+        ctx.dim, ctx.log = dim, log
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return torch.ops.tritonkit.softmax_backward(grad, y, ctx.dim, ctx.log), None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+
+
+def normalize_dim(op: str, name: str, dim: object, ndim: int) -> int:
+    """``dim`` as an index in ``[0, max(ndim, 1))``; a 0-d tensor accepts 0 and -1."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{op}: {name} must be an int, got {type(dim).__name__}")
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise ValueError(
+            f"{op}: {name} must be in [{-rank}, {rank - 1}] for a {ndim}-d tensor, got {dim}"
+        )
+    return dim % rank
+
+
+def _softmax(op: str, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    check_tensor(op, "x", x)
+    d = normalize_dim(op, "dim", dim, x.dim())
+    if x.dim() == 0:
+        return SoftmaxFunction.apply(x.reshape(1), 0, log).reshape(())
+    return SoftmaxFunction.apply(x, d, log)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.softmax(x, dim)``, with autograd.
+
+    A row that fits in registers (up to ``MAX_FUSED_COLS`` elements) is read once; a longer one
+    is read twice, the second time from L2. Any ``dim`` is reduced in place through strides,
+    without a transpose copy.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any shape and strides.
+        dim: the dimension to normalize over (negative counts from the end).
+
+    Returns:
+        A tensor like x (its strides when x is dense), in x's dtype; rows containing NaN or
+        +inf are NaN, as in PyTorch.
+    """
+    return _softmax("tritonkit.softmax", x, dim, False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.log_softmax(x, dim)``, with autograd; computed as ``x - max - log(sum(exp))``.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor on a CUDA device, any shape and strides.
+        dim: the dimension to normalize over (negative counts from the end).
+
+    Returns:
+        A tensor like x (its strides when x is dense), in x's dtype.
+    """
+    return _softmax("tritonkit.log_softmax", x, dim, True)

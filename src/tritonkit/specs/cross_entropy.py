@@ -1,0 +1,131 @@
+"""Specs of the cross-entropy family: class-index targets, weights, smoothing, ignore_index."""
+
+import torch
+import torch.nn.functional as F
+
+from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Unavailable, register
+from tritonkit.ops.cross_entropy import cross_entropy
+from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
+
+FAMILY = "cross_entropy"
+IGNORED = -100  # make_inputs marks every fourth row (from the fourth) with this target
+
+
+def _inputs(shape, dtype, device, seed):
+    """(logits, targets, class weights): targets int64, some ignored; weights in [0.5, 1.5)."""
+    n, c = shape
+    gen = generator(device, seed)
+    logits = randn(shape, dtype, device, gen)
+    target = torch.randint(0, c, (n,), generator=gen, device=device, dtype=torch.int64)
+    target[3::4] = IGNORED
+    weight = (torch.rand(c, generator=gen, device=device) + 0.5).to(dtype)
+    return logits, target, weight
+
+
+def _targets(target, ignore_index):
+    # A variant that ignores a real class index moves the marked rows onto it.
+    if ignore_index == IGNORED:
+        return target
+    return torch.where(target == IGNORED, ignore_index, target)
+
+
+def _ce(logits, target, weight, weighted=False, ignore_index=IGNORED, **kwargs):
+    return cross_entropy(
+        logits,
+        _targets(target, ignore_index),
+        weight if weighted else None,
+        ignore_index=ignore_index,
+        **kwargs,
+    )
+
+
+def _ce_ref(logits, target, weight, weighted=False, ignore_index=IGNORED, **kwargs):
+    return F.cross_entropy(
+        logits,
+        _targets(target, ignore_index),
+        weight if weighted else None,
+        ignore_index=ignore_index,
+        **kwargs,
+    )
+
+
+def _bytes(inputs, mode, weighted=False, **params):
+    logits, target, weight = inputs
+    small = nbytes(target) + (nbytes(weight) if weighted else 0)
+    # fwd (no gradient): read the logits once. fwd+bwd: read the logits and write their
+    # gradient. bwd is not timed (see _bench_note). The per-row losses, N floats, are not counted.
+    fwd = nbytes(logits) + small
+    return {"fwd": fwd, "bwd": nbytes(logits), "fwd+bwd": fwd + nbytes(logits)}[mode]
+
+
+def _bench_note(shape, mode):
+    if mode == "bwd":
+        return (
+            "the gradient is computed by the forward pass and the backward scales it in place, "
+            "once (a replayed backward raises): time fwd+bwd"
+        )
+    return None
+
+
+def _liger():
+    try:
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+    except ImportError:
+        raise Unavailable("liger_kernel not installed") from None
+
+    def run(logits, target, weight, weighted=False, ignore_index=IGNORED, **kwargs):
+        target = _targets(target, ignore_index)
+        reduction = kwargs.get("reduction", "mean")
+        smoothing = kwargs.get("label_smoothing", 0.0)
+        w = weight if weighted else None
+        try:  # newer releases: (input, target, weight, ignore_index, lse_square_scale, ...)
+            out = LigerCrossEntropyFunction.apply(
+                logits, target, w, ignore_index, 0.0, smoothing, reduction
+            )
+        except TypeError:  # older: (input, target, ignore_index, label_smoothing, reduction)
+            if weighted:
+                raise
+            out = LigerCrossEntropyFunction.apply(
+                logits, target, ignore_index, smoothing, reduction
+            )
+        return out[0] if isinstance(out, tuple) else out
+
+    return run
+
+
+register(
+    OpSpec(
+        name="cross_entropy",
+        family=FAMILY,
+        impl=_ce,
+        reference=_ce_ref,
+        make_inputs=_inputs,
+        shapes=Shapes(
+            test=[(1, 1), (3, 7), (6, 129)],
+            bench=[(8192, 128256)],
+            empty=[(0, 5)],
+        ),
+        # Every option is covered in five variants (the interpreter is slow): reductions,
+        # smoothing with and without class weights, and a real class index as ignore_index.
+        params=(
+            {},
+            {"reduction": "none"},
+            {"reduction": "sum", "label_smoothing": 0.1},
+            {"weighted": True, "label_smoothing": 0.2},
+            {"weighted": True, "reduction": "none", "ignore_index": 1},
+        ),
+        bytes=_bytes,
+        bench_dtypes=(torch.bfloat16,),
+        grad_inputs=(0,),
+        baselines={
+            **torch_baselines(_ce_ref),
+            "liger": Baseline(
+                "liger",
+                _liger,
+                description="Liger-Kernel cross-entropy (writes the gradient over the logits)",
+            ),
+        },
+        bench_note=_bench_note,
+        description="cross-entropy over (N, C) logits; gradient computed in the forward pass",
+    )
+)

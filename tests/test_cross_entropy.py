@@ -1,0 +1,217 @@
+"""Cross-entropy: accuracy through the check engine, PyTorch's corner cases, memory, compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonkit.harness.check import poisoned_allocations
+from tritonkit.nn.loss import CrossEntropyLoss
+from tritonkit.ops import cross_entropy as CE
+from tritonkit.ops.cross_entropy import cross_entropy
+
+from _checks import assert_spec_passes
+
+pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+
+
+def test_check_engine_passes(device):
+    """Every shape x dtype x variant: random, non-contiguous, NaN/inf, gradients, empty."""
+    assert_spec_passes("cross_entropy", device)
+
+
+def test_looped_rows_pass_the_check_engine(device, monkeypatch):
+    """129 classes in chunks of 16: the online logsumexp and the reverse gradient sweep."""
+    monkeypatch.setattr(CE, "BLOCK_N", 16)
+    assert_spec_passes(
+        "cross_entropy",
+        device,
+        shapes=[(6, 129)],
+        dtypes=[torch.float32],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
+def _compare(logits, target, weight=None, grad_output=None, **kwargs):
+    """Loss and logits gradient against F.cross_entropy in float64."""
+    ours_in = logits.detach().clone().requires_grad_()
+    ref_in = logits.detach().double().requires_grad_()
+    loss = cross_entropy(ours_in, target, weight, **kwargs)
+    ref = F.cross_entropy(ref_in, target, None if weight is None else weight.double(), **kwargs)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    g = torch.randn(loss.shape, device=loss.device) if grad_output is None else grad_output
+    (ga,) = torch.autograd.grad(loss, ours_in, g)
+    (gd,) = torch.autograd.grad(ref, ref_in, g.double())
+    torch.testing.assert_close(ga.double(), gd, rtol=1e-5, atol=1e-6)
+    return loss, ga
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_targets_ignored(reduction, device):
+    """mean is 0 / 0 = NaN, as in PyTorch; the gradient is zero."""
+    logits = torch.randn(4, 9, device=device)
+    target = torch.full((4,), -100, device=device)
+    for weight in (None, torch.rand(9, device=device) + 0.5):
+        loss, grad = _compare(logits, target, weight, reduction=reduction, label_smoothing=0.1)
+        if reduction == "mean":
+            assert torch.isnan(loss)
+        assert not grad.any()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_label_smoothing_and_class_weights(smoothing, reduction, device):
+    logits = torch.randn(7, 11, device=device) * 3
+    target = torch.randint(0, 11, (7,), device=device)
+    target[2] = -100
+    for weight in (None, torch.rand(11, device=device) + 0.5):
+        _compare(logits, target, weight, reduction=reduction, label_smoothing=smoothing)
+
+
+def test_ignore_index_as_a_class_and_one_dim_input(device):
+    logits = torch.randn(6, 5, device=device)
+    target = torch.tensor([0, 2, 2, 4, 1, 2], device=device)
+    _compare(logits, target, ignore_index=2)
+    _compare(logits[0], target[0], reduction="none")
+    _compare(logits[1], target[1], torch.rand(5, device=device) + 0.5)
+
+
+@pytest.mark.parametrize("shape", [(1, 40), (40, 1)])
+def test_one_row_and_one_column(shape, device):
+    logits = torch.randn(shape, device=device)
+    target = torch.zeros(shape[0], dtype=torch.int64, device=device)
+    for reduction in ("mean", "none"):
+        _compare(logits, target, reduction=reduction, label_smoothing=0.2)
+
+
+def test_non_contiguous_logits_targets_and_grad_output(device):
+    logits = torch.randn(13, 2 * 10, device=device)[:, ::2]  # class stride 2
+    target = torch.randint(0, 10, (26,), device=device)[::2]
+    grad_output = torch.randn(26, device=device)[::2]
+    _compare(logits.t().contiguous().t(), target, reduction="none", grad_output=grad_output)
+    _compare(logits, target, reduction="none", grad_output=grad_output)
+
+
+def test_loss_backward_with_unit_grad_output(device):
+    """loss.backward(): grad_output is 1.0, the gradient from the forward is final as is."""
+    logits = torch.randn(5, 8, device=device)
+    target = torch.randint(0, 8, (5,), device=device)
+    _compare(logits, target, grad_output=torch.tensor(1.0, device=device))
+
+
+def test_out_of_range_target_gives_nan(device):
+    logits = torch.randn(3, 4, device=device, requires_grad=True)
+    loss = cross_entropy(logits, torch.tensor([0, 7, 1], device=device), reduction="none")
+    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
+
+
+# ---- memory and side effects ----------------------------------------------------------------
+
+
+def test_gradient_is_written_everywhere_and_logits_untouched(device):
+    logits = torch.randn(9, 33, device=device, requires_grad=True)
+    before = logits.detach().clone()
+    target = torch.randint(0, 33, (9,), device=device)
+    target[::4] = -100  # ignored rows must get zeros, not whatever the allocation held
+    with poisoned_allocations():
+        loss = cross_entropy(logits, target, label_smoothing=0.1)
+        (grad,) = torch.autograd.grad(loss, logits)
+    assert torch.isfinite(grad).all() and not grad[::4].any()
+    assert torch.equal(logits.detach(), before)
+
+
+def test_no_n_by_c_float32_tensor_is_allocated(device, monkeypatch):
+    n, c = 12, 50
+    logits = torch.randn(n, c, device=device, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, c, (n,), device=device)
+    seen = []
+    for name in ("empty", "empty_like", "empty_strided", "zeros", "zeros_like"):
+        original = getattr(torch, name)
+
+        def record(*args, _original=original, **kwargs):
+            t = _original(*args, **kwargs)
+            seen.append((tuple(t.shape), t.dtype))
+            return t
+
+        monkeypatch.setattr(torch, name, record)
+    loss = cross_entropy(logits, target, label_smoothing=0.1)
+    torch.autograd.grad(loss * 2, logits)
+    monkeypatch.undo()
+    assert ((n, c), torch.bfloat16) in seen  # the gradient, in the logits' dtype
+    assert not [s for s in seen if s[1] == torch.float32 and s[0] and s[0][0] * s[0][-1] >= n * c]
+
+
+def test_second_backward_through_the_same_graph_raises(device):
+    logits = torch.randn(4, 6, device=device, requires_grad=True)
+    loss = cross_entropy(logits, torch.randint(0, 6, (4,), device=device))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward pass ran twice through the same graph"):
+        loss.backward()
+
+
+def test_no_gradient_work_without_requires_grad(device):
+    logits = torch.randn(4, 6, device=device)
+    loss = cross_entropy(logits, torch.randint(0, 6, (4,), device=device))
+    assert loss.grad_fn is None
+    with torch.no_grad():
+        x = logits.clone().requires_grad_()
+        assert cross_entropy(x, torch.zeros(4, dtype=torch.int64, device=device)).grad_fn is None
+
+
+# ---- bad inputs ----------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_reported(device):
+    x = torch.randn(4, 6, device=device)
+    t = torch.randint(0, 6, (4,), device=device)
+    with pytest.raises(TypeError, match=r"target must have dtype int64, got float32"):
+        cross_entropy(x, t.float())
+    with pytest.raises(ValueError, match=r"target must have shape \(4,\) .* got \(5,\)"):
+        cross_entropy(x, torch.zeros(5, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match=r"weight must have shape \(C,\) = \(6,\), got \(5,\)"):
+        cross_entropy(x, t, torch.ones(5, device=device))
+    with pytest.raises(ValueError, match=r"reduction must be one of \['mean', 'sum', 'none'\]"):
+        cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\], got 1.5"):
+        cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="spatial dims are not supported"):
+        cross_entropy(x[None], t[None])
+    with pytest.raises(TypeError, match="ignore_index must be an int, got float"):
+        cross_entropy(x, t, ignore_index=-100.0)
+
+
+# ---- module and compile --------------------------------------------------------------------
+
+
+def test_module_loads_the_torch_state_dict(device):
+    weight = torch.rand(7, device=device) + 0.5
+    ref = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=1, label_smoothing=0.1)
+    ours = CrossEntropyLoss(
+        weight=torch.ones(7, device=device), ignore_index=1, label_smoothing=0.1
+    )
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 7, device=device)
+    t = torch.tensor([0, 1, 6, 3, 1], device=device)
+    torch.testing.assert_close(ours(x, t), ref(x, t), rtol=1e-5, atol=1e-6)
+    assert CrossEntropyLoss(reduction="sum").reduction == "sum"
+
+
+def test_compile_fullgraph_traces(device):
+    torch._dynamo.reset()
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+
+    def fn(x, t):
+        return cross_entropy(x * 2, t, label_smoothing=0.1) + cross_entropy(x, t, reduction="sum")
+
+    def ref(x, t):
+        return F.cross_entropy(x * 2, t, label_smoothing=0.1) + F.cross_entropy(
+            x, t, reduction="sum"
+        )
+
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    x = torch.randn(6, 10, device=device, requires_grad=True)
+    t = torch.randint(0, 10, (6,), device=device)
+    out, expected = compiled(x, t), ref(x, t)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    (got,) = torch.autograd.grad(out, x)
+    (want,) = torch.autograd.grad(expected, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,313 @@
+"""Norm family: accuracy through the check engine, stability, layouts, modules, compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonkit import _utils
+from tritonkit.harness.check import check_spec, fresh_seed
+from tritonkit.harness.spec import OpSpec, Shapes
+from tritonkit.nn.norm import LayerNorm, RMSNorm
+from tritonkit.ops import norm as N
+from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from tritonkit.specs.norm import NORM_GRAD_TOLERANCE
+
+from _checks import assert_spec_passes
+
+pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+
+OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_check_engine_passes(name, device):
+    """Every shape x dtype: random, non-contiguous, NaN/inf, gradients (dx, dw, db), empty."""
+    assert_spec_passes(name, device)
+
+
+@pytest.fixture
+def looped(monkeypatch):
+    """Rows wider than 32 take the looped forward and the two-kernel backward."""
+    monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
+    monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
+    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
+    monkeypatch.setattr(N, "TILE_ELEMS", 64)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_looped_path_passes_the_check_engine(name, device, looped):
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(3, 70)],
+        dtypes=[torch.float32],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
+# ---- weight and bias optional: the same engine on specs that are not registered -----------
+
+
+def _no_affine_spec(name, impl, reference, n_params):
+    def make_inputs(shape, dtype, device, seed):
+        gen = torch.Generator(device=device).manual_seed(seed)
+        tensors = [torch.randn(shape, generator=gen, device=device)]
+        tensors += [torch.randn(shape[-1:], generator=gen, device=device) for _ in range(n_params)]
+        return tuple(t.to(dtype) for t in tensors)
+
+    return OpSpec(
+        name=name,
+        family="norm",
+        impl=impl,
+        reference=reference,
+        make_inputs=make_inputs,
+        shapes=Shapes(test=[(3, 7), (2, 3, 33)], bench=[], empty=[(0, 4)]),
+        bytes=lambda inputs, mode, **params: 0,
+        grad_tolerance=NORM_GRAD_TOLERANCE,
+    )
+
+
+NO_AFFINE = {
+    "layer_norm plain": (
+        lambda x: layer_norm(x, x.shape[-1:], eps=1e-3),
+        lambda x: F.layer_norm(x, x.shape[-1:], eps=1e-3),
+        0,
+    ),
+    "layer_norm bias only": (
+        lambda x, b: layer_norm(x, x.shape[-1], None, b),
+        lambda x, b: F.layer_norm(x, x.shape[-1:], None, b),
+        1,
+    ),
+    "layer_norm weight only": (
+        lambda x, w: layer_norm(x, x.shape[-1:], w),
+        lambda x, w: F.layer_norm(x, x.shape[-1:], w),
+        1,
+    ),
+    "rms_norm plain": (
+        lambda x: rms_norm(x, x.shape[-1:], eps=1e-4),
+        lambda x: F.rms_norm(x, x.shape[-1:], eps=1e-4),
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(NO_AFFINE))
+def test_without_affine_parameters(variant, device):
+    impl, reference, n_params = NO_AFFINE[variant]
+    spec = _no_affine_spec(variant, impl, reference, n_params)
+    seed = fresh_seed()
+    cases = ("random", "stride2", "specials", "grad", "empty")
+    results = check_spec(spec, device=device, seed=seed, dtypes=[torch.float32], cases=cases)
+    failed = [f"{r.shape} {r.dtype} {r.case}: {r.detail}" for r in results if not r.passed]
+    assert not failed, f"seed {seed}: " + "\n".join(failed[:5])
+
+
+def test_add_norm_without_weight(device):
+    x, r = torch.randn(2, 3, 9, device=device), torch.randn(2, 3, 9, device=device)
+    y, h = add_rms_norm(x, r, None)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, F.rms_norm(x + r, (9,)), rtol=1e-5, atol=1e-5)
+    y, _ = add_layer_norm(x, r, None, None)
+    torch.testing.assert_close(y, F.layer_norm(x + r, (9,)), rtol=1e-5, atol=1e-5)
+
+
+# ---- numerics -------------------------------------------------------------------------------
+
+
+def _grads(fn, inputs, g=None):
+    """(output, gradients of every input); g None: a random upstream gradient."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    if g is None:
+        g = torch.randn(out.shape, device=out.device, generator=torch.Generator().manual_seed(0))
+    return out, torch.autograd.grad(out, leaves, g.to(out.dtype))
+
+
+def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
+    out, grads = _grads(fn, inputs)
+    ref_out, ref_grads = _grads(ref, [t.double() for t in inputs])
+    torch.testing.assert_close(out.double(), ref_out, rtol=rtol, atol=atol)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
+    """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
+    if wide:
+        monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
+        monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
+        monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 512)
+    x = 1e4 + torch.randn(4, 1000, device=device)
+    w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
+    _matches_float64(
+        lambda x, w, b: layer_norm(x, (1000,), w, b),
+        lambda x, w, b: F.layer_norm(x, (1000,), w, b),
+        [x, w, b],
+        rtol=1e-5,
+        atol=2e-5,
+    )
+    # The fused residual form shifts the sum the same way. (The fp32 sum itself is rounded to
+    # 1e-3 at this magnitude: the reference normalizes the same sum.)
+    r = torch.randn(4, 1000, device=device)
+    y, h = add_layer_norm(x, r, w, b)
+    ref = F.layer_norm(h.double(), (1000,), w.double(), b.double())
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-5)
+
+
+def test_weight_gradients_are_deterministic(device):
+    x = torch.randn(300, 24, device=device)
+    w, b = torch.randn(24, device=device), torch.randn(24, device=device)
+    g = torch.randn(300, 24, device=device)
+    first = _grads(lambda x, w, b: layer_norm(x, 24, w, b), [x, w, b], g)[1]
+    second = _grads(lambda x, w, b: layer_norm(x, 24, w, b), [x, w, b], g)[1]
+    for a, b_ in zip(first, second):
+        assert torch.equal(a, b_)
+
+
+def test_one_row_and_one_column(device):
+    x, w = torch.randn(1, 50, device=device), torch.randn(50, device=device)
+    _matches_float64(lambda x, w: rms_norm(x, 50, w), lambda x, w: F.rms_norm(x, (50,), w), [x, w])
+    # One column: LayerNorm gives the bias and a zero input gradient, exactly.
+    x, w, b = (torch.randn(s, device=device) for s in ((5, 1), (1,), (1,)))
+    out, (dx, dw, db) = _grads(
+        lambda x, w, b: layer_norm(x, 1, w, b), [x, w, b], torch.ones(5, 1, device=device)
+    )
+    assert torch.equal(out, b.expand(5, 1)) and not dx.any() and not dw.any()
+    assert db.item() == 5.0
+    # RMSNorm over one column is sign(x) * w away from |x| ~ sqrt(eps), where its gradient is
+    # ill-conditioned in any fp32 implementation.
+    x = torch.randn(7, 1, device=device)
+    x = x + x.sign()
+    _matches_float64(
+        lambda x, w: rms_norm(x, 1, w), lambda x, w: F.rms_norm(x, (1,), w), [x, w[:1]]
+    )
+
+
+def test_normalized_shape_of_two_dims(device):
+    x = torch.randn(3, 4, 5, 6, device=device)
+    w = torch.randn(6, 5, device=device).t()  # non-contiguous weight: read through its stride
+    b = torch.randn(5, 6, device=device)
+    _matches_float64(
+        lambda x, w, b: layer_norm(x, (5, 6), w, b),
+        lambda x, w, b: F.layer_norm(x, (5, 6), w, b),
+        [x, w, b],
+    )
+    _matches_float64(
+        lambda x, w: rms_norm(x, [5, 6], w, 1e-6),
+        lambda x, w: F.rms_norm(x, (5, 6), w, 1e-6),
+        [x, w],
+    )
+
+
+def test_strided_inputs_without_a_copy(device):
+    base = torch.randn(8, 40, device=device)
+    w = torch.randn(20, device=device)
+    for x in (base[:, ::2], base.t()[:20].t(), base[:, 5:25]):
+        _utils.LAYOUT_COPIES.reset()
+        _matches_float64(
+            lambda x, w: rms_norm(x, 20, w, 1e-6),
+            lambda x, w: F.rms_norm(x, (20,), w, 1e-6),
+            [x, w],
+        )
+        assert _utils.LAYOUT_COPIES.reset() == 0
+
+
+def test_rms_norm_default_eps_matches_pytorch(device):
+    """eps=None: F.rms_norm uses float32's epsilon for 16-bit inputs too (it computes in fp32)."""
+    x = torch.full((2, 8), 1e-4, device=device, dtype=torch.bfloat16)
+    torch.testing.assert_close(rms_norm(x, 8), F.rms_norm(x, (8,)))
+    assert rms_norm(x, 8)[0, 0].item() > 0.2  # bfloat16's own eps (7.8e-3) would give 0.001
+
+
+def test_add_norm_gradient_when_one_output_is_unused(device):
+    x, r, w = (torch.randn(s, device=device) for s in ((4, 12), (4, 12), (12,)))
+    for pick in (0, 1):
+        xa, ra = x.clone().requires_grad_(), r.clone().requires_grad_()
+        out = add_rms_norm(xa, ra, w, 1e-6)[pick]
+        ga = torch.autograd.grad(out.sum(), (xa, ra))
+        xd, rd = x.double().requires_grad_(), r.double().requires_grad_()
+        h = xd + rd
+        ref = (F.rms_norm(h, (12,), w.double(), 1e-6), h)[pick]
+        gd = torch.autograd.grad(ref.sum(), (xd, rd))
+        for a, b in zip(ga, gd):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+# ---- bad inputs ----------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_reported(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match=r"the last dims of x must equal normalized_shape \(7,\)"):
+        layer_norm(x, 7)
+    with pytest.raises(ValueError, match=r"weight must have shape normalized_shape = \(8,\)"):
+        rms_norm(x, 8, torch.randn(4, device=device))
+    with pytest.raises(TypeError, match=r"bias must have the same dtype as x \(float32\)"):
+        layer_norm(x, 8, None, torch.randn(8, device=device, dtype=torch.float16))
+    with pytest.raises(TypeError, match="normalized_shape must be an int or a sequence of ints"):
+        layer_norm(x, 8.0)
+    with pytest.raises(ValueError, match="eps must be >= 0, got -1"):
+        layer_norm(x, 8, eps=-1)
+    with pytest.raises(TypeError, match="eps must be a float, got str"):
+        rms_norm(x, 8, eps="1e-6")
+    with pytest.raises(ValueError, match=r"residual must have the same shape as x \(\(4, 8\)\)"):
+        add_rms_norm(x, torch.randn(4, 9, device=device), None)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        rms_norm(x.long(), 8)
+
+
+# ---- modules and compile -------------------------------------------------------------------
+
+
+def test_modules_load_torch_state_dicts(device):
+    x = torch.randn(3, 5, 16, device=device)
+    pairs = [
+        (LayerNorm(16), torch.nn.LayerNorm(16)),
+        (LayerNorm((5, 16), bias=False), torch.nn.LayerNorm((5, 16), bias=False)),
+        (LayerNorm(16, elementwise_affine=False), torch.nn.LayerNorm(16, elementwise_affine=False)),
+        (RMSNorm(16, eps=1e-6), torch.nn.RMSNorm(16, eps=1e-6)),
+        (RMSNorm(16), torch.nn.RMSNorm(16)),
+    ]
+    for ours, ref in pairs:
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.normal_()
+        ours.load_state_dict(ref.state_dict())
+        ours.to(device)
+        ref.to(device)
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+        assert repr(ours).split("(", 1)[1] == repr(ref).split("(", 1)[1]
+
+
+COMPILE_CASES = {
+    "layer_norm": lambda x, r, w, b: layer_norm(x, 10, w, b) * 2,
+    "rms_norm": lambda x, r, w, b: rms_norm(x.t(), 6, w[:6]),
+    "add_layer_norm": lambda x, r, w, b: sum(add_layer_norm(x, r, w, b)),
+    "add_rms_norm": lambda x, r, w, b: sum(add_rms_norm(x, r, w)),
+}
+COMPILE_REFS = {
+    "layer_norm": lambda x, r, w, b: F.layer_norm(x, (10,), w, b) * 2,
+    "rms_norm": lambda x, r, w, b: F.rms_norm(x.t(), (6,), w[:6]),
+    "add_layer_norm": lambda x, r, w, b: F.layer_norm(x + r, (10,), w, b) + x + r,
+    "add_rms_norm": lambda x, r, w, b: F.rms_norm(x + r, (10,), w) + x + r,
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILE_CASES))
+def test_compile_fullgraph_traces(name, device):
+    torch._dynamo.reset()
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(COMPILE_CASES[name], fullgraph=True, backend=backend)
+    inputs = [torch.randn(s, device=device, requires_grad=True) for s in ((6, 10), (6, 10))]
+    inputs += [torch.randn(10, device=device, requires_grad=True) for _ in range(2)]
+    out, expected = compiled(*inputs), COMPILE_REFS[name](*inputs)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, g, allow_unused=True)
+    want = torch.autograd.grad(expected, inputs, g, allow_unused=True)
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,179 @@
+"""Softmax family: accuracy through the check engine, any dim, looped rows, modules, compile."""
+
+import pytest
+import torch
+
+from tritonkit import _utils
+from tritonkit.nn.softmax import LogSoftmax, Softmax
+from tritonkit.ops import softmax as S
+from tritonkit.ops.softmax import log_softmax, softmax
+
+from _checks import assert_spec_passes
+
+# Masked lanes of a looped chunk are -inf: the interpreter's NumPy warns about their maxima.
+pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+
+OPS = {"softmax": (softmax, torch.softmax), "log_softmax": (log_softmax, torch.log_softmax)}
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_check_engine_passes(name, device):
+    """Every shape x dtype x dim: random, non-contiguous, NaN/inf, gradients, empty."""
+    assert_spec_passes(name, device)
+
+
+@pytest.fixture
+def looped(monkeypatch):
+    """Rows wider than 32 columns take the looped (online) path, in chunks of 16."""
+    monkeypatch.setattr(S, "MAX_FUSED_COLS", 32)
+    monkeypatch.setattr(S, "LOOP_BLOCK_N", 16)
+    monkeypatch.setattr(S, "TILE_ELEMS", 64)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_looped_path_passes_the_check_engine(name, device, looped):
+    """Rows of 70 loop over five chunks (the last one partial) along dim -1; along dim 0, three
+    columns of 64 adjacent rows loop one column at a time."""
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(3, 70)],
+        dtypes=[torch.float32, torch.bfloat16],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
+def _grads_match(ours_fn, ref_fn, x, rtol=1e-5, atol=1e-6):
+    xa = x.detach().clone().requires_grad_()
+    xd = x.detach().double().requires_grad_()
+    out, ref = ours_fn(xa), ref_fn(xd)
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol)
+    g = torch.randn(out.shape, device=x.device)
+    (ga,) = torch.autograd.grad(out, xa, g)
+    (gd,) = torch.autograd.grad(ref, xd, g.double())
+    torch.testing.assert_close(ga.double(), gd, rtol=rtol, atol=atol)
+
+
+# ---- any dim, through strides ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("dim", [1, -2, 0])
+def test_non_last_dim_without_a_copy(name, dim, device):
+    ours, ref = OPS[name]
+    x = torch.randn(3, 17, 5, 4, device=device)
+    _utils.LAYOUT_COPIES.reset()
+    _grads_match(lambda t: ours(t, dim), lambda t: ref(t, dim), x)
+    assert _utils.LAYOUT_COPIES.reset() == 0
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_permuted_and_sliced_inputs_without_a_copy(name, device):
+    ours, ref = OPS[name]
+    base = torch.randn(6, 40, 9, device=device)
+    for x, dim in ((base.permute(2, 0, 1), 1), (base[:, 3:30, ::2], -1), (base.transpose(0, 2), 0)):
+        _utils.LAYOUT_COPIES.reset()
+        _grads_match(lambda t, d=dim: ours(t, d), lambda t, d=dim: ref(t, d), x)
+        assert _utils.LAYOUT_COPIES.reset() == 0
+
+
+def test_layout_with_no_strided_view_is_copied_and_counted(device):
+    # Three row dims whose strides cannot merge into two axes.
+    x = torch.randn(4, 6, 5, 8, device=device).permute(1, 3, 0, 2)[:, ::2, :, ::2]
+    _utils.LAYOUT_COPIES.reset()
+    out = softmax(x, 2)
+    assert _utils.LAYOUT_COPIES.reset() == 1
+    torch.testing.assert_close(out, torch.softmax(x, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_dense_input_keeps_its_strides(device):
+    x = torch.randn(24, 10, device=device).t()
+    assert softmax(x, 0).stride() == x.stride()
+
+
+def test_looped_non_last_dim(device, looped):
+    x = torch.randn(70, 3, 6, device=device)  # 70 along the reduced dim 0, adjacent rows
+    _grads_match(lambda t: softmax(t, 0), lambda t: torch.softmax(t, 0), x)
+    _grads_match(lambda t: log_softmax(t, 0), lambda t: torch.log_softmax(t, 0), x)
+
+
+# ---- semantics and properties ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 37), (37, 1), (1, 1)])
+def test_one_row_and_one_column(shape, device):
+    x = torch.randn(shape, device=device)
+    for dim in (0, 1):
+        _grads_match(lambda t, d=dim: softmax(t, d), lambda t, d=dim: torch.softmax(t, d), x)
+        _grads_match(
+            lambda t, d=dim: log_softmax(t, d), lambda t, d=dim: torch.log_softmax(t, d), x
+        )
+
+
+def test_zero_dim_and_one_dim(device):
+    x = torch.tensor(3.0, device=device)
+    assert softmax(x, 0).item() == 1.0 and log_softmax(x, -1).item() == 0.0
+    y = torch.randn(9, device=device)
+    torch.testing.assert_close(softmax(y), torch.softmax(y, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_rows_sum_to_one_and_shift_invariance(device):
+    x = torch.randn(7, 300, device=device) * 30  # large logits: no overflow after the max
+    y = softmax(x)
+    torch.testing.assert_close(y.sum(-1), torch.ones(7, device=device))
+    torch.testing.assert_close(softmax(x + 1000.0), y, rtol=1e-4, atol=1e-6)
+    half = softmax(x.half())
+    assert torch.isfinite(half).all()
+
+
+def test_masked_rows_with_minus_inf(device):
+    x = torch.randn(4, 10, device=device)
+    x[:, 5:] = float("-inf")
+    x[3] = float("-inf")  # a fully masked row is NaN, as in PyTorch
+    torch.testing.assert_close(softmax(x), torch.softmax(x, -1), equal_nan=True)
+    torch.testing.assert_close(log_softmax(x), torch.log_softmax(x, -1), equal_nan=True)
+
+
+# ---- bad inputs ----------------------------------------------------------------------------
+
+
+def test_bad_dim_is_reported(device):
+    x = torch.randn(3, 4, device=device)
+    with pytest.raises(ValueError, match=r"tritonkit.softmax: dim must be in \[-2, 1\].*got 2"):
+        softmax(x, 2)
+    with pytest.raises(TypeError, match="dim must be an int, got float"):
+        log_softmax(x, 1.0)
+
+
+def test_bad_dtype_is_reported(device):
+    with pytest.raises(TypeError, match=r"tritonkit.log_softmax: x must have dtype .* got int64"):
+        log_softmax(torch.arange(6, device=device))
+
+
+# ---- modules and compile -------------------------------------------------------------------
+
+
+def test_modules_match_torch_nn(device):
+    x = torch.randn(2, 5, 7, device=device)
+    for ours, ref in ((Softmax(1), torch.nn.Softmax(1)), (LogSoftmax(-1), torch.nn.LogSoftmax(-1))):
+        ours.load_state_dict(ref.state_dict())
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-6)
+        assert repr(ours).endswith(repr(ref).split("(", 1)[1])
+    with pytest.warns(UserWarning, match="Implicit dimension choice"):
+        out = Softmax()(x)  # dim=None: torch.nn's legacy choice (dim 0 for 3-d input)
+    torch.testing.assert_close(out, torch.softmax(x, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_compile_fullgraph_traces(name, device):
+    torch._dynamo.reset()
+    ours, ref = OPS[name]
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(lambda t: ours(t.t(), 0) * 2, fullgraph=True, backend=backend)
+    x = torch.randn(6, 10, device=device, requires_grad=True)
+    out, expected = compiled(x), ref(x.t(), 0) * 2
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, x, g)
+    (want,) = torch.autograd.grad(expected, x, g)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
