@@ -242,6 +242,15 @@ def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
         )
     print()
     print(_table(["op", "dtype", "shape", "mode", "ms", "GB/s", "% copy", "speedup vs"], rows))
+    from tritonkit.harness.report import evolution_rows
+
+    for r in bench:
+        if r.get("note") or not any(c["kind"] == "variant" for c in r["candidates"].values()):
+            continue
+        print(f"\n{r['op']} {r['shape']} {r['dtype']} {r['mode']}: versions side by side")
+        print(
+            _table(["version", "ms", "rate", "% of torch", "gain over previous"], evolution_rows(r))
+        )
 
 
 def cmd_report(args: argparse.Namespace) -> int:

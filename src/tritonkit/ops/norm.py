@@ -60,9 +60,10 @@ from tritonkit.ops.softmax import (
 # ----------------------------------------------------------------------------------------------
 
 # Widest row kept in registers; wider rows are looped in chunks of LOOP_BLOCK_N (forward) and
-# take the two-kernel backward.
+# take the two-kernel backward. Chosen by the H200 sweep (benchmarks/NOTES.md): chunks of 16384
+# (rms_norm (4096, 65536) forward 3132 GB/s, 8192: 2761), 8 forward programs per SM.
 MAX_FUSED_COLS = 16384
-LOOP_BLOCK_N = 8192
+LOOP_BLOCK_N = 16384
 TILE_ELEMS = 4096  # short rows share a tile of up to this many elements
 ADJACENT_ROWS = 64  # rows per tile when rows are adjacent in memory (a transposed input)
 ELEMS_PER_THREAD = 16
@@ -71,7 +72,7 @@ LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between th
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row (48-78 registers at 8 warps: four fit on an SM). 0: one
 # program per row tile.
-FWD_PROGRAMS_PER_SM = 4
+FWD_PROGRAMS_PER_SM = 8
 # Backward of rows in registers: programs per SM walking row groups; each writes one fp32 row
 # of weight (and bias) partial sums. At 8 warps the kernel takes 114-127 registers per thread
 # (ptxas, sm_90a): two programs fit on an SM, so a third would only start a second wave.

@@ -43,9 +43,10 @@ from tritonkit._utils import (
 
 # Widest row kept in registers: 16384 fp32 values are 16 per thread at 32 warps (ptxas for
 # sm_90a: 32-57 registers, no spills; a 65536 row spills). Wider rows are looped in chunks of
-# LOOP_BLOCK_N: 8192 at 16 warps keeps 32 KiB of loads in flight per SM at 2 programs per SM.
+# LOOP_BLOCK_N. H200 sweep (benchmarks/NOTES.md), (4096, 65536) bf16: chunks of 16384 at one
+# program per SM gave 2725 GB/s forward and 3047 backward (8192 at 2 per SM: 2258 and 2759).
 MAX_FUSED_COLS = 16384
-LOOP_BLOCK_N = 8192
+LOOP_BLOCK_N = 16384
 # Short rows share a program: a tile holds up to TILE_ELEMS elements.
 TILE_ELEMS = 4096
 # Rows that are adjacent in memory (a reduction over a non-last dim): rows per tile, so that a
@@ -55,8 +56,8 @@ ADJACENT_ROWS = 64
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 # Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
-# bounds the L2 footprint (132 SMs x 2 x 128 KiB = 33 MiB for a bf16 row of 65536).
-LOOP_PROGRAMS_PER_SM = 2
+# bounds the L2 footprint (132 SMs x 1 x 128 KiB = 17 MiB for a bf16 row of 65536).
+LOOP_PROGRAMS_PER_SM = 1
 
 _INT32_LIMIT = 2**31
 

@@ -353,12 +353,17 @@ _INT8_STD = 74.0  # standard deviation of int8 values drawn uniformly from [-128
 
 
 def _int8_inputs(shape, dtype, device, seed):
-    """Shapes are (M, N, K) for the exact int32 product, (M, N, K, "dequant") for bf16 out."""
+    """Shapes are (M, N, K, *flags): "dequant" for bf16 out with scales, "b row-major" for a
+    row-major B (torch._int_mm's slow layout; B is column-major, its fast one, otherwise)."""
     m, n, k = shape[:3]
+    flags = shape[3:]
     gen = generator(device, seed)
     a = torch.randint(-128, 128, (m, k), generator=gen, device=device, dtype=torch.int8)
-    b = torch.randint(-128, 128, (n, k), generator=gen, device=device, dtype=torch.int8).t()
-    if len(shape) == 3:
+    if "b row-major" in flags:
+        b = torch.randint(-128, 128, (k, n), generator=gen, device=device, dtype=torch.int8)
+    else:
+        b = torch.randint(-128, 128, (n, k), generator=gen, device=device, dtype=torch.int8).t()
+    if "dequant" not in flags:
         return a, b
     norm = 1.0 / (_INT8_STD**2 * math.sqrt(max(k, 1)))
     scale_a = (torch.rand((m, 1), generator=gen, device=device) + 0.5) * norm
@@ -397,8 +402,9 @@ register(
         reference=_int8_ref,
         make_inputs=_int8_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1), (17, 33, 65), (17, 33, 65, "dequant")],
-            bench=[(8192, 8192, 8192)],
+            test=[(1, 1, 1), (17, 33, 65), (17, 33, 65, "dequant"), (17, 33, 65, "b row-major")],
+            # Both layouts of B: torch._int_mm is fast only with B column-major.
+            bench=[(8192, 8192, 8192), (8192, 8192, 8192, "b row-major")],
             empty=[(0, 5, 7), (3, 4, 0, "dequant")],
         ),
         dtypes=(torch.int8,),
