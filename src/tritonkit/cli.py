@@ -169,6 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 modes=modes,
                 dtypes=dtypes,
                 baselines=_split(args.baselines),
+                shapes=[_parse_shape(s) for s in args.shapes] if args.shapes else None,
                 seed=seed,
                 on_step=progress.step,
             )
