@@ -156,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         total = sum(
-            len(s.shapes.bench)
+            (len(args.shapes) if args.shapes else len(s.shapes.bench))
             * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
             * len(modes)
             for s in specs
@@ -420,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="fwd,bwd", help="fwd, bwd, fwd+bwd, a comma list, or all")
     s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
     s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
+    s.add_argument(
+        "--shapes", nargs="+", help="shapes instead of the bench shapes, e.g. '(64, 64)'"
+    )
     s.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default: {DEFAULT_OUT})")
     s.add_argument("--seed", type=int, help="base seed (default: fresh, recorded)")
     s.add_argument("--no-check", action="store_true", help="skip the accuracy checks")
