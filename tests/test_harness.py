@@ -205,3 +205,8 @@ def test_merge_joins_runs_of_one_gpu_and_refuses_two():
     assert [r["op"] for r in merged["bench"]] == ["relu", "gelu"]
     with pytest.raises(ValueError, match="different GPUs"):
         report.merge([a, synthetic_results(gpu="Other GPU")])
+
+
+def test_operator_name_wins_over_a_family_of_the_same_name():
+    assert [s.name for s in spec.select(["matmul"])] == ["matmul"]
+    assert {s.name for s in spec.select(["norm"])} >= {"layer_norm", "rms_norm"}

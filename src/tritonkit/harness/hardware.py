@@ -67,7 +67,9 @@ def _measure_fp8(n: int) -> float | None:
 
 def _measure_int8(n: int) -> float | None:
     a = torch.randint(-128, 127, (n, n), dtype=torch.int8, device="cuda")
-    b = torch.randint(-128, 127, (n, n), dtype=torch.int8, device="cuda")
+    # B column-major: cuBLASLt's fast INT8 layout (row-major B ran at 128 TOP/s on an H200, a
+    # slow path, not the ceiling: 956 with B column-major in the same session).
+    b = torch.randint(-128, 127, (n, n), dtype=torch.int8, device="cuda").t()
     try:
         ms = _median_ms(lambda: torch._int_mm(a, b))
     except RuntimeError:
@@ -95,7 +97,8 @@ def measure() -> dict[str, Any]:
         "method": (
             "copy: 1 GiB device-to-device copy_, bytes read + written / median time; matmul: "
             "torch.matmul of random square matrices (bf16/fp16 best of n=4096, 8192; tf32 "
-            "n=8192; fp32 n=4096), torch._scaled_mm e4m3 and torch._int_mm at n=8192; "
+            "n=8192; fp32 n=4096), torch._scaled_mm e4m3 and torch._int_mm (B column-major) at "
+            "n=8192; "
             "2n^3 / median time"
         ),
     }

@@ -143,14 +143,20 @@ def get_spec(name: str) -> OpSpec:
 
 
 def select(names: Sequence[str] | None) -> list[OpSpec]:
-    """Specs by name, in the order given, or all of them; a family name selects its operators."""
+    """Specs by name, in the order given, or all of them; a family name selects its operators.
+
+    An operator's own name wins over a family of the same name (``matmul`` is both).
+    """
     specs = all_specs()
     if not names:
         return specs
     families = {s.family for s in specs}
     chosen: list[OpSpec] = []
     for name in names:
-        picked = [s for s in specs if s.family == name] if name in families else [get_spec(name)]
+        if name in _REGISTRY or name not in families:
+            picked = [get_spec(name)]
+        else:
+            picked = [s for s in specs if s.family == name]
         chosen.extend(s for s in picked if s not in chosen)
     return chosen
 
