@@ -262,7 +262,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tritonkit: {exc}", file=sys.stderr)
         return 2
-    written = write_report(results, Path(args.out))
+    # One input is already the results file; several are merged into a new one.
+    written = write_report(results, Path(args.out), with_json=len(args.results) > 1)
     print("wrote " + ", ".join(str(p) for p in written))
     if args.readme:
         if results["kind"] != "gpu":

@@ -60,6 +60,9 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
         if doc["kind"] != first["kind"]:
             raise ValueError("cannot merge GPU results with interpreter-only results")
     merged = dict(first)
+    # The latest run's ceilings head the report; each run's own are kept in merged_from (every
+    # record's % of roofline was computed against its own run's ceilings).
+    merged["ceilings"] = documents[-1]["ceilings"]
     merged["ops"] = [op for d in documents for op in d["ops"]]
     merged["checks"] = [c for d in documents for c in d["checks"]]
     merged["bench"] = [r for d in documents for r in d["bench"]]
@@ -68,6 +71,7 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
             "date": d["fingerprint"]["date"],
             "git_commit": d["fingerprint"]["git_commit"],
             "ops": d["ops"],
+            "ceilings": d["ceilings"],
         }
         for d in documents
     ]
@@ -198,7 +202,8 @@ def _speedup_cell(record: dict[str, Any], baseline: str) -> str:
 
 
 def _rate(c: dict[str, Any]) -> str:
-    if c.get("TFLOPs"):
+    """The rate that matters: TFLOP/s where compute bounds the operator, else GB/s."""
+    if c.get("TFLOPs") and (c.get("bottleneck") == "compute" or not c.get("GBps")):
         return f"{_fmt(c['TFLOPs'])} TFLOP/s"
     if c.get("GBps"):
         return f"{_fmt(c['GBps'])} GB/s"
@@ -420,26 +425,31 @@ def _labels(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
-    """Log-log roofline of the effective profile with every timed operator that does arithmetic."""
+    """The roofline of the measured ceilings with every timed operator.
+
+    Left: log-log roofline for operators with a FLOP count. Right: operators whose spec counts
+    no FLOPs (pure data movement, or reductions not yet given a count), as % of the bandwidth
+    roof, which is where they sit on it.
+    """
     plt = _pyplot()
     ceilings = results.get("ceilings")
-    recs = [
+    timed = [
         r
         for r in results["bench"]
-        if not r.get("note")
-        and r["flops"]
-        and r["bytes"]
-        and "median" in r["candidates"].get("tritonkit", {})
+        if not r.get("note") and r["bytes"] and "median" in r["candidates"].get("tritonkit", {})
     ]
-    if plt is None or not ceilings or not recs:
+    recs = [r for r in timed if r["flops"]]
+    flat = [r for r in timed if not r["flops"]]
+    if plt is None or not ceilings or not timed:
         return None
     bw = ceilings["copy_GBps"] * 1e9
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(18, max(8, 0.16 * len(flat) + 2)), gridspec_kw={"width_ratios": [3, 1]}
+    )
     xs = [r["flops"] / r["bytes"] for r in recs]
     lo, hi = min([*xs, 0.1]) / 3, max([*xs, 1000.0]) * 3
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    keys = sorted({r.get("roofline_peak", "fp32") for r in recs})
-    for key in keys:
+    for key in sorted({r.get("roofline_peak", "fp32") for r in recs}):
         peak = ceilings["tflops"].get(key)
         if not peak:
             continue
@@ -452,9 +462,8 @@ def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
     markers = "osD^v<>pPX*h"
     for i, (r, label) in enumerate(zip(recs, _labels(recs))):
         ours = r["candidates"]["tritonkit"]
-        x = r["flops"] / r["bytes"]
         ax.scatter(
-            [x],
+            [r["flops"] / r["bytes"]],
             [ours["TFLOPs"]],
             marker=markers[i % len(markers)],
             s=40,
@@ -470,10 +479,22 @@ def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
         "tritonkit, % of roof in the legend"
     )
     ax.grid(True, which="both", linewidth=0.3)
-    ax.legend(fontsize=6, ncol=2, loc="lower right")
+    ax.legend(fontsize=5, ncol=2, loc="upper left")
+    if flat:
+        pct = [r["candidates"]["tritonkit"]["pct_of_roofline"] for r in flat]
+        ys = list(range(len(flat)))
+        bx.barh(ys, pct, color="tab:blue")
+        bx.axvline(100, color="k", linewidth=1)
+        bx.set_yticks(ys)
+        bx.set_yticklabels(_labels(flat), fontsize=6)
+        bx.invert_yaxis()
+        bx.set_xlabel("% of the bandwidth roof")
+        bx.set_title("no FLOP count: on the memory roof", fontsize=9)
+    else:
+        bx.axis("off")
     fig.tight_layout()
     path = out_dir / "roofline.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -564,12 +585,13 @@ def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> Path | None:
     return path
 
 
-def write_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """results.json, report.md and plots under ``out_dir``."""
+def write_report(results: dict[str, Any], out_dir: Path, with_json: bool = True) -> list[Path]:
+    """report.md and plots under ``out_dir``, and results.json unless ``with_json`` is False."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(results, out_dir / "results.json")
+    if with_json:
+        write_json(results, out_dir / "results.json")
     plots = [p for p in (plot_roofline(results, out_dir), plot_bandwidth(results, out_dir)) if p]
     plots += plot_speedups(results, out_dir)
     (out_dir / "report.md").write_text(render_markdown(results, plots))
-    return [out_dir / "results.json", out_dir / "report.md", *plots]
+    return [out_dir / "results.json"] * with_json + [out_dir / "report.md", *plots]

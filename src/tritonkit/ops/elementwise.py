@@ -525,7 +525,10 @@ def bias_act_bwd(
         br = _bias_row(bias) if layout == "row" else None
         if layout == "full" and needs_x:
             (br,) = as_rows([bias], n_cols)
-        (dxr,) = as_rows([torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)], n_cols)
+        dxr = gr  # a stand-in pointer: no buffer for a gradient nobody asked for
+        if need_dx:
+            dx_buf = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+            (dxr,) = as_rows([dx_buf], n_cols)
     else:
         operands = (
             [grad] + ([x] if needs_x else []) + ([bias] if bias is not None and needs_x else [])
