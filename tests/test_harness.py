@@ -210,3 +210,13 @@ def test_merge_joins_runs_of_one_gpu_and_refuses_two():
 def test_operator_name_wins_over_a_family_of_the_same_name():
     assert [s.name for s in spec.select(["matmul"])] == ["matmul"]
     assert {s.name for s in spec.select(["norm"])} >= {"layer_norm", "rms_norm"}
+
+
+def test_readme_table_is_generated_from_the_committed_results():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    source = "benchmarks/results/nvidia-h200.json"
+    results = report.load_json(root / source)
+    expected = report.render_readme_table(results, source).strip()
+    assert report.readme_section(root / "README.md") == expected
