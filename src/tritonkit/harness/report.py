@@ -479,7 +479,10 @@ def plot_roofline(results: dict[str, Any], out_dir: Path) -> Path | None:
         "tritonkit, % of roof in the legend"
     )
     ax.grid(True, which="both", linewidth=0.3)
-    ax.legend(fontsize=5, ncol=2, loc="upper left")
+    if recs:
+        ax.legend(fontsize=5, ncol=2, loc="upper left")
+    else:
+        ax.axis("off")
     if flat:
         pct = [r["candidates"]["tritonkit"]["pct_of_roofline"] for r in flat]
         ys = list(range(len(flat)))
