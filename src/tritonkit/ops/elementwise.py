@@ -128,6 +128,16 @@ def _tile_ids(pid, n_cols, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def _tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    """This program's tile: its column block, row and column indices, and the bounds mask."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return pid_n, rows, cols, mask
+
+
+@triton.jit
 def _bias_act_fwd_kernel(
     x_ptr,  # input rows, unit column stride
     b_ptr,  # bias: one row broadcast over all rows, or rows shaped like x; unused without bias
@@ -147,10 +157,7 @@ def _bias_act_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    pid_n, rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
     # No eviction hints: evict_first cost 2-3% of bandwidth on an H200 (benchmarks/NOTES.md).
     z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask).to(tl.float32)
     if HAS_BIAS:
@@ -294,10 +301,7 @@ def _glu_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    _, rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
     y = _act(g, ACT) * u
@@ -325,10 +329,7 @@ def _glu_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    _, rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
     dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask).to(tl.float32)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
