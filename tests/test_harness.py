@@ -220,3 +220,11 @@ def test_readme_table_is_generated_from_the_committed_results():
     results = report.load_json(root / source)
     expected = report.render_readme_table(results, source).strip()
     assert report.readme_section(root / "README.md") == expected
+
+
+def test_interpreter_skip_is_reported_never_passed(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    s = _toy_spec(torch.sin, interpreter_skip={torch.float32: "a known interpreter bug"})
+    results = check_spec(s, seed=0)
+    assert len(results) == 1
+    assert results[0].skipped == "a known interpreter bug" and not results[0].passed

@@ -90,8 +90,10 @@ def _run_checks(specs, dtypes, seed, shapes: str = "test") -> list[dict[str, Any
         chosen = spec.shapes.bench if shapes == "bench" else None
         out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=chosen)
         results += [r.as_dict() for r in out]
-        failed = sum(not r.passed for r in out)
-        progress.step(f"{spec.name}: {len(out) - failed}/{len(out)} passed")
+        ran = [r for r in out if not r.skipped]
+        failed = sum(not r.passed for r in ran)
+        skipped = f", {len(out) - len(ran)} skipped" if len(ran) < len(out) else ""
+        progress.step(f"{spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
     progress.close()
     return results
 
@@ -100,12 +102,18 @@ def _print_check_summary(checks: list[dict[str, Any]]) -> int:
     from tritonkit.harness.report import render_checks
 
     print(render_checks(checks))
-    failed = [c for c in checks if not c["passed"]]
+    failed = [c for c in checks if not c["passed"] and not c.get("skipped")]
+    skipped = [c for c in checks if c.get("skipped")]
     for c in failed[:20]:
         case = f"{c['op']} [{c['params']}] {c['shape']} {c['dtype']} {c['case']}"
         print(f"\nFAILED {case} seed={c['seed']}")
         print("  " + c["detail"].replace("\n", "\n  "))
-    print(f"\n{len(checks) - len(failed)}/{len(checks)} checks passed")
+    run = len(checks) - len(skipped)
+    print(f"\n{run - len(failed)}/{run} checks passed", end="")
+    if skipped:
+        reasons = sorted({f"{c['op']} {c['dtype']}: {c['skipped']}" for c in skipped})
+        print(f"; not run under the interpreter: {'; '.join(reasons)}", end="")
+    print()
     return 1 if failed else 0
 
 

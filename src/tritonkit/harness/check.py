@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tritonkit._utils import interpreter_enabled
 from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
 
 MIN_ELEMENTS_FOR_RATIO = 64
@@ -40,6 +41,7 @@ class CheckResult:
     ratio: float | None = None  # rel_l2 / torch_rel_l2: 1 means as accurate as PyTorch
     seed: int | None = None
     detail: str = ""
+    skipped: str | None = None  # why this case was not run (never a pass)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -340,6 +342,21 @@ def check_spec(
     for params in spec.params:
         for dtype in dtypes or spec.dtypes:
             if dtype not in spec.dtypes:
+                continue
+            if interpreter_enabled() and dtype in spec.interpreter_skip:
+                reason = spec.interpreter_skip[dtype]
+                record(
+                    CheckResult(
+                        spec.name,
+                        _describe(params),
+                        "all",
+                        dtype_name(dtype),
+                        "all",
+                        False,
+                        detail=f"skipped: {reason}",
+                        skipped=reason,
+                    )
+                )
                 continue
             for shape in shapes if shapes is not None else spec.shapes.test:
                 for case in cases:

@@ -160,11 +160,13 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
         rels = [c["rel_l2"] for c in cs if isinstance(c.get("rel_l2"), float)]
         ratios = [c["ratio"] for c in cs if isinstance(c.get("ratio"), float)]
         passed = sum(c["passed"] for c in cs)
+        skipped = [c["skipped"] for c in cs if c.get("skipped")]
+        run = len(cs) - len(skipped)
         rows.append(
             [
                 op,
                 dtype,
-                f"{passed}/{len(cs)}",
+                f"skipped: {skipped[0]}" if skipped and not run else f"{passed}/{run}",
                 _fmt(max(rels) if rels else None),
                 _fmt(max(ratios) if ratios else None),
             ]
@@ -179,7 +181,7 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
         ],
         rows,
     )
-    failed = [c for c in checks if not c["passed"]]
+    failed = [c for c in checks if not c["passed"] and not c.get("skipped")]
     if failed:
         out += "\n\nFailed checks:\n\n" + "\n".join(
             f"- {c['op']} {c['params']} {c['shape']} {c['dtype']} {c['case']}: "
