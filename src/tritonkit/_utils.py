@@ -88,6 +88,29 @@ def check_same_shape(op: str, **tensors: torch.Tensor) -> None:
             )
 
 
+def check_operand(
+    op: str,
+    name: str,
+    t: object,
+    ref_name: str,
+    ref: torch.Tensor,
+    shape: Sequence[int] | None = None,
+    shape_name: str = "",
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+) -> torch.Tensor:
+    """A tensor used with ``ref``: supported, on ref's device, in ref's dtype, and of ``shape``
+    when given (``shape_name`` says what that shape is, e.g. ``"(C,)"``)."""
+    check_tensor(op, name, t, dtypes)
+    check_same_device(op, **{ref_name: ref, name: t})
+    check_same_dtype(op, **{ref_name: ref, name: t})
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        named = f"{shape_name} = " if shape_name else ""
+        raise ValueError(
+            f"{op}: {name} must have shape {named}{tuple(shape)}, got {tuple(t.shape)}"
+        )
+    return t
+
+
 def check_choice(op: str, name: str, value: object, choices: Sequence[object]) -> None:
     if value not in choices:
         raise ValueError(f"{op}: {name} must be one of {list(choices)}, got {value!r}")

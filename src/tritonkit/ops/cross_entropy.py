@@ -33,8 +33,8 @@ import triton.language as tl
 from tritonkit._utils import (
     cdiv,
     check_choice,
+    check_operand,
     check_same_device,
-    check_same_dtype,
     check_tensor,
     next_power_of_2,
     sm_count,
@@ -533,13 +533,7 @@ def cross_entropy(
             f"{op}: input must have at least one class, got shape {tuple(input.shape)}"
         )
     if weight is not None:
-        check_tensor(op, "weight", weight)
-        check_same_device(op, input=input, weight=weight)
-        check_same_dtype(op, input=input, weight=weight)
-        if tuple(weight.shape) != (n_cols,):
-            raise ValueError(
-                f"{op}: weight must have shape (C,) = ({n_cols},), got {tuple(weight.shape)}"
-            )
+        check_operand(op, "weight", weight, "input", input, (n_cols,), "(C,)")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
     check_choice(op, "reduction", reduction, REDUCTIONS)

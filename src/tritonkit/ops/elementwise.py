@@ -27,8 +27,7 @@ from tritonkit._utils import (
     as_rows,
     cdiv,
     check_choice,
-    check_same_device,
-    check_same_dtype,
+    check_operand,
     check_same_shape,
     check_tensor,
     elementwise_output,
@@ -825,9 +824,7 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """
     op = "tritonkit.add"
     check_tensor(op, "x", x)
-    check_tensor(op, "y", y)
-    check_same_device(op, x=x, y=y)
-    check_same_dtype(op, x=x, y=y)
+    check_operand(op, "y", y, "x", x)
     try:
         out_shape = torch.broadcast_shapes(x.shape, y.shape)
     except RuntimeError:
@@ -900,24 +897,16 @@ def bias_act(x: torch.Tensor, bias: torch.Tensor, activation: str | None = None)
     """
     op = "tritonkit.bias_act"
     check_tensor(op, "x", x)
-    check_tensor(op, "bias", bias)
-    check_same_device(op, x=x, bias=bias)
-    check_same_dtype(op, x=x, bias=bias)
-    check_choice(op, "activation", activation, _BIAS_ACTIVATIONS)
     if x.dim() == 0:
         raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
-    if tuple(bias.shape) != (x.shape[-1],):
-        raise ValueError(
-            f"{op}: bias must have shape (x.shape[-1],) = ({x.shape[-1]},), got {tuple(bias.shape)}"
-        )
+    check_operand(op, "bias", bias, "x", x, (x.shape[-1],), "(x.shape[-1],)")
+    check_choice(op, "activation", activation, _BIAS_ACTIVATIONS)
     return BiasActFunction.apply(x, bias, activation or "none")
 
 
 def _glu(op: str, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     check_tensor(op, "gate", gate)
-    check_tensor(op, "up", up)
-    check_same_device(op, gate=gate, up=up)
-    check_same_dtype(op, gate=gate, up=up)
+    check_operand(op, "up", up, "gate", gate)
     check_same_shape(op, gate=gate, up=up)
     return GLUFunction.apply(gate, up, activation)
 

@@ -48,8 +48,8 @@ from tritonkit._utils import (
     LAYOUT_COPIES,
     cdiv,
     check_choice,
+    check_operand,
     check_same_device,
-    check_same_dtype,
     check_tensor,
     interpreter_enabled,
     next_power_of_2,
@@ -1496,9 +1496,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     op = "tritonkit.matmul"
     check_tensor(op, "a", a)
-    check_tensor(op, "b", b)
-    check_same_device(op, a=a, b=b)
-    check_same_dtype(op, a=a, b=b)
+    check_operand(op, "b", b, "a", a)
     matmul_shape(op, a.shape, b.shape)
     return MatmulFunction.apply(a, b)
 
@@ -1526,9 +1524,7 @@ def linear(
     """
     op = "tritonkit.linear"
     check_tensor(op, "x", x)
-    check_tensor(op, "weight", weight)
-    check_same_device(op, x=x, weight=weight)
-    check_same_dtype(op, x=x, weight=weight)
+    check_operand(op, "weight", weight, "x", x)
     check_choice(op, "activation", activation, _LINEAR_ACTIVATIONS)
     if x.dim() == 0:
         raise ValueError(f"{op}: x must have at least 1 dimension, got a 0-d tensor")
@@ -1543,17 +1539,9 @@ def linear(
             f"(x {tuple(x.shape)}, weight {tuple(weight.shape)})"
         )
     if bias is not None:
-        check_tensor(op, "bias", bias)
-        check_same_device(op, x=x, bias=bias)
-        check_same_dtype(op, x=x, bias=bias)
-        if tuple(bias.shape) != (n,):
-            raise ValueError(
-                f"{op}: bias must have shape (out_features,) = ({n},), got {tuple(bias.shape)}"
-            )
+        check_operand(op, "bias", bias, "x", x, (n,), "(out_features,)")
     if residual is not None:
-        check_tensor(op, "residual", residual)
-        check_same_device(op, x=x, residual=residual)
-        check_same_dtype(op, x=x, residual=residual)
+        check_operand(op, "residual", residual, "x", x)
         expected = (*x.shape[:-1], n)
         if tuple(residual.shape) != expected:
             raise ValueError(
@@ -1652,7 +1640,5 @@ def matmul_variant(a: torch.Tensor, b: torch.Tensor, variant: str) -> torch.Tens
     op = "tritonkit.matmul_variant"
     check_choice(op, "variant", variant, VARIANTS)
     check_tensor(op, "a", a, FLOAT_DTYPES)
-    check_tensor(op, "b", b, FLOAT_DTYPES)
-    check_same_device(op, a=a, b=b)
-    check_same_dtype(op, a=a, b=b)
+    check_operand(op, "b", b, "a", a)
     return matmul_fwd(a, b, path=variant)

@@ -37,8 +37,7 @@ import triton.language as tl
 from tritonkit._utils import (
     LAYOUT_COPIES,
     cdiv,
-    check_same_device,
-    check_same_dtype,
+    check_operand,
     check_same_shape,
     check_tensor,
     sm_count,
@@ -841,21 +840,11 @@ def _check_norm_args(
             f"{tuple(x.shape)}"
         )
     if residual is not None:
-        check_tensor(op, "residual", residual)
-        check_same_device(op, x=x, residual=residual)
-        check_same_dtype(op, x=x, residual=residual)
+        check_operand(op, "residual", residual, "x", x)
         check_same_shape(op, x=x, residual=residual)
     for name, t in params.items():
-        if t is None:
-            continue
-        check_tensor(op, name, t)
-        check_same_device(op, x=x, **{name: t})
-        check_same_dtype(op, x=x, **{name: t})
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(
-                f"{op}: {name} must have shape normalized_shape = {tuple(shape)}, "
-                f"got {tuple(t.shape)}"
-            )
+        if t is not None:
+            check_operand(op, name, t, "x", x, shape, "normalized_shape")
 
 
 def _rms_eps(eps: float | None) -> float:
