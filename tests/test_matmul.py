@@ -438,6 +438,134 @@ def test_int8_matmul_is_exact_and_dequantises(device):
     _close(out, exact.double() * sb.double())
 
 
+def _int8(shape, device, seed):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(-128, 128, shape, generator=gen, device=device, dtype=torch.int8)
+
+
+def _int_mm_ref(a, b):
+    """torch._int_mm's result (exact int32), from a float64 product: exact below 2**53."""
+    return (a.double() @ b.double()).to(torch.int32)
+
+
+@pytest.fixture
+def kmajor_route(monkeypatch, tma_in_interpreter):
+    """TMA under the interpreter, the K-major copy threshold low, and a log of the launches."""
+    monkeypatch.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
+    launched = []
+    real = mm._launch
+
+    def spy(p, epi, cfg):
+        launched.append((mm._tma_ok(p) and cfg.tma, mm._layout_flags(p)))
+        return real(p, epi, cfg)
+
+    monkeypatch.setattr(mm, "_launch", spy)
+    return launched
+
+
+@pytest.mark.parametrize("m, n, k", [(33, 40, 64), (129, 24, 48), (16, 16, 16), (70, 20, 160)])
+def test_int8_row_major_b_is_copied_k_major_and_exact(m, n, k, kmajor_route, device):
+    a = _int8((m, k), device, m)
+    b = _int8((k, n), device, n)  # row-major: a @ b as a user writes it
+    assert mm.kmajor_copies(a, b) == (False, True)
+    _utils.LAYOUT_COPIES.reset()
+    out = int8_matmul(a, b)
+    assert _utils.LAYOUT_COPIES.reset() == 1
+    assert kmajor_route[-1] == (True, (False, True))  # TMA, a row-major, b K-major
+    assert out.dtype == torch.int32 and torch.equal(out, _int_mm_ref(a, b))
+    assert torch.equal(b, _int8((k, n), device, n))  # the input is left as it was
+    sa, sb = torch.rand(m, 1, device=device) / 5000, torch.rand(1, n, device=device)
+    out = int8_matmul(a, b, sa, sb, out_dtype=torch.float32)
+    _close(out, _int_mm_ref(a, b).double() * sa.double() * sb.double())
+
+
+def test_int8_column_major_a_is_copied_too(kmajor_route, device):
+    a = _int8((40, 48), device, 1).t().contiguous().t()  # M-major
+    b = _int8((32, 48), device, 2).t()  # K-major already
+    assert mm.kmajor_copies(a, b) == (True, False)
+    _utils.LAYOUT_COPIES.reset()
+    out = int8_matmul(a, b)
+    assert _utils.LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    assert torch.equal(out, _int_mm_ref(a, b))
+
+
+@pytest.mark.parametrize(
+    "m, n, k, why",
+    [
+        (33, 20, 65, "K not a multiple of 16: the copy's rows would not be 16-byte aligned"),
+        (33, 7, 64, "int32 output rows of 28 bytes: TMA cannot store them"),
+        (8, 40, 64, "fewer than 16 rows: tiny problems never take the TMA path"),
+    ],
+)
+def test_int8_odd_shapes_keep_the_strided_path(m, n, k, why, kmajor_route, device):
+    a, b = _int8((m, k), device, 3), _int8((k, n), device, 4)
+    assert mm.kmajor_copies(a, b) == (False, False), why
+    _utils.LAYOUT_COPIES.reset()
+    out = int8_matmul(a, b)
+    assert _utils.LAYOUT_COPIES.reset() == 0 and not kmajor_route[-1][0]
+    assert torch.equal(out, _int_mm_ref(a, b))
+
+
+def test_kmajor_copy_threshold_and_forcing(tma_in_interpreter, device):
+    a, b = _int8((40, 64), device, 5), _int8((64, 32), device, 6)
+    # Below the threshold (the default, 1024^3): read in place, no copy.
+    assert mm._KMAJOR_COPY_MIN_MNK > 40 * 32 * 64
+    assert mm.kmajor_copies(a, b) == (False, False)
+    _utils.LAYOUT_COPIES.reset()
+    exact = _int_mm_ref(a, b)
+    assert torch.equal(int8_matmul(a, b), exact) and _utils.LAYOUT_COPIES.reset() == 0
+    # kmajor=True forces the copy (sweeps time both routes), kmajor=False forbids it.
+    out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=True)
+    assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
+        assert mm.kmajor_copies(a, b) == (False, True)
+        out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=False)
+        assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 0
+        # A forced pointer-path config would not read a copy: none is made.
+        cfg = MatmulConfig(16, 32, 32, SPLIT_K=2)
+        out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, config=cfg)
+        assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 0
+
+
+def test_kmajor_copy_needs_tma(monkeypatch, device):
+    """Without TMA (no Hopper GPU; the interpreter by default) nothing is copied."""
+    monkeypatch.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
+    monkeypatch.setattr(mm, "_INTERPRETER_TMA", False)
+    if device.type == "cuda" and mm._tma_device(device):
+        pytest.skip("this GPU has TMA")
+    a, b = _int8((40, 64), device, 7), _int8((64, 32), device, 8)
+    assert mm.kmajor_copies(a, b) == (False, False)
+
+
+def test_fp8_row_major_b_is_copied_k_major(kmajor_route, device):
+    a = torch.randn(33, 96, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(96, 40, device=device).to(torch.float8_e4m3fn)  # row-major
+    sa, sb = torch.tensor(0.5, device=device), torch.rand(1, 40, device=device) + 0.5
+    assert mm.kmajor_copies(a, b, torch.bfloat16) == (False, True)
+    _utils.LAYOUT_COPIES.reset()
+    out = scaled_matmul(a, b, sa, sb, torch.float32)
+    assert _utils.LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    _close(out, (a.double() @ b.double()) * 0.5 * sb.double())
+
+
+@pytest.mark.parametrize("promote_k", [mm.PROMOTE_PER_BLOCK, 32, mm.NEVER_PROMOTE])
+def test_fp8_promotion_policies_run(promote_k, device):
+    """Every accumulation-promotion policy the sweep times compiles and computes the product
+    (the interpreter accumulates exactly: their accuracy is measured on the GPU)."""
+    a = torch.randn(33, 70, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(20, 70, device=device).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device=device)
+    cfg = MatmulConfig(16, 32, 32, persistent=True, promote_k=promote_k)
+    assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
+    out = mm.scaled_matmul_fwd(a, b, one, one, None, torch.float32, config=cfg)
+    _close(out, a.double() @ b.double())
+    with pytest.raises(ValueError, match=r"promote_k must be 0, -1 or in \[1, BLOCK_K = 32\]"):
+        mm.scaled_matmul_fwd(
+            a, b, one, one, None, torch.float32, config=MatmulConfig(16, 32, 32, promote_k=64)
+        )
+
+
 # ---- bad inputs: clear errors naming the argument ------------------------------------------------
 
 

@@ -27,7 +27,10 @@ operand off the TMA path.
 
 Every operand is read through its real strides: transposed and sliced views need no copy
 (only batch dimensions that cannot be expressed with two strides are copied, and counted in
-``_utils.LAYOUT_COPIES``). Accumulation is fp32 (int32 for INT8); outputs are rounded once.
+``_utils.LAYOUT_COPIES``). The exception is by choice: on Hopper, large FP8 and INT8 GEMMs
+whose operands are not K-major (wgmma reads 8-bit operands K-major only) first transpose them
+into a per-call K-major scratch buffer, also counted (``kmajor_copies``). Accumulation is fp32
+(int32 for INT8); outputs are rounded once.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from tritonkit._utils import (
     sm_count,
 )
 from tritonkit.ops.elementwise import ACTIVATIONS, _act
+from tritonkit.ops.memory import transpose_fwd
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -631,6 +635,7 @@ class MatmulConfig:
     subtile: bool = False
     warp_specialize: bool = False
     dot: bool = True
+    promote_k: int = 0  # FP8: K elements per fp32 promotion (_max_imprecise); 0: BLOCK_K
 
     def tuning(self) -> _tuning.Config:
         """As a ``_tuning.Config`` (JSON-friendly ints) for the autotune cache."""
@@ -657,6 +662,31 @@ class MatmulConfig:
         )
         staging = self.BLOCK_M * self.BLOCK_N * elem_out // (2 if self.subtile else 1)
         return operands + staging
+
+
+# FP8 on Hopper: wgmma adds products into its accumulator keeping only ~14 bits of the partial
+# sum. tl.dot's ``max_num_imprecise_acc`` bounds how many K elements are summed that way before
+# the partial sum is promoted into the fp32 accumulator (on the CUDA cores). ``promote_k``
+# chooses it: PROMOTE_PER_BLOCK (0) = BLOCK_K, once per K block, the accuracy of
+# torch._scaled_mm without fast accumulation, and the default; a positive value <= BLOCK_K
+# promotes more often; NEVER_PROMOTE (-1) never promotes (Triton's own sm_90 default: fast
+# accumulation, less accurate at large K). benchmarks/sweep_lowp.py times each against accuracy.
+PROMOTE_PER_BLOCK = 0
+NEVER_PROMOTE = -1
+
+
+def _max_imprecise(cfg: MatmulConfig) -> int | None:
+    """tl.dot's ``max_num_imprecise_acc`` for an FP8 launch with ``cfg``."""
+    if cfg.promote_k == PROMOTE_PER_BLOCK:
+        return cfg.BLOCK_K
+    if cfg.promote_k == NEVER_PROMOTE:
+        return None
+    if not 0 < cfg.promote_k <= cfg.BLOCK_K:
+        raise ValueError(
+            f"MatmulConfig.promote_k must be {PROMOTE_PER_BLOCK}, {NEVER_PROMOTE} or in "
+            f"[1, BLOCK_K = {cfg.BLOCK_K}], got {cfg.promote_k}"
+        )
+    return cfg.promote_k
 
 
 def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, **kw) -> MatmulConfig:
@@ -1099,9 +1129,9 @@ def _launch(p: _Problem, epi: _Epilogue, cfg: MatmulConfig) -> None:
         SPLIT_K=split,
         DOT=cfg.dot,
         INPUT_PRECISION=precision,
-        # fp8 on Hopper: promote the tensor cores' partial sums to fp32 once per K block, as
-        # cuBLAS does without fast accumulation (their own accumulator keeps ~14 bits).
-        MAX_IMPRECISE=cfg.BLOCK_K if fp8 else None,
+        # fp8 on Hopper: promote the tensor cores' partial sums to fp32 (by default once per K
+        # block, as cuBLAS does without fast accumulation); see PROMOTE_PER_BLOCK.
+        MAX_IMPRECISE=_max_imprecise(cfg) if fp8 else None,
         ACC_INT=acc_int,
         EVEN_K=p.k % cfg.BLOCK_K == 0,
         INT64=int64,
@@ -1243,6 +1273,63 @@ def _vector_scale(scale: torch.Tensor | None) -> tuple[torch.Tensor | None, bool
     return scale.reshape(-1), True
 
 
+# 8-bit operands and layout. Hopper's wgmma reads 8-bit operands (FP8, INT8) from shared memory
+# K-major only: A row-major and B column-major (B^T row-major, as nn.Linear's (N, K) weight).
+# Any other layout cannot use the TMA path (_tma_ok) and runs the pointer loop, six times
+# slower: INT8 8192^3 on an H200 ran at 160 TOP/s with B row-major (the natural ``a @ b``),
+# 1077 TOP/s K-major. So above _KMAJOR_COPY_MIN_MNK the launcher first transposes such an
+# operand into a K-major scratch buffer with the tiled transpose (memory.transpose_fwd:
+# coalesced reads and writes), then runs the TMA path. The scratch is allocated per call and
+# freed when it returns: K * N extra bytes for B, M * K for A (one byte per element), and
+# twice that in memory traffic, small beside the GEMM's 2 * M * N * K operations once the
+# problem is large. Each copy is counted in LAYOUT_COPIES, so reports show it; kmajor_copies()
+# says beforehand which operands a call copies. Below the threshold (and for skinny problems,
+# which take split-K's pointer loop anyway) the extra launch costs more than it saves. The
+# threshold is an estimate, not yet a measurement (at 1024^3 the pointer loop loses ~10 us to
+# the TMA path, the copy of 1 MiB costs a launch and ~1 us); benchmarks/sweep_lowp.py times
+# both routes at 512^3 .. 4096^3 to set it.
+_KMAJOR_COPY_MIN_MNK = 1024**3
+
+
+def _kmajor_plan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype,
+    force: bool | None,
+    config: MatmulConfig | None,
+) -> tuple[bool, bool]:
+    """(copy a, copy b) for the 8-bit GEMM ``a @ b``: see ``_KMAJOR_COPY_MIN_MNK``."""
+    if a.element_size() != 1 or force is False or not _tma_device(a.device):
+        return False, False
+    m, k = a.shape
+    n = b.shape[1]
+    copy_a = not _tma_orientation(a, row_major=True)
+    copy_b = not _tma_orientation(b, row_major=False)
+    # The copies have K-byte rows and TMA needs 16-byte aligned strides, for the output too;
+    # tiny problems never take the TMA path.
+    tma_after = min(m, n, k) >= 16 and k % 16 == 0 and (n * out_dtype.itemsize) % 16 == 0
+    if not (copy_a or copy_b) or not tma_after:
+        return False, False
+    if force is None:
+        if config is not None and (not config.tma or config.SPLIT_K > 1):
+            return False, False  # a forced pointer-path config would not read the copies
+        if m * n * k < _KMAJOR_COPY_MIN_MNK or split_k_for(m, n, k, 1, sm_count(a.device)) > 1:
+            return False, False
+    return copy_a, copy_b
+
+
+def kmajor_copies(
+    a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.int32
+) -> tuple[bool, bool]:
+    """Which operands ``scaled_matmul`` / ``int8_matmul`` first copy into K-major scratch.
+
+    Returns ``(copy_a, copy_b)``: True for an 8-bit operand that is not stored K-major (a
+    row-major, b column-major) when TMA is available and the problem is large enough for the
+    copy to pay; the copy of b costs ``K * N`` extra bytes per call, of a ``M * K``.
+    """
+    return _kmajor_plan(a, b, out_dtype, None, None)
+
+
 def scaled_matmul_fwd(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -1251,11 +1338,24 @@ def scaled_matmul_fwd(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
     config: MatmulConfig | None = None,
+    kmajor: bool | None = None,
 ) -> torch.Tensor:
-    """``(a @ b) * scale_a * scale_b + bias`` for 2-D 8-bit a and b (FP8 or INT8)."""
+    """``(a @ b) * scale_a * scale_b + bias`` for 2-D 8-bit a and b (FP8 or INT8).
+
+    ``config`` forces one launch config; ``kmajor`` forces (True: whatever the size, wherever
+    TMA could read the copies) or forbids (False) the K-major scratch copies of operands wgmma
+    cannot read as stored, which by default (None) are made above ``_KMAJOR_COPY_MIN_MNK``
+    (tests and sweeps).
+    """
     m, k = a.shape
     n = b.shape[1]
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    copy_a, copy_b = _kmajor_plan(a, b, out_dtype, kmajor, config)
+    if copy_a:
+        a = transpose_fwd(a.t())  # (M, K), row-major
+    if copy_b:
+        b = transpose_fwd(b).t()  # (K, N) view of an (N, K) row-major scratch buffer
+    LAYOUT_COPIES.count += copy_a + copy_b
     sa, rows = _vector_scale(scale_a)
     sb, cols = _vector_scale(scale_b)
     epi = _Epilogue(scale_a=sa, scale_a_rows=rows, scale_b=sb, scale_b_cols=cols, bias=bias)
@@ -1563,7 +1663,9 @@ def scaled_matmul(
 
     Accumulation is float32 (the tensor cores' partial sums are promoted to fp32 once per K
     block, as ``torch._scaled_mm`` without fast accumulation). Any layout is accepted; the
-    fastest is the one ``torch._scaled_mm`` requires: a row-major, b column-major.
+    fastest is the one ``torch._scaled_mm`` requires: a row-major, b column-major. On Hopper,
+    a large problem with another layout first copies the operand into a K-major scratch buffer
+    (``K * N`` bytes for b, ``M * K`` for a, per call; see ``kmajor_copies``).
 
     Args:
         a: ``(M, K)`` float8_e4m3fn or float8_e5m2 tensor on a CUDA device.
@@ -1605,6 +1707,9 @@ def int8_matmul(
     Args:
         a: ``(M, K)`` int8 tensor on a CUDA device.
         b: ``(K, N)`` int8 tensor; K-major (``w.t()`` of an ``(N, K)`` weight) is fastest.
+            On Hopper, a large problem with a row-major (or otherwise not K-major) b first
+            transposes it into a K-major scratch buffer of ``K * N`` bytes, per call
+            (``kmajor_copies``); a not row-major a is copied likewise (``M * K`` bytes).
         scale_a: optional float32 scale of a: one element or ``(M, 1)``.
         scale_b: optional float32 scale of b: one element or ``(1, N)``.
         out_dtype: int32, bfloat16, float16 or float32.

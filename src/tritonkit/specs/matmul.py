@@ -30,6 +30,7 @@ from tritonkit.ops.matmul import (
     matmul_shape,
     matmul_variant,
     scaled_matmul,
+    scaled_matmul_fwd,
 )
 from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
@@ -251,12 +252,16 @@ register(
 
 
 def _scaled_inputs(shape, dtype, device, seed):
-    """Shapes are (M, N, K, scales, bias): scales "tensor" (one each) or "row" (per row of a,
-    per column of b); b column-major, as torch._scaled_mm wants it."""
-    m, n, k, scales, with_bias = shape
+    """Shapes are (M, N, K, scales, bias[, "b row-major"]): scales "tensor" (one each) or "row"
+    (per row of a, per column of b); b column-major, as torch._scaled_mm wants it, unless the
+    flag asks for the row-major b of a plain ``a @ b``."""
+    m, n, k, scales, with_bias = shape[:5]
     gen = generator(device, seed)
     a = randn((m, k), dtype, device, gen)
-    b = randn((n, k), dtype, device, gen).t()
+    if "b row-major" in shape[5:]:
+        b = randn((k, n), dtype, device, gen)
+    else:
+        b = randn((n, k), dtype, device, gen).t()
     norm = 1.0 / math.sqrt(max(k, 1))  # unit-variance outputs (see the module docstring)
     if scales == "row":
         u = torch.rand((m, 1), generator=gen, device=device) + 0.5
@@ -285,7 +290,31 @@ def _scaled_ref(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16):
 
 
 def _torch_scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=torch.bfloat16):
+    if b.stride(0) != 1:
+        # torch._scaled_mm accepts only a column-major b: a caller holding a row-major one must
+        # copy it first, and that copy is part of what this baseline costs (as the K-major
+        # copy is part of ours).
+        b = b.t().contiguous().t()
     return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+
+
+def _layout_variants(out_dtype_of):
+    """The two ways to read a b that is not K-major, forced (tritonkit's default picks by size).
+
+    "in place": through its strides; wgmma cannot read 8-bit operands that are not K-major, so
+    that is the pointer loop. "K-major copy": transposed into K-major scratch first, then TMA.
+    With a K-major b both are the default path.
+    """
+
+    def make(name, kmajor):
+        def call(a, b, scale_a=None, scale_b=None, bias=None, out_dtype=None):
+            out = out_dtype or out_dtype_of(scale_a)
+            return scaled_matmul_fwd(a, b, scale_a, scale_b, bias, out, kmajor=kmajor)
+
+        call.__name__ = name
+        return call
+
+    return {"in place": make("in_place", False), "K-major copy": make("kmajor_copy", True)}
 
 
 def _gemm_flops(inputs, mode, **params):
@@ -325,8 +354,14 @@ register(
                 (1, 1, 1, "tensor", False),
                 (17, 33, 65, "row", True),
                 (40, 24, 130, "tensor", True),
+                (40, 32, 96, "row", False, "b row-major"),
             ],
-            bench=[(8192, 8192, 8192, "tensor", False)],
+            # b column-major (torch._scaled_mm's only layout), and row-major as in a plain
+            # a @ b: then both sides' times include a copy of b (see _torch_scaled_mm).
+            bench=[
+                (8192, 8192, 8192, "tensor", False),
+                (8192, 8192, 8192, "tensor", False, "b row-major"),
+            ],
             empty=[(0, 5, 7, "row", False), (3, 4, 0, "tensor", True)],
         ),
         dtypes=(torch.float8_e4m3fn, torch.float8_e5m2),
@@ -343,10 +378,11 @@ register(
                 "torch",
                 _needs_sm89(_torch_scaled_mm, "torch._scaled_mm"),
                 backward=False,
-                description="torch._scaled_mm (cuBLASLt FP8)",
+                description="torch._scaled_mm (cuBLASLt FP8; a row-major b copied first)",
             ),
             "torch.compile": torch_baselines(_torch_scaled_mm)["torch.compile"],
         },
+        variants=_layout_variants(lambda scale_a: torch.bfloat16),
         compute="tensor",
         description="FP8 GEMM, torch._scaled_mm semantics: (a @ b) * scale_a * scale_b + bias",
     )
@@ -360,7 +396,8 @@ _INT8_STD = 74.0  # standard deviation of int8 values drawn uniformly from [-128
 
 def _int8_inputs(shape, dtype, device, seed):
     """Shapes are (M, N, K, *flags): "dequant" for bf16 out with scales, "b row-major" for a
-    row-major B (torch._int_mm's slow layout; B is column-major, its fast one, otherwise)."""
+    row-major B as in a plain ``a @ B`` (torch._int_mm's slow layout; tritonkit's time then
+    includes its K-major copy of B); B is column-major, the fast layout, otherwise."""
     m, n, k = shape[:3]
     flags = shape[3:]
     gen = generator(device, seed)
@@ -409,7 +446,9 @@ register(
         make_inputs=_int8_inputs,
         shapes=Shapes(
             test=[(1, 1, 1), (17, 33, 65), (17, 33, 65, "dequant"), (17, 33, 65, "b row-major")],
-            # Both layouts of B: torch._int_mm is fast only with B column-major.
+            # Both layouts of B: torch._int_mm is fast only with B column-major; the issue's
+            # anchor is B row-major, where tritonkit copies B K-major first (variants: both
+            # routes forced).
             bench=[(8192, 8192, 8192), (8192, 8192, 8192, "b row-major")],
             empty=[(0, 5, 7), (3, 4, 0, "dequant")],
         ),
@@ -430,6 +469,9 @@ register(
             "torch.compile": torch_baselines(_torch_int_mm)["torch.compile"],
         },
         compute="tensor",
+        variants=_layout_variants(
+            lambda scale_a: torch.int32 if scale_a is None else torch.bfloat16
+        ),
         description="INT8 GEMM (W8A8): exact int32 as torch._int_mm, or scales fused to bf16",
     )
 )
