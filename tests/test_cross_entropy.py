@@ -19,9 +19,9 @@ def test_check_engine_passes(device):
     assert_spec_passes("cross_entropy", device)
 
 
-def test_looped_rows_pass_the_check_engine(device, monkeypatch):
-    """129 classes in chunks of 16: the online logsumexp and the reverse gradient sweep."""
-    monkeypatch.setattr(CE, "BLOCK_N", 16)
+def test_segmented_rows_pass_the_check_engine(device, monkeypatch):
+    """129 classes in segments of 64 (the last holds one class): partials merged per row."""
+    monkeypatch.setattr(CE, "SEG", 64)
     assert_spec_passes(
         "cross_entropy",
         device,
@@ -102,6 +102,104 @@ def test_out_of_range_target_gives_nan(device):
     logits = torch.randn(3, 4, device=device, requires_grad=True)
     loss = cross_entropy(logits, torch.tensor([0, 7, 1], device=device), reduction="none")
     assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
+
+
+# ---- segments: rows cut into SEG-class pieces (SEG set small, the interpreter is slow) --------
+
+SMALL_SEG = 16
+
+
+@pytest.fixture
+def small_seg(monkeypatch):
+    monkeypatch.setattr(CE, "SEG", SMALL_SEG)
+    return SMALL_SEG
+
+
+@pytest.mark.parametrize(
+    "n_cols",
+    [3, 10, 2 * SMALL_SEG, 2 * SMALL_SEG + 5],
+    ids=["rows-share-a-tile", "shorter-than-seg", "two-segments", "partial-last-segment"],
+)
+def test_segment_boundaries(n_cols, small_seg, device):
+    logits = torch.randn(5, n_cols, device=device) * 3
+    target = torch.randint(0, n_cols, (5,), device=device)
+    target[1] = -100
+    weight = torch.rand(n_cols, device=device) + 0.5
+    _compare(logits, target, reduction="none")
+    _compare(logits, target, weight, reduction="mean", label_smoothing=0.2)
+    _, grad = _compare(logits, target, reduction="sum", label_smoothing=0.1, grad_output=None)
+    # Without class weights each non-ignored row of the gradient sums to 0.
+    sums = grad[target != -100].sum(1)
+    torch.testing.assert_close(sums, torch.zeros_like(sums), rtol=0, atol=1e-5)
+
+
+def test_row_maximum_in_the_last_segment(small_seg, device):
+    """The last segment's maximum rescales the sums of all the earlier ones."""
+    n_cols = 3 * small_seg + 3
+    logits = torch.randn(4, n_cols, device=device)
+    logits[:, -1] = 30.0  # in the 1-class last segment: exp(x - max) underflows elsewhere
+    logits[1, -2] = 40.0
+    target = torch.tensor([0, n_cols - 1, small_seg, -100], device=device)
+    _compare(logits, target, reduction="none", label_smoothing=0.1)
+    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5)
+
+
+@pytest.mark.parametrize("segment", [0, 1])
+def test_a_segment_of_minus_inf_adds_nothing(segment, small_seg, device):
+    """A segment whose logits are all -inf: softmax 0 there, no NaN anywhere."""
+    n_cols = 3 * small_seg
+    logits = torch.randn(3, n_cols, device=device)
+    logits[:, segment * small_seg : (segment + 1) * small_seg] = float("-inf")
+    target = torch.tensor([2 * small_seg, 2 * small_seg + 1, -100], device=device)
+    loss, grad = _compare(logits, target, reduction="none")
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    assert not grad[:, segment * small_seg : (segment + 1) * small_seg].any()
+    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5)
+
+
+def test_segments_of_strided_logits(small_seg, device):
+    """Class stride != 1: a transposed copy (class stride N) and every other column."""
+    n_cols = 2 * small_seg + 7
+    base = torch.randn(6, 2 * n_cols, device=device)
+    target = torch.randint(0, n_cols, (6,), device=device)
+    target[4] = -100
+    weight = torch.rand(n_cols, device=device) + 0.5
+    for logits in (base[:, :n_cols].t().contiguous().t(), base[:, ::2]):
+        assert logits.stride(1) != 1
+        _compare(logits, target, weight, reduction="none", label_smoothing=0.3)
+        _compare(logits, target)
+
+
+def test_int64_index_path(small_seg, device, monkeypatch):
+    """The 64-bit index arithmetic (taken past 2**31 elements) forced on a small input."""
+    monkeypatch.setattr(CE, "_INT32_LIMIT", 1)
+    n_cols = 2 * small_seg + 3
+    logits = torch.randn(5, 2 * n_cols, device=device)[:, ::2]
+    target = torch.tensor([0, n_cols - 1, -100, small_seg, 7], device=device)
+    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, label_smoothing=0.1)
+
+
+def test_segments_in_bfloat16(small_seg, device):
+    """Loss and gradient within twice PyTorch's own bf16 error of the float64 result, plus two
+    bf16 steps: the gradient is rounded to bf16 twice (forward, then the in-place scaling),
+    and the CPU interpreter truncates where the GPU rounds to nearest."""
+    n_cols = 2 * small_seg + 9
+    logits = (torch.randn(6, n_cols, device=device) * 4).bfloat16()
+    target = torch.randint(0, n_cols, (6,), device=device)
+    target[2] = -100
+    ours_in = logits.clone().requires_grad_()
+    bf_in = logits.clone().requires_grad_()
+    ref_in = logits.double().requires_grad_()
+    kwargs = {"reduction": "none", "label_smoothing": 0.1}
+    g = torch.randn(6, device=device)
+    outs = []
+    for x, fn in ((ours_in, cross_entropy), (bf_in, F.cross_entropy), (ref_in, F.cross_entropy)):
+        loss = fn(x, target, **kwargs)
+        (grad,) = torch.autograd.grad(loss, x, g.to(loss.dtype))
+        outs.append((loss.double(), grad.double()))
+    for ours, torch_bf16, ref in zip(*outs):
+        bound = 2 * (torch_bf16 - ref).abs() + ref.abs() * 2**-6 + 1e-6
+        assert ((ours - ref).abs() <= bound).all()
 
 
 # ---- memory and side effects ----------------------------------------------------------------

@@ -2,14 +2,24 @@
 
 ``F.cross_entropy`` in eager mode materializes log_softmax (N x C), then for the backward a
 zero-filled N x C gradient of nll_loss and the log_softmax gradient: three N x C tensors and
-six passes over them. Here one kernel reads each row of logits in chunks with an online
-logsumexp, computes the row's loss and, when the logits need a gradient, sweeps the row again
-(in reverse, so that the chunks read last are still in L2) and writes the row's gradient
-``scale * (softmax - smoothed one-hot)`` in the logits' dtype: one read of the logits from DRAM
-and one write of the gradient, and no N x C float32 tensor anywhere. The backward only scales
-that gradient in place by grad_output; a scalar grad_output of 1.0 (``loss.backward()``) is
-detected on the device and the kernel exits without touching memory. The user's logits are
-never written.
+six passes over them. Here each row is cut into segments of up to ``SEG`` classes, and every
+(row tile, segment) pair is an independent program, so the passes stream like an elementwise
+kernel with many bytes in flight (a loop over a whole row per program kept too few, and a
+second sweep that hoped to find the row in L2 found DRAM instead):
+
+1. ``_ce_stats_kernel`` reads the logits once and writes per-segment partials in float32:
+   the segment's maximum, the sum of exp(x - maximum) and, with label smoothing,
+   sum_c w[c] * x[c]. That is 2 (3 with smoothing) floats per segment, 8 (12) bytes per SEG
+   logits: 0.05% (0.07%) of the bytes of bf16 logits at SEG = 8192.
+2. ``_ce_rows_kernel`` merges a row's partials into its logsumexp and writes the row's loss
+   (and the logsumexp when a gradient is needed): N rows, no N x C traffic but x[i, t_i].
+3. ``_ce_grad_kernel``, only when the logits need a gradient, reads the logits again and
+   writes the gradient ``scale * (softmax - smoothed one-hot)`` in the logits' dtype.
+
+So: one read of the logits without a gradient; read, read and write with one. No N x C float32
+tensor anywhere. The backward only scales that gradient in place by grad_output; a scalar
+grad_output of 1.0 (``loss.backward()``) is detected on the device and the kernel exits without
+touching memory. The user's logits are never written.
 
 Because the backward consumes the gradient buffer in place, a second backward through the same
 graph (``retain_graph=True``) is refused with an error rather than silently scaled twice.
@@ -37,24 +47,21 @@ from tritonkit._utils import (
     check_same_device,
     check_tensor,
     next_power_of_2,
-    sm_count,
 )
 from tritonkit.ops.softmax import pow2_floor
 
 # ----------------------------------------------------------------------------------------------
-# Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
+# Configs: every block size of the family is chosen here (benchmarks/sweep_ce.py sweeps them).
 # ----------------------------------------------------------------------------------------------
 
-# Classes per chunk of the row sweeps; short rows share a tile of up to TILE_ELEMS elements.
-BLOCK_N = 8192
-TILE_ELEMS = 4096
-ELEMS_PER_THREAD = 8
-MAX_WARPS = 32
-# Programs per SM, each walking rows: bounds the rows in flight between the loss sweep and the
-# gradient sweep (132 SMs x 4 x 250 KiB for a bf16 row of 128256 classes) so that the second
-# sweep reads from L2. H200 sweep: 8 elements per thread at 4 programs per SM, 1492 GB/s
-# forward + backward (16 at 2: 1383).
-PROGRAMS_PER_SM = 4
+# Classes per segment of the stats and gradient kernels (rounded down to a power of 2), and
+# their warps for a full segment. Rows shorter than SEG share a tile of SEG elements, with
+# warps in proportion. 8192 x 8 warps: 32 elements (four 16-byte bf16 vectors) per thread.
+# TODO(H200 sweep, benchmarks/sweep_ce.py): not measured yet; set from the sweep.
+SEG = 8192
+SEG_WARPS = 8
+# The row kernel merges a tile of (rows, segments) partials of about this many elements.
+ROWS_TILE = 1024
 # The in-place backward scaling: a tile of (rows, classes), and its warps.
 SCALE_BLOCK = (4, 1024)
 SCALE_WARPS = 4
@@ -65,14 +72,20 @@ _INT32_LIMIT = 2**31
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def ce_config(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs) of the cross-entropy forward kernel."""
-    block_n = min(next_power_of_2(n_cols), pow2_floor(BLOCK_N))
-    block_m = pow2_floor(max(1, min(next_power_of_2(n_rows), TILE_ELEMS // block_n)))
-    elems = block_m * block_n
-    warps = max(1, min(MAX_WARPS, next_power_of_2(max(1, elems // (32 * ELEMS_PER_THREAD)))))
-    programs = max(1, min(cdiv(n_rows, block_m), PROGRAMS_PER_SM * sm_count(device)))
-    return block_m, block_n, warps, programs
+def ce_config(n_rows: int, n_cols: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, n_segments, num_warps) of the stats and gradient kernels."""
+    seg = pow2_floor(SEG)
+    block_n = min(next_power_of_2(n_cols), seg)
+    block_m = pow2_floor(max(1, min(next_power_of_2(n_rows), seg // block_n)))
+    warps = pow2_floor(max(1, SEG_WARPS * block_m * block_n // seg))
+    return block_m, block_n, cdiv(n_cols, block_n), warps
+
+
+def rows_config(n_rows: int, n_segments: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_S) of the row kernel: rows per program, partials per row per step."""
+    block_s = min(next_power_of_2(n_segments), pow2_floor(ROWS_TILE))
+    block_r = pow2_floor(max(1, min(next_power_of_2(n_rows), ROWS_TILE // block_s)))
+    return block_r, block_s
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,115 +145,208 @@ def _row_ids(tile, BLOCK_M: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
-def _ce_fwd_kernel(
+def _segment(n_segments, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl.constexpr):
+    """(rows, first class, class offsets) of this program's (row tile, segment)."""
+    pid = tl.program_id(0)
+    rows = _row_ids(pid // n_segments, BLOCK_M, INT64)
+    start = (pid % n_segments) * BLOCK_N
+    offs = tl.arange(0, BLOCK_N)
+    if INT64:
+        start = tl.cast(start, tl.int64)
+        offs = offs.to(tl.int64)  # offs * stride_xn may pass 2**31 for a strided class dim
+    return rows, start, offs
+
+
+@triton.jit
+def _ce_stats_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # int64 targets [n_rows]
-    w_ptr,  # class weights [n_cols], when HAS_WEIGHT
-    stats_ptr,  # fp32 [2] from _ce_prep_kernel: mean denominator, sum of class weights
-    loss_ptr,  # per-row losses: fp32 (summed later) or the output dtype (reduction "none")
-    grad_ptr,  # gradient of the logits [n_rows, n_cols], unit class stride, when HAS_GRAD
+    w_ptr,  # class weights [n_cols], when HAS_WEIGHT and HAS_SMOOTHING
+    part_ptr,  # fp32 out: partials [K, n_rows, n_segments]: max, sum exp(x - max), sum w x
     n_rows,
     n_cols,
-    n_tiles,  # row tiles: cdiv(n_rows, BLOCK_M)
+    n_segments,  # segments per row: cdiv(n_cols, BLOCK_N)
     stride_xm,  # logits: elements between rows
     stride_xn,  # logits: elements between classes
     stride_t,  # targets: elements between rows
     stride_w,  # weights: elements between classes
+    stride_pk,  # partials: elements between planes (n_rows * n_segments)
+    ignore_index,  # rows with this target: logits not read
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,  # K = 3: the sum_c w[c] * x[c] term is needed
+    INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are shorter than a segment)
+    BLOCK_N: tl.constexpr,  # classes per segment
+):
+    rows, start, offs = _segment(n_segments, BLOCK_M, BLOCK_N, INT64)
+    row_in = rows < n_rows
+    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    col_in = offs < n_cols - start
+    # Ignored rows are masked off: their logits are never read.
+    mask = (row_in & (t != ignore_index))[:, None] & col_in[None, :]
+    x_seg = x_ptr + rows * stride_xm + start * stride_xn
+    x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=float("-inf"))
+    x = x.to(tl.float32)
+    seg_max = tl.max(x, axis=1)
+    # A segment all -inf (or masked) has no maximum to shift by: its sum is 0, not NaN.
+    # +inf or NaN make the sum NaN, so the row's loss is NaN, as PyTorch's log_softmax gives.
+    shift = tl.where(seg_max == float("-inf"), 0.0, seg_max)
+    seg_sum = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    p = part_ptr + rows * n_segments + (tl.program_id(0) % n_segments)
+    tl.store(p, seg_max, mask=row_in)
+    tl.store(p + stride_pk, seg_sum, mask=row_in)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + (start + offs) * stride_w, mask=col_in, other=0.0)
+            wx = tl.where(mask, w.to(tl.float32)[None, :] * x, 0.0)
+        else:
+            wx = tl.where(mask, x, 0.0)
+        tl.store(p + 2 * stride_pk, tl.sum(wx, axis=1), mask=row_in)
+
+
+@triton.jit
+def _ce_rows_kernel(
+    x_ptr,  # logits [n_rows, n_cols], any strides: only x[i, t_i] is read
+    t_ptr,  # int64 targets [n_rows]
+    w_ptr,  # class weights [n_cols], when HAS_WEIGHT
+    stats_ptr,  # fp32 [2] from _ce_prep_kernel: mean denominator, sum of class weights
+    part_ptr,  # fp32 partials [K, n_rows, n_segments] from _ce_stats_kernel
+    loss_ptr,  # per-row losses: fp32 (summed later) or the output dtype (reduction "none")
+    lse_ptr,  # fp32 out: logsumexp per row [n_rows] (0 on ignored rows), when HAS_GRAD
+    n_rows,
+    n_cols,
+    n_segments,
+    stride_xm,  # logits: elements between rows
+    stride_xn,  # logits: elements between classes
+    stride_t,  # targets: elements between rows
+    stride_w,  # weights: elements between classes
+    stride_pk,  # partials: elements between planes
     stride_l,  # losses: elements between rows
-    stride_gm,  # gradient: elements between rows
-    ignore_index,  # rows with this target: zero loss and gradient, logits not read
+    ignore_index,  # rows with this target: zero loss
     smoothing,  # label_smoothing, in [0, 1]
     HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr,  # smoothing > 0: the sum_c w[c] * x[c] term is needed
+    HAS_SMOOTHING: tl.constexpr,  # smoothing > 0: the partials have the sum_c w[c] x[c] plane
     HAS_GRAD: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per program
+    BLOCK_S: tl.constexpr,  # partials per row per step
+):
+    rows = _row_ids(tl.program_id(0), BLOCK_R, INT64)
+    row_in = rows < n_rows
+    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    ignored = t == ignore_index
+    active = row_in & (t != ignore_index)
+    valid = (t >= 0) & (t < n_cols)
+    t_safe = tl.where(valid, t, 0)
+    # logsumexp of the row from the segments' (max, sum): max of the maxima first, then the
+    # sums rescaled to it. Padding partials are (-inf, 0) and add nothing.
+    segs = tl.arange(0, BLOCK_S)
+    p_rows = part_ptr + rows * n_segments
+    row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for j in range(0, n_segments, BLOCK_S):
+        mask = active[:, None] & (j + segs < n_segments)[None, :]
+        m = tl.load(p_rows[:, None] + (j + segs)[None, :], mask=mask, other=float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(m, axis=1))
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)  # all -inf: lse -inf, loss NaN
+    row_sum = tl.zeros([BLOCK_R], tl.float32)
+    wx = tl.zeros([BLOCK_R], tl.float32)
+    for j in range(0, n_segments, BLOCK_S):
+        mask = active[:, None] & (j + segs < n_segments)[None, :]
+        p = p_rows[:, None] + (j + segs)[None, :]
+        m = tl.load(p, mask=mask, other=float("-inf"))
+        s = tl.load(p + stride_pk, mask=mask, other=0.0)
+        row_sum += tl.sum(s * tl.exp(m - shift[:, None]), axis=1)
+        if HAS_SMOOTHING:
+            wx += tl.sum(tl.load(p + 2 * stride_pk, mask=mask, other=0.0), axis=1)
+    lse = shift + tl.log(tl.where(active, row_sum, 1.0))  # ignored rows: 0, no log(0)
+    x_t = tl.load(x_ptr + rows * stride_xm + t_safe * stride_xn, mask=active, other=0.0)
+    w_t = tl.full([BLOCK_R], 1.0, tl.float32)
+    if HAS_WEIGHT:
+        w_t = tl.load(w_ptr + t_safe * stride_w, mask=active, other=0.0).to(tl.float32)
+    loss = (1.0 - smoothing) * w_t * (lse - x_t.to(tl.float32))
+    if HAS_SMOOTHING:  # skipped at 0: its -inf logits would make 0 * inf = NaN
+        w_sum = n_cols * 1.0
+        if HAS_WEIGHT:
+            w_sum = tl.load(stats_ptr + 1)
+        loss += smoothing / n_cols * (lse * w_sum - wx)
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    tl.store(loss_ptr + rows * stride_l, loss.to(loss_ptr.dtype.element_ty), mask=row_in)
+    if HAS_GRAD:
+        tl.store(lse_ptr + rows, lse, mask=row_in)
+
+
+@triton.jit
+def _ce_grad_kernel(
+    x_ptr,  # logits [n_rows, n_cols], any strides
+    t_ptr,  # int64 targets [n_rows]
+    w_ptr,  # class weights [n_cols], when HAS_WEIGHT
+    stats_ptr,  # fp32 [2] from _ce_prep_kernel: mean denominator, sum of class weights
+    lse_ptr,  # fp32 logsumexp per row [n_rows] from _ce_rows_kernel
+    grad_ptr,  # out: gradient of the logits [n_rows, n_cols], unit class stride
+    n_rows,
+    n_cols,
+    n_segments,  # segments per row: cdiv(n_cols, BLOCK_N)
+    stride_xm,  # logits: elements between rows
+    stride_xn,  # logits: elements between classes
+    stride_t,  # targets: elements between rows
+    stride_w,  # weights: elements between classes
+    stride_gm,  # gradient: elements between rows
+    ignore_index,  # rows with this target: zero gradient, logits not read
+    smoothing,  # label_smoothing, in [0, 1]
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
     MEAN: tl.constexpr,  # the gradient is divided by the mean denominator
     INT64: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are short)
-    BLOCK_N: tl.constexpr,  # classes per chunk
+    BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are shorter than a segment)
+    BLOCK_N: tl.constexpr,  # classes per segment
 ):
-    cols = tl.arange(0, BLOCK_N)
-    if INT64:
-        cols = cols.to(tl.int64)
-    n_chunks = tl.cdiv(n_cols, BLOCK_N)
-    w_sum = n_cols * 1.0
-    if HAS_SMOOTHING and HAS_WEIGHT:
-        w_sum = tl.load(stats_ptr + 1)
+    rows, start, offs = _segment(n_segments, BLOCK_M, BLOCK_N, INT64)
+    row_in = rows < n_rows
+    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    ignored = t == ignore_index
+    active = row_in & (t != ignore_index)
+    valid = (t >= 0) & (t < n_cols)
+    col_in = offs < n_cols - start
+    lse = tl.load(lse_ptr + rows, mask=active, other=0.0)
+    w_t = tl.full([BLOCK_M], 1.0, tl.float32)
+    if HAS_WEIGHT:
+        w_t = tl.load(w_ptr + tl.where(valid, t, 0) * stride_w, mask=active, other=0.0)
+        w_t = w_t.to(tl.float32)
+    # d loss / dx[c] = p[c] * ((1 - e) w[t] + e/C sum(w)) - (1 - e) w[t] [c == t] - e/C w[c],
+    # times the reduction's scale.
     scale = 1.0
-    if HAS_GRAD and MEAN:
+    if MEAN:
         scale = 1.0 / tl.load(stats_ptr)  # inf when every target is ignored: no row uses it
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        rows = _row_ids(tile, BLOCK_M, INT64)
-        row_in = rows < n_rows
-        t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
-        ignored = t == ignore_index
-        # Ignored rows are masked off: their logits are never read.
-        active = row_in & (t != ignore_index)
-        valid = (t >= 0) & (t < n_cols)
-        t_safe = tl.where(valid, t, 0)
-        x_rows = x_ptr + rows * stride_xm
-        g_rows = grad_ptr + rows * stride_gm
-        # Online logsumexp, one exp per element (see softmax._online_max_sum).
-        m = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if HAS_SMOOTHING:
-            wx = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k in range(0, n_chunks):
-            c = k * BLOCK_N + cols
-            mask = active[:, None] & (c < n_cols)[None, :]
-            x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask, other=float("-inf"))
-            x = x.to(tl.float32)
-            d = x - m
-            e = tl.exp(-tl.abs(d))
-            s_new = tl.where(d > 0.0, s * e + 1.0, s + e)
-            s = tl.where(x == float("-inf"), s, s_new)
-            m = tl.maximum(m, x)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    w = tl.load(w_ptr + c * stride_w, mask=c < n_cols, other=0.0).to(tl.float32)
-                    wx += tl.where(mask, w[None, :] * x, 0.0)
-                else:
-                    wx += tl.where(mask, x, 0.0)
-        row_max = tl.max(m, axis=1)
-        lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max[:, None]), axis=1))
-        x_t = tl.load(x_rows + t_safe * stride_xn, mask=active, other=0.0).to(tl.float32)
-        w_t = tl.full([BLOCK_M], 1.0, tl.float32)
+    coef_t = (1.0 - smoothing) * w_t * scale
+    coef_p = coef_t
+    coef_c = smoothing / n_cols * scale
+    if HAS_SMOOTHING:
+        w_sum = n_cols * 1.0
         if HAS_WEIGHT:
-            w_t = tl.load(w_ptr + t_safe * stride_w, mask=active, other=0.0).to(tl.float32)
-        loss = (1.0 - smoothing) * w_t * (lse - x_t)
-        if HAS_SMOOTHING:  # skipped at 0: its -inf logits would make 0 * inf = NaN
-            loss += smoothing / n_cols * (lse * w_sum - tl.sum(wx, axis=1))
-        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
-        tl.store(loss_ptr + rows * stride_l, loss.to(loss_ptr.dtype.element_ty), mask=row_in)
-        if HAS_GRAD:
-            # d loss / dx[c] = p[c] * ((1 - e) w[t] + e/C sum(w)) - (1 - e) w[t] [c == t]
-            #                  - e/C w[c], times the reduction's scale.
-            coef_p = (1.0 - smoothing) * w_t * scale
-            if HAS_SMOOTHING:
-                coef_p += smoothing / n_cols * w_sum * scale
-            coef_t = (1.0 - smoothing) * w_t * scale
-            coef_c = smoothing / n_cols * scale
-            for k in range(0, n_chunks):
-                # Last chunk first: the chunks read last by the loss sweep are still in L2.
-                c = (n_chunks - 1 - k) * BLOCK_N + cols
-                in_row = (c < n_cols)[None, :]
-                x = tl.load(
-                    x_rows[:, None] + c[None, :] * stride_xn, mask=active[:, None] & in_row
-                ).to(tl.float32)
-                g = tl.exp(x - lse[:, None]) * coef_p[:, None]
-                g -= tl.where(c[None, :] == t[:, None], coef_t[:, None], 0.0)
-                if HAS_SMOOTHING:
-                    if HAS_WEIGHT:
-                        w = tl.load(w_ptr + c * stride_w, mask=c < n_cols, other=0.0)
-                        g -= w.to(tl.float32)[None, :] * coef_c
-                    else:
-                        g -= coef_c
-                g = tl.where(valid[:, None], g, float("nan"))
-                g = tl.where(ignored[:, None], 0.0, g)  # written, so the buffer is all defined
-                tl.store(
-                    g_rows[:, None] + c[None, :],
-                    g.to(grad_ptr.dtype.element_ty),
-                    mask=row_in[:, None] & in_row,
-                )
+            w_sum = tl.load(stats_ptr + 1)
+        coef_p += coef_c * w_sum
+    # The target's offset in this segment, -1 elsewhere: compared per element in the offsets'
+    # type (int32 unless INT64) rather than as int64 class indices.
+    t_off = tl.where((t >= start) & (t < start + BLOCK_N), t - start, -1).to(offs.dtype)
+    x_seg = x_ptr + rows * stride_xm + start * stride_xn
+    mask = active[:, None] & col_in[None, :]
+    x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=0.0)
+    g = tl.exp(x.to(tl.float32) - lse[:, None]) * coef_p[:, None]
+    g -= tl.where(offs[None, :] == t_off[:, None], coef_t[:, None], 0.0)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + (start + offs) * stride_w, mask=col_in, other=0.0)
+            g -= w.to(tl.float32)[None, :] * coef_c
+        else:
+            g -= coef_c
+    g = tl.where(valid[:, None], g, float("nan"))
+    g = tl.where(ignored[:, None], 0.0, g)  # written, so the buffer is all defined
+    g_seg = grad_ptr + rows * stride_gm + start
+    tl.store(
+        g_seg[:, None] + offs[None, :],
+        g.to(grad_ptr.dtype.element_ty),
+        mask=row_in[:, None] & col_in[None, :],
+    )
 
 
 @triton.jit
@@ -334,8 +440,9 @@ def cross_entropy_fwd(
     dev = logits.device
     has_weight = weight is not None
     smoothing = float(label_smoothing)
+    has_smoothing = smoothing > 0.0
     mean = reduction == "mean"
-    need_weight_sum = has_weight and smoothing > 0.0
+    need_weight_sum = has_weight and has_smoothing
     stats = torch.zeros(2, dtype=torch.float32, device=dev)
     if mean or need_weight_sum:
         _ce_prep_kernel[(1,)](
@@ -353,36 +460,85 @@ def cross_entropy_fwd(
             BLOCK=REDUCE_BLOCK,
             num_warps=4,
         )
+    block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols)
+    block_r, block_s = rows_config(n_rows, n_segments)
+    parts = torch.empty(
+        (3 if has_smoothing else 2, n_rows, n_segments), dtype=torch.float32, device=dev
+    )
     rows_out = loss if reduction == "none" else torch.empty(n_rows, dtype=torch.float32, device=dev)
-    block_m, block_n, warps, programs = ce_config(n_rows, n_cols, dev)
+    lse = torch.empty(n_rows if need_grad else 0, dtype=torch.float32, device=dev)
     span = (n_rows - 1) * logits.stride(0) + (n_cols - 1) * logits.stride(1)
-    _ce_fwd_kernel[(programs,)](
+    # Past the last row tile too: row indices of a partial tile are formed before masking.
+    int64 = max(span, (n_rows + block_m + block_r) * n_cols, parts.numel()) >= _INT32_LIMIT
+    w_arg = weight if has_weight else logits
+    w_stride = weight.stride(0) if has_weight else 0
+    x_strides = (logits.stride(0), logits.stride(1), target.stride(0), w_stride)
+    seg_grid = (cdiv(n_rows, block_m) * n_segments,)
+    _ce_stats_kernel[seg_grid](
         logits,
         target,
-        weight if has_weight else logits,
-        stats,
-        rows_out,
-        grad if need_grad else logits,
+        w_arg,
+        parts,
         n_rows,
         n_cols,
-        cdiv(n_rows, block_m),
-        logits.stride(0),
-        logits.stride(1),
-        target.stride(0),
-        weight.stride(0) if has_weight else 0,
-        rows_out.stride(0),
-        n_cols,
+        n_segments,
+        *x_strides,
+        parts.stride(0),
         ignore_index,
-        smoothing,
         HAS_WEIGHT=has_weight,
-        HAS_SMOOTHING=smoothing > 0.0,
-        HAS_GRAD=need_grad,
-        MEAN=mean,
-        INT64=max(span, (n_rows + block_m) * n_cols) >= _INT32_LIMIT,
+        HAS_SMOOTHING=has_smoothing,
+        INT64=int64,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=warps,
     )
+    _ce_rows_kernel[(cdiv(n_rows, block_r),)](
+        logits,
+        target,
+        w_arg,
+        stats,
+        parts,
+        rows_out,
+        lse if need_grad else stats,
+        n_rows,
+        n_cols,
+        n_segments,
+        *x_strides,
+        parts.stride(0),
+        rows_out.stride(0),
+        ignore_index,
+        smoothing,
+        HAS_WEIGHT=has_weight,
+        HAS_SMOOTHING=has_smoothing,
+        HAS_GRAD=need_grad,
+        INT64=int64,
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
+        num_warps=4,
+    )
+    if need_grad:
+        _ce_grad_kernel[seg_grid](
+            logits,
+            target,
+            w_arg,
+            stats,
+            lse,
+            grad,
+            n_rows,
+            n_cols,
+            n_segments,
+            *x_strides,
+            grad.stride(0),
+            ignore_index,
+            smoothing,
+            HAS_WEIGHT=has_weight,
+            HAS_SMOOTHING=has_smoothing,
+            MEAN=mean,
+            INT64=int64,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=warps,
+        )
     if reduction != "none":
         _ce_reduce_kernel[(1,)](
             rows_out, stats, loss, n_rows, MEAN=mean, BLOCK=REDUCE_BLOCK, num_warps=4
