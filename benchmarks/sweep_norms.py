@@ -3,11 +3,11 @@
 Times each kernel at the issue's bench shapes under candidate configs (interleaved with torch
 eager and torch.compile, L2 flushed), prints the best config per case with its share of the
 copy bandwidth, and writes every row to JSON. The defaults live in one place per family
-(module constants of ``ops/softmax.py``, ``ops/norm.py``, ``ops/cross_entropy.py``); this
+(module constants of ``ops/softmax.py`` and ``ops/norm.py``; cross-entropy: sweep_ce.py); this
 script sets those constants per candidate, so the candidates are exactly what a config change
 would give. bf16 only; about two and a half minutes on an H200.
 
-    python benchmarks/sweep_norms.py --out sweep_norms.json [--no-compile] [--only softmax,norm,ce]
+    python benchmarks/sweep_norms.py --out sweep_norms.json [--no-compile] [--only softmax,norm]
 
 Bytes are the fewest each pass must move: softmax fwd 2 tensors, bwd 3; norm fwd 2 tensors
 plus the weight (and bias), bwd 3 tensors plus weight and weight gradient (and bias gradient);
@@ -25,13 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from tritonkit.harness.device import fingerprint
-from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
-from tritonkit.ops import cross_entropy as CE
+from tritonkit.harness.timing import summarize, time_interleaved
 from tritonkit.ops import norm as N
 from tritonkit.ops import softmax as S
 
 ROW_SHAPES = [(16384, 4096), (4096, 65536)]
-CE_SHAPE = (8192, 128256)
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
 
@@ -155,21 +153,41 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
 def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
         fwd_configs = _grid(
-            LOOP_BLOCK_N=[8192, 4096, 16384],
-            ELEMS_PER_THREAD=[16, 32],
-            LOOP_PROGRAMS_PER_SM=[2, 1, 4],
-        )
-        bwd_configs = _grid(
-            WIDE_BWD_BLOCK_N=[4096, 2048, 8192],
-            ELEMS_PER_THREAD=[16, 8],
-            WIDE_BWD_PROGRAMS_PER_SM=[2, 1, 4],
+            LOOP_BLOCK_N=[16384, 8192], ELEMS_PER_THREAD=[16, 32], LOOP_PROGRAMS_PER_SM=[2, 1]
         )
     else:
-        fwd_configs = _grid(ELEMS_PER_THREAD=[16, 8, 32], FWD_PROGRAMS_PER_SM=[4, 0, 2, 8])
-        bwd_configs = _grid(ELEMS_PER_THREAD=[16, 8, 32], BWD_PROGRAMS_PER_SM=[2, 1, 4, 8])
+        fwd_configs = _grid(
+            FUSED_ELEMS_PER_THREAD=[32, 16], FWD_PROGRAMS_PER_SM=[8, 4], FWD_PREFETCH=[True, False]
+        )
+    # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
+    # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row
+    # tile is what keeps bytes in flight. Both paths run this kernel (wide rows per column block).
+    bwd_configs = _grid(
+        BWD_ELEMS_PER_THREAD=[16, 8], BWD_PROGRAMS_PER_SM=[2, 1], BWD_PREFETCH=[True, False]
+    )
+    for c in bwd_configs:  # RMSNorm and LayerNorm read their own constant; sweep both alike
+        c["BWD_PROGRAMS_PER_SM_LN"] = c["BWD_PROGRAMS_PER_SM"]
+    if shape[-1] > N.MAX_FUSED_COLS:
+        bwd_configs = [{**c, "WIDE_BWD_PROGRAMS_PER_SM": c.pop("BWD_PROGRAMS_PER_SM")}
+                       for c in bwd_configs]  # fmt: skip
     for rms in (True, False):
         _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile)
         torch.cuda.empty_cache()
+
+
+def _liger_norm(rms: bool):
+    """Liger-Kernel's RMSNorm / LayerNorm as fn(x, w, b, eps), or None when not installed."""
+    from tritonkit.harness.spec import Unavailable
+    from tritonkit.specs import norm as specs
+
+    try:
+        if rms:
+            run = specs._liger_rms_norm()
+            return lambda x, w, b, eps: run(x, w, eps)
+        run = specs._liger_layer_norm()
+        return lambda x, w, b, eps: run(x, w, b, eps)
+    except Unavailable:
+        return None
 
 
 def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> None:
@@ -205,6 +223,14 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
     if use_compile:
         compiled = _compiled(ref)
         base["torch.compile"] = lambda: compiled(x)
+    liger = _liger_norm(rms)
+    if liger is not None:
+        base["liger"] = lambda: liger(x, w, b, eps)
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        bg = None if rms else b.detach().requires_grad_()
+        lo = liger(xg, wg, bg, eps)
+        leaves = (xg, wg) if rms else (xg, wg, bg)
+        bwd_base["liger"] = lambda: torch.autograd.grad(lo, leaves, dy, retain_graph=True)
     fwd_bytes = 2 * n + nw * (1 if rms else 2)
     bwd_bytes = 3 * n + nw * (2 if rms else 3)
     sw.run(
@@ -227,44 +253,11 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
     )
 
 
-def sweep_ce(sw: Sweep, use_compile: bool) -> None:
-    shape = CE_SHAPE
-    x = torch.randn(shape, device=DEVICE, dtype=DTYPE)
-    t = torch.randint(0, shape[1], (shape[0],), device=DEVICE)
-    go = torch.tensor(0.5, device=DEVICE)
-    n = _nbytes(x)
-    configs = _grid(
-        BLOCK_N=[8192, 4096, 16384], ELEMS_PER_THREAD=[16, 8, 32], PROGRAMS_PER_SM=[2, 1, 4]
-    )
-
-    def ours():
-        _, grad = CE.cross_entropy_fwd(x, t, None, -100, "mean", 0.0, True)
-        CE.cross_entropy_scale_(grad, go)
-        return grad
-
-    xl = x.detach().requires_grad_()
-
-    def eager():
-        return torch.autograd.grad(F.cross_entropy(xl, t), xl, go)
-
-    base = {"torch": eager}
-    if use_compile:
-        compiled = _compiled(lambda a, b: F.cross_entropy(a, b))
-        base["torch.compile"] = lambda: torch.autograd.grad(compiled(xl, t), xl, go)
-    # fwd+bwd with grad_output 0.5: the in-place scaling pass runs (with 1.0 it exits at once).
-    sw.run("cross_entropy fwd+bwd", shape, 2 * n, CE, configs, ours, base)
-    dev = torch.device(DEVICE)
-    for name, fn in (("tritonkit", ours), *base.items()):
-        sw.rows.append(
-            {"case": "cross_entropy peak memory", "config": name, "bytes": peak_memory(fn, dev)}
-        )
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="sweep_norms.json")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
-    p.add_argument("--only", default="softmax,norm,ce", help="comma-separated: softmax,norm,ce")
+    p.add_argument("--only", default="softmax,norm", help="comma-separated: softmax,norm")
     args = p.parse_args()
     only = set(args.only.split(","))
     use_compile = not args.no_compile
@@ -276,9 +269,6 @@ def main() -> None:
         if "norm" in only:
             sweep_norm(sw, shape, use_compile)
         torch.cuda.empty_cache()
-    if "ce" in only:
-        sw.copy(CE_SHAPE, torch.randn(CE_SHAPE, device=DEVICE, dtype=DTYPE))
-        sweep_ce(sw, use_compile)
     with open(args.out, "w") as f:
         json.dump({"fingerprint": fingerprint(), "copy_GBps": sw.copy_gbps, "rows": sw.rows}, f)
     best: dict[tuple[str, str], dict] = {}
@@ -304,11 +294,6 @@ def main() -> None:
             f"(default {dflt['GBps'] if dflt else float('nan'):.0f})  {r['config']}  "
             + ", ".join(peers)
         )
-    for r in sw.rows:
-        if r["case"] == "cross_entropy peak memory":
-            print(
-                f"cross_entropy fwd+bwd peak memory {r['config']:>14}: {r['bytes'] / 2**30:.2f} GiB"
-            )
 
 
 if __name__ == "__main__":

@@ -69,17 +69,30 @@ ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between the two sweeps
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
-# and bias once, not once per row (48-78 registers at 8 warps: four fit on an SM). 0: one
-# program per row tile.
+# and bias once, not once per row; each issues the next tile's loads before reducing the
+# current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
+# 32 elements per thread (4 warps), 8 programs per SM, prefetch: rms_norm 3622-3753 GB/s
+# (3495-3569 without prefetch), layer_norm 3332-3401 (3063-3090 at 16 elements per thread).
+# One Chan-merge reduction for LayerNorm's mean and variance was slower (2176-2489).
+FUSED_ELEMS_PER_THREAD = 32
 FWD_PROGRAMS_PER_SM = 8
-# Backward of rows in registers: programs per SM walking row groups; each writes one fp32 row
-# of weight (and bias) partial sums. At 8 warps the kernel takes 114-127 registers per thread
-# (ptxas, sm_90a): two programs fit on an SM, so a third would only start a second wave.
-BWD_PROGRAMS_PER_SM = 2
+FWD_PREFETCH = True
+# Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
+# partial sums and issues the next tile's loads (rows and saved statistics) before reducing
+# the current one. At 8 warps the kernel takes 166-216 registers per thread (ptxas, sm_90a):
+# one program is resident per SM, the second of RMSNorm's two waits for it. H200 sweep,
+# (16384, 4096) bf16: rms_norm 3374 GB/s at 2 per SM with prefetch (3007 without, 2841 at 1);
+# layer_norm 2614 at 1 per SM (2244 at 2; 1590 without prefetch).
+BWD_PROGRAMS_PER_SM = 2  # RMSNorm
+BWD_PROGRAMS_PER_SM_LN = 1  # LayerNorm
+BWD_ELEMS_PER_THREAD = 16
+BWD_PREFETCH = True
 # Backward of wide rows: columns per program of the dx pass (80-128 registers at 8 warps), and
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
+BWD_ELEMS_PER_THREAD = 16
+BWD_PREFETCH = True  # issue the next row tile's loads before this tile's reductions
 COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
 
 
@@ -98,11 +111,14 @@ def norm_config(layout: RowLayout, device: torch.device) -> RowConfig:
     )
     if not cfg.LOOPED and FWD_PROGRAMS_PER_SM > 0:
         programs = min(cfg.n_tiles, FWD_PROGRAMS_PER_SM * sm_count(device))
-        cfg = dataclasses.replace(cfg, programs=max(1, programs))
+        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, FUSED_ELEMS_PER_THREAD, MAX_WARPS)
+        cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
 
 
-def _bwd_grid(cfg: RowConfig, n_cols: int, device: torch.device) -> tuple[int, int, int, int]:
+def _bwd_grid(
+    cfg: RowConfig, n_cols: int, device: torch.device, rms: bool
+) -> tuple[int, int, int, int]:
     """(BLOCK_N, num_warps, column blocks, row groups) of the dx / partial-sum backward pass."""
     if cfg.LOOPED:
         block_n = pow2_floor(min(WIDE_BWD_BLOCK_N, cfg.BLOCK_N))
@@ -110,8 +126,8 @@ def _bwd_grid(cfg: RowConfig, n_cols: int, device: torch.device) -> tuple[int, i
         target = WIDE_BWD_PROGRAMS_PER_SM * sm_count(device) // col_blocks
     else:
         block_n, col_blocks = cfg.BLOCK_N, 1
-        target = BWD_PROGRAMS_PER_SM * sm_count(device)
-    warps = _warps(cfg.BLOCK_R * block_n, ELEMS_PER_THREAD, MAX_WARPS)
+        target = (BWD_PROGRAMS_PER_SM if rms else BWD_PROGRAMS_PER_SM_LN) * sm_count(device)
+    warps = _warps(cfg.BLOCK_R * block_n, BWD_ELEMS_PER_THREAD, MAX_WARPS)
     return block_n, warps, col_blocks, max(1, min(cfg.n_tiles, target))
 
 
@@ -131,6 +147,31 @@ def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.conste
         if ROUND:
             x = x.to(dtype).to(tl.float32)
     return x
+
+
+@triton.jit
+def _fwd_tile_load(
+    tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
+    stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
+    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """(x or x + residual in fp32, LayerNorm's shift) of row tile ``tile``; the shift is each
+    row's first element as stored (the backward shifts by the same value). Nothing is read past
+    the last tile."""
+    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    row_mask = row_mask & (tile < n_tiles)
+    x_rows = x_ptr + o * stride_xo + i * stride_xi
+    r_rows = r_ptr + o * stride_ro + i * stride_ri
+    x = _load_sum(
+        x_rows[:, None] + cols[None, :] * stride_xn,
+        r_rows[:, None] + cols[None, :] * stride_rn,
+        row_mask[:, None] & col_mask[None, :],
+        HAS_RESIDUAL,
+    )
+    shift = tl.zeros([BLOCK_R], tl.float32)
+    if not IS_RMS:
+        shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
+    return x, shift
 
 
 @triton.jit
@@ -169,6 +210,7 @@ def _norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
+    PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -180,17 +222,24 @@ def _norm_fwd_kernel(
             w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+    n_programs = tl.num_programs(0)
+    if PREFETCH and not LOOPED:
+        x_next, shift_next = _fwd_tile_load(
+            tl.program_id(0), n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
+            stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
+            IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+        )  # fmt: skip
+    for tile in range(tl.program_id(0), n_tiles, n_programs):
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         r_rows = r_ptr + o * stride_ro + i * stride_ri
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         h_rows = h_ptr + o * stride_ho + i * stride_hi
         s_offs = o * stride_so + i * stride_si
-        if not IS_RMS:
-            # Each row's first element, as stored: the backward shifts by the same value.
-            shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
         if LOOPED:
+            if not IS_RMS:
+                # Each row's first element, as stored: the backward shifts by the same value.
+                shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
             if IS_RMS:
                 acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
             else:
@@ -254,12 +303,21 @@ def _norm_fwd_kernel(
                 )
         else:
             mask = row_mask[:, None] & col_mask[None, :]
-            x = _load_sum(
-                x_rows[:, None] + cols[None, :] * stride_xn,
-                r_rows[:, None] + cols[None, :] * stride_rn,
-                mask,
-                HAS_RESIDUAL,
-            )
+            if PREFETCH:
+                # The next tile's loads are issued before this tile's reductions, so that a
+                # program keeps bytes in flight while it computes.
+                x, shift = x_next, shift_next
+                x_next, shift_next = _fwd_tile_load(
+                    tile + n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
+                    col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
+                    IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+                )  # fmt: skip
+            else:
+                x, shift = _fwd_tile_load(
+                    tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
+                    stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
+                    IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+                )  # fmt: skip
             if HAS_RESIDUAL:
                 tl.store(
                     h_rows[:, None] + cols[None, :] * stride_hn,
@@ -288,16 +346,37 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _xhat(x, x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
-    """(normalized x, rstd) from the saved statistics; 0 where masked."""
+def _row_stats(x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
+    """(shift, mean, rstd) saved by the forward for a row tile (shift and mean 0 for RMSNorm)."""
     rstd = tl.load(rstd_ptr + s_offs, mask=row_mask, other=0.0)
+    shift = tl.zeros_like(rstd)
+    mean = tl.zeros_like(rstd)
+    if not IS_RMS:
+        shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + s_offs, mask=row_mask, other=0.0)
+    return shift, mean, rstd
+
+
+@triton.jit
+def _normalized(x, mask, shift, mean, rstd, IS_RMS: tl.constexpr):
+    """x normalized with the saved statistics; 0 where masked."""
     if IS_RMS:
         xhat = x * rstd[:, None]
     else:
-        shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + s_offs, mask=row_mask, other=0.0)
         xhat = tl.where(mask, ((x - shift[:, None]) - mean[:, None]) * rstd[:, None], 0.0)
-    return xhat, rstd
+    return xhat
+
+
+@triton.jit
+def _xhat(x, x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
+    """(normalized x, rstd) from the saved statistics; 0 where masked."""
+    shift, mean, rstd = _row_stats(x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS)
+    return _normalized(x, mask, shift, mean, rstd, IS_RMS), rstd
+
+
+@triton.jit
+def _add_pairs(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
 
 
 @triton.jit
@@ -357,6 +436,38 @@ def _norm_bwd_sums_kernel(
 
 
 @triton.jit
+def _bwd_tile_load(
+    tile, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr, cols,
+    col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi, stride_ro,
+    stride_rn, stride_ri, stride_so, stride_si,
+    IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """(dy, x, dres, shift, mean, rstd) of row tile ``tile``, tiles as stored (dres 0 without
+    HAS_DRES); nothing is read past the last tile."""
+    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    row_mask = row_mask & (tile < n_tiles)
+    mask = row_mask[:, None] & col_mask[None, :]
+    x_rows = x_ptr + o * stride_xo + i * stride_xi
+    dy = tl.load(
+        dy_ptr + (o * stride_dyo + i * stride_dyi)[:, None] + cols[None, :] * stride_dyn,
+        mask=mask,
+        other=0.0,
+    )
+    x = tl.load(x_rows[:, None] + cols[None, :] * stride_xn, mask=mask, other=0.0)
+    dres = tl.zeros_like(dy)
+    if HAS_DRES:
+        dres = tl.load(
+            dres_ptr + (o * stride_ro + i * stride_ri)[:, None] + cols[None, :] * stride_rn,
+            mask=mask,
+            other=0.0,
+        )
+    shift, mean, rstd = _row_stats(
+        x_rows, row_mask, mean_ptr, rstd_ptr, o * stride_so + i * stride_si, IS_RMS
+    )
+    return dy, x, dres, shift, mean, rstd
+
+
+@triton.jit
 def _norm_bwd_kernel(
     dy_ptr,  # upstream gradient of the normalized output
     x_ptr,  # forward input (x, or x + residual as stored)
@@ -394,6 +505,7 @@ def _norm_bwd_kernel(
     WEIGHT_GRAD: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
     SUMS_GIVEN: tl.constexpr,  # wide rows: one column block here, row sums from the first pass
+    PREFETCH: tl.constexpr,  # load the next tile before computing this one
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -412,41 +524,56 @@ def _norm_bwd_kernel(
     # Full tiles of partial sums, reduced across the tile's rows once after the loop.
     acc_w = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
     acc_b = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-    for tile in range(pid_g, n_tiles, tl.num_programs(1)):
+    n_groups = tl.num_programs(1)
+    if PREFETCH:
+        dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = _bwd_tile_load(
+            pid_g, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr,
+            cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi,
+            stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS, HAS_DRES, BLOCK_R,
+            INT64,
+        )  # fmt: skip
+    for tile in range(pid_g, n_tiles, n_groups):
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
-        x_rows = x_ptr + o * stride_xo + i * stride_xi
         s_offs = o * stride_so + i * stride_si
         mask = row_mask[:, None] & col_mask[None, :]
-        dy = tl.load(
-            dy_ptr + (o * stride_dyo + i * stride_dyi)[:, None] + cols[None, :] * stride_dyn,
-            mask=mask,
-            other=0.0,
-        ).to(tl.float32)
-        x = tl.load(x_rows[:, None] + cols[None, :] * stride_xn, mask=mask, other=0.0)
-        xhat, rstd = _xhat(
-            x.to(tl.float32), x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS
-        )
+        if PREFETCH:
+            # The next tile's loads (rows and saved statistics) are issued before this tile's
+            # reduction, so that a program keeps bytes in flight while it computes: one or
+            # two programs fit on an SM (114-217 registers at 8 warps, ptxas sm_90a).
+            dy, x, dres, shift, mean, rstd = dy_n, x_n, dres_n, shift_n, mean_n, rstd_n
+            dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = _bwd_tile_load(
+                tile + n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr,
+                rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,
+                stride_xn, stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si,
+                IS_RMS, HAS_DRES, BLOCK_R, INT64,
+            )  # fmt: skip
+        else:
+            dy, x, dres, shift, mean, rstd = _bwd_tile_load(
+                tile, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr,
+                cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn,
+                stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS,
+                HAS_DRES, BLOCK_R, INT64,
+            )  # fmt: skip
+        dy = dy.to(tl.float32)
+        xhat = _normalized(x.to(tl.float32), mask, shift, mean, rstd, IS_RMS)
         wdy = dy
         if HAS_WEIGHT:
             wdy = dy * w[None, :]
         if SUMS_GIVEN:
             c1 = tl.load(c1_ptr + s_offs, mask=row_mask, other=0.0)
-        else:
+            if not IS_RMS:
+                c2 = tl.load(c2_ptr + s_offs, mask=row_mask, other=0.0)
+        elif IS_RMS:
             c1 = tl.sum(wdy * xhat, axis=1) / n_cols
+        else:  # both row sums in one reduction: one exchange between warps, not two
+            c1, c2 = tl.reduce((wdy * xhat, wdy), axis=1, combine_fn=_add_pairs)
+            c1 /= n_cols
+            c2 /= n_cols
         dx = wdy - xhat * c1[:, None]
         if not IS_RMS:
-            if SUMS_GIVEN:
-                c2 = tl.load(c2_ptr + s_offs, mask=row_mask, other=0.0)
-            else:
-                c2 = tl.sum(wdy, axis=1) / n_cols
             dx -= c2[:, None]
         dx *= rstd[:, None]
         if HAS_DRES:
-            dres = tl.load(
-                dres_ptr + (o * stride_ro + i * stride_ri)[:, None] + cols[None, :] * stride_rn,
-                mask=mask,
-                other=0.0,
-            )
             dx += dres.to(tl.float32)
         tl.store(
             dx_ptr + (o * stride_dxo + i * stride_dxi)[:, None] + cols[None, :] * stride_dxn,
@@ -548,6 +675,7 @@ def norm_fwd(
         HAS_WEIGHT=w is not None,
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
+        PREFETCH=FWD_PREFETCH,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=cfg.BLOCK_N,
@@ -608,7 +736,7 @@ def norm_bwd(
     ss = rest[0]
     w, stride_w = _vector(weight, layout.n_cols)
     cfg = norm_config(layout, grad.device)
-    block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device)
+    block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
@@ -673,6 +801,7 @@ def norm_bwd(
         WEIGHT_GRAD=dw is not None,
         BIAS_GRAD=db is not None,
         SUMS_GIVEN=cfg.LOOPED,
+        PREFETCH=BWD_PREFETCH,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=block_n,
