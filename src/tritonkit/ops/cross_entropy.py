@@ -56,9 +56,10 @@ from tritonkit.ops.softmax import pow2_floor
 
 # Classes per segment of the stats and gradient kernels (rounded down to a power of 2), and
 # their warps for a full segment. Rows shorter than SEG share a tile of SEG elements, with
-# warps in proportion. 8192 x 8 warps: 32 elements (four 16-byte bf16 vectors) per thread.
-# TODO(H200 sweep, benchmarks/sweep_ce.py): not measured yet; set from the sweep.
-SEG = 8192
+# warps in proportion. H200 sweep (benchmarks/sweep_ce.py, logits (8192, 128256) bf16):
+# 16384 x 8 warps (64 elements per thread) took 0.558 ms forward (3.58x eager) and 1.758 ms
+# forward + backward (2.64x eager); 16 warps 1.833 ms, 4 warps 2.981 ms, 32768 x 8 2.782 ms.
+SEG = 16384
 SEG_WARPS = 8
 # The row kernel merges a tile of (rows, segments) partials of about this many elements.
 ROWS_TILE = 1024
@@ -242,22 +243,27 @@ def _ce_rows_kernel(
     # sums rescaled to it. Padding partials are (-inf, 0) and add nothing.
     segs = tl.arange(0, BLOCK_S)
     p_rows = part_ptr + rows * n_segments
-    row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    # Elementwise accumulators reduced once after each loop: a reduction inside the loop
+    # (row_max = max(row_max, tl.max(m))) crashes triton 3.6's TritonGPUOptimizeThreadLocality
+    # pass when n_segments is specialized as a multiple of 16.
+    m_acc = tl.full([BLOCK_R, BLOCK_S], float("-inf"), tl.float32)
     for j in range(0, n_segments, BLOCK_S):
         mask = active[:, None] & (j + segs < n_segments)[None, :]
         m = tl.load(p_rows[:, None] + (j + segs)[None, :], mask=mask, other=float("-inf"))
-        row_max = tl.maximum(row_max, tl.max(m, axis=1))
+        m_acc = tl.maximum(m_acc, m)
+    row_max = tl.max(m_acc, axis=1)
     shift = tl.where(row_max == float("-inf"), 0.0, row_max)  # all -inf: lse -inf, loss NaN
-    row_sum = tl.zeros([BLOCK_R], tl.float32)
-    wx = tl.zeros([BLOCK_R], tl.float32)
+    s_acc = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
+    wx_acc = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
     for j in range(0, n_segments, BLOCK_S):
         mask = active[:, None] & (j + segs < n_segments)[None, :]
         p = p_rows[:, None] + (j + segs)[None, :]
         m = tl.load(p, mask=mask, other=float("-inf"))
-        s = tl.load(p + stride_pk, mask=mask, other=0.0)
-        row_sum += tl.sum(s * tl.exp(m - shift[:, None]), axis=1)
+        s_acc += tl.load(p + stride_pk, mask=mask, other=0.0) * tl.exp(m - shift[:, None])
         if HAS_SMOOTHING:
-            wx += tl.sum(tl.load(p + 2 * stride_pk, mask=mask, other=0.0), axis=1)
+            wx_acc += tl.load(p + 2 * stride_pk, mask=mask, other=0.0)
+    row_sum = tl.sum(s_acc, axis=1)
+    wx = tl.sum(wx_acc, axis=1)
     lse = shift + tl.log(tl.where(active, row_sum, 1.0))  # ignored rows: 0, no log(0)
     x_t = tl.load(x_ptr + rows * stride_xm + t_safe * stride_xn, mask=active, other=0.0)
     w_t = tl.full([BLOCK_R], 1.0, tl.float32)
