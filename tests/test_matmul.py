@@ -508,7 +508,7 @@ def test_int8_odd_shapes_keep_the_strided_path(m, n, k, why, kmajor_route, devic
 
 def test_kmajor_copy_threshold_and_forcing(tma_in_interpreter, device):
     a, b = _int8((40, 64), device, 5), _int8((64, 32), device, 6)
-    # Below the threshold (the default, 1024^3): read in place, no copy.
+    # Below the threshold (the default, 512^3): read in place, no copy.
     assert mm._KMAJOR_COPY_MIN_MNK > 40 * 32 * 64
     assert mm.kmajor_copies(a, b) == (False, False)
     _utils.LAYOUT_COPIES.reset()

@@ -1284,11 +1284,11 @@ def _vector_scale(scale: torch.Tensor | None) -> tuple[torch.Tensor | None, bool
 # twice that in memory traffic, small beside the GEMM's 2 * M * N * K operations once the
 # problem is large. Each copy is counted in LAYOUT_COPIES, so reports show it; kmajor_copies()
 # says beforehand which operands a call copies. Below the threshold (and for skinny problems,
-# which take split-K's pointer loop anyway) the extra launch costs more than it saves. The
-# threshold is an estimate, not yet a measurement (at 1024^3 the pointer loop loses ~10 us to
-# the TMA path, the copy of 1 MiB costs a launch and ~1 us); benchmarks/sweep_lowp.py times
-# both routes at 512^3 .. 4096^3 to set it.
-_KMAJOR_COPY_MIN_MNK = 1024**3
+# which take split-K's pointer loop anyway) the extra launch may cost more than it saves. On
+# an H200 (benchmarks/sweep_lowp.py, INT8 with b row-major) the copy route beat the pointer
+# loop at every size timed: 1.63x at 512^3, 2.32x at 1024^3, 5.42x at 4096^3; smaller
+# problems were not timed, so the copy starts at 512^3.
+_KMAJOR_COPY_MIN_MNK = 512**3
 
 
 def _kmajor_plan(

@@ -91,8 +91,6 @@ BWD_PREFETCH = True
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
-BWD_ELEMS_PER_THREAD = 16
-BWD_PREFETCH = True  # issue the next row tile's loads before this tile's reductions
 COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
 
 
@@ -303,21 +301,18 @@ def _norm_fwd_kernel(
                 )
         else:
             mask = row_mask[:, None] & col_mask[None, :]
+            # With PREFETCH the next tile's loads are issued before this tile's reductions, so
+            # that a program keeps bytes in flight while it computes.
+            loaded = _fwd_tile_load(
+                tile + PREFETCH * n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
+                col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
+                IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+            )  # fmt: skip
             if PREFETCH:
-                # The next tile's loads are issued before this tile's reductions, so that a
-                # program keeps bytes in flight while it computes.
                 x, shift = x_next, shift_next
-                x_next, shift_next = _fwd_tile_load(
-                    tile + n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
-                    col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-                    IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
-                )  # fmt: skip
+                x_next, shift_next = loaded
             else:
-                x, shift = _fwd_tile_load(
-                    tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
-                    stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-                    IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
-                )  # fmt: skip
+                x, shift = loaded
             if HAS_RESIDUAL:
                 tl.store(
                     h_rows[:, None] + cols[None, :] * stride_hn,
@@ -536,24 +531,20 @@ def _norm_bwd_kernel(
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
         s_offs = o * stride_so + i * stride_si
         mask = row_mask[:, None] & col_mask[None, :]
+        # With PREFETCH the next tile's loads (rows and saved statistics) are issued before
+        # this tile's reduction, so that a program keeps bytes in flight while it computes: one
+        # or two programs fit on an SM (166-216 registers at 8 warps, ptxas sm_90a).
+        loaded = _bwd_tile_load(
+            tile + PREFETCH * n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr,
+            mean_ptr, rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,
+            stride_xn, stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS,
+            HAS_DRES, BLOCK_R, INT64,
+        )  # fmt: skip
         if PREFETCH:
-            # The next tile's loads (rows and saved statistics) are issued before this tile's
-            # reduction, so that a program keeps bytes in flight while it computes: one or
-            # two programs fit on an SM (114-217 registers at 8 warps, ptxas sm_90a).
             dy, x, dres, shift, mean, rstd = dy_n, x_n, dres_n, shift_n, mean_n, rstd_n
-            dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = _bwd_tile_load(
-                tile + n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr,
-                rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,
-                stride_xn, stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si,
-                IS_RMS, HAS_DRES, BLOCK_R, INT64,
-            )  # fmt: skip
+            dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = loaded
         else:
-            dy, x, dres, shift, mean, rstd = _bwd_tile_load(
-                tile, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr,
-                cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn,
-                stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS,
-                HAS_DRES, BLOCK_R, INT64,
-            )  # fmt: skip
+            dy, x, dres, shift, mean, rstd = loaded
         dy = dy.to(tl.float32)
         xhat = _normalized(x.to(tl.float32), mask, shift, mean, rstd, IS_RMS)
         wdy = dy
