@@ -238,12 +238,37 @@ def test_no_n_by_c_float32_tensor_is_allocated(device, monkeypatch):
     assert not [s for s in seen if s[1] == torch.float32 and s[0] and s[0][0] * s[0][-1] >= n * c]
 
 
-def test_second_backward_through_the_same_graph_raises(device):
+def test_second_backward_through_the_same_graph_gives_the_same_gradient(device):
     logits = torch.randn(4, 6, device=device, requires_grad=True)
     loss = cross_entropy(logits, torch.randint(0, 6, (4,), device=device))
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="backward pass ran twice through the same graph"):
-        loss.backward()
+    (first,) = torch.autograd.grad(loss * 3, logits, retain_graph=True)
+    (second,) = torch.autograd.grad(loss * 3, logits)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_backward_applies_grad_output_of_any_layout(device, reduction):
+    # A loss scale (a scalar) and, for "none", a per-row grad_output that is a strided view
+    # and one that is expanded (stride 0), as loss.sum() or loss.mean() pass it.
+    gen = torch.Generator(device=device).manual_seed(5)
+    logits = torch.randn(6, 37, device=device, generator=gen, dtype=torch.float32)
+    target = torch.randint(0, 37, (6,), device=device, generator=gen)
+    target[2] = -100
+    weight = torch.rand(37, device=device, generator=gen) + 0.5
+    kwargs = {"weight": weight, "reduction": reduction, "label_smoothing": 0.2}
+    if reduction == "none":
+        grads = [
+            torch.randn(12, device=device, generator=gen)[::2],
+            torch.full((), -1.5, device=device).expand(6),
+        ]
+    else:
+        grads = [torch.full((), 1024.0, device=device)]
+    for grad_output in grads:
+        x = logits.clone().requires_grad_()
+        (ours,) = torch.autograd.grad(cross_entropy(x, target, **kwargs), x, grad_output)
+        x_ref = logits.clone().requires_grad_()
+        (ref,) = torch.autograd.grad(F.cross_entropy(x_ref, target, **kwargs), x_ref, grad_output)
+        torch.testing.assert_close(ours, ref)
 
 
 def test_no_gradient_work_without_requires_grad(device):

@@ -10,9 +10,9 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     """``torch.nn.CrossEntropyLoss`` for class-index targets, on tritonkit's kernel.
 
     Subclasses the torch.nn module, so the ``weight`` buffer, ``state_dict`` and the legacy
-    ``size_average``/``reduce`` arguments behave as in PyTorch. The logits' gradient is computed
-    in the forward pass (see :func:`tritonkit.ops.cross_entropy.cross_entropy`), so one backward
-    is allowed per forward.
+    ``size_average``/``reduce`` arguments behave as in PyTorch. The forward keeps only the rows'
+    logsumexps; the backward reads the logits once and writes their gradient (see
+    :func:`tritonkit.ops.cross_entropy.cross_entropy`).
 
     Args:
         weight: optional class weights of shape (C,), same dtype as the logits.

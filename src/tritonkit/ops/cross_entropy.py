@@ -13,16 +13,17 @@ second sweep that hoped to find the row in L2 found DRAM instead):
    logits: 0.05% (0.07%) of the bytes of bf16 logits at SEG = 8192.
 2. ``_ce_rows_kernel`` merges a row's partials into its logsumexp and writes the row's loss
    (and the logsumexp when a gradient is needed): N rows, no N x C traffic but x[i, t_i].
-3. ``_ce_grad_kernel``, only when the logits need a gradient, reads the logits again and
-   writes the gradient ``scale * (softmax - smoothed one-hot)`` in the logits' dtype.
+3. The backward: ``_ce_grad_kernel`` reads the logits again and writes the gradient
+   ``grad_output * scale * (softmax - smoothed one-hot)`` in the logits' dtype.
 
-So: one read of the logits without a gradient; read, read and write with one. No N x C float32
-tensor anywhere. The backward only scales that gradient in place by grad_output; a scalar
-grad_output of 1.0 (``loss.backward()``) is detected on the device and the kernel exits without
-touching memory. The user's logits are never written.
-
-Because the backward consumes the gradient buffer in place, a second backward through the same
-graph (``retain_graph=True``) is refused with an error rather than silently scaled twice.
+So the forward reads the logits once, and the backward reads them once and writes their
+gradient: no N x C float32 tensor anywhere, and no N x C tensor at all is kept between the
+passes (only the N logsumexps). Computing the gradient inside the forward pass instead (the
+earlier design here, and Liger's) saves nothing when grad_output is 1 (the same reads and
+write, in the other pass) and costs a second read and write of the whole gradient whenever
+it is not (a loss scale, reduction "none", a weighted sum of losses): 10.5 GB instead of
+6.3 GB for bf16 logits (8192, 128256). The user's logits are never written, and a second
+backward through the same graph (``retain_graph=True``) gives the same gradient again.
 
 Loss, as ``F.cross_entropy`` defines it, for row i with target t, class weights w (1 without),
 smoothing e and C classes::
@@ -58,14 +59,12 @@ from tritonkit.ops.softmax import pow2_floor
 # their warps for a full segment. Rows shorter than SEG share a tile of SEG elements, with
 # warps in proportion. H200 sweep (benchmarks/sweep_ce.py, logits (8192, 128256) bf16):
 # 16384 x 8 warps (64 elements per thread) took 0.558 ms forward (3.58x eager) and 1.758 ms
-# forward + backward (2.64x eager); 16 warps 1.833 ms, 4 warps 2.981 ms, 32768 x 8 2.782 ms.
+# forward + backward (2.64x eager); 16 warps 1.833 ms, 4 warps 2.981 ms, 32768 x 8 2.782 ms
+# (that sweep timed the earlier design, the gradient written by the forward pass).
 SEG = 16384
 SEG_WARPS = 8
 # The row kernel merges a tile of (rows, segments) partials of about this many elements.
 ROWS_TILE = 1024
-# The in-place backward scaling: a tile of (rows, classes), and its warps.
-SCALE_BLOCK = (4, 1024)
-SCALE_WARPS = 4
 # The single-program reductions over rows (mean denominator, loss sum).
 REDUCE_BLOCK = 1024
 
@@ -288,6 +287,7 @@ def _ce_grad_kernel(
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
     stats_ptr,  # fp32 [2] from _ce_prep_kernel: mean denominator, sum of class weights
     lse_ptr,  # fp32 logsumexp per row [n_rows] from _ce_rows_kernel
+    go_ptr,  # grad_output: one value per row, or a scalar (stride_go = 0)
     grad_ptr,  # out: gradient of the logits [n_rows, n_cols], unit class stride
     n_rows,
     n_cols,
@@ -296,6 +296,7 @@ def _ce_grad_kernel(
     stride_xn,  # logits: elements between classes
     stride_t,  # targets: elements between rows
     stride_w,  # weights: elements between classes
+    stride_go,  # grad_output: elements between rows (0 for a reduced loss)
     stride_gm,  # gradient: elements between rows
     ignore_index,  # rows with this target: zero gradient, logits not read
     smoothing,  # label_smoothing, in [0, 1]
@@ -319,10 +320,10 @@ def _ce_grad_kernel(
         w_t = tl.load(w_ptr + tl.where(valid, t, 0) * stride_w, mask=active, other=0.0)
         w_t = w_t.to(tl.float32)
     # d loss / dx[c] = p[c] * ((1 - e) w[t] + e/C sum(w)) - (1 - e) w[t] [c == t] - e/C w[c],
-    # times the reduction's scale.
-    scale = 1.0
+    # times grad_output and the reduction's scale.
+    scale = tl.load(go_ptr + rows * stride_go, mask=active, other=0.0).to(tl.float32)
     if MEAN:
-        scale = 1.0 / tl.load(stats_ptr)  # inf when every target is ignored: no row uses it
+        scale = scale / tl.load(stats_ptr)  # inf when every target is ignored: no row uses it
     coef_t = (1.0 - smoothing) * w_t * scale
     coef_p = coef_t
     coef_c = smoothing / n_cols * scale
@@ -342,9 +343,9 @@ def _ce_grad_kernel(
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
             w = tl.load(w_ptr + (start + offs) * stride_w, mask=col_in, other=0.0)
-            g -= w.to(tl.float32)[None, :] * coef_c
+            g -= w.to(tl.float32)[None, :] * coef_c[:, None]
         else:
-            g -= coef_c
+            g -= coef_c[:, None]
     g = tl.where(valid[:, None], g, float("nan"))
     g = tl.where(ignored[:, None], 0.0, g)  # written, so the buffer is all defined
     g_seg = grad_ptr + rows * stride_gm + start
@@ -375,52 +376,55 @@ def _ce_reduce_kernel(
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _ce_scale_kernel(
-    grad_ptr,  # the forward's gradient [n_rows, n_cols], unit class stride; scaled in place
-    go_ptr,  # grad_output: a scalar, or one value per row when PER_ROW
-    n_rows,
-    n_cols,
-    stride_gm,  # gradient: elements between rows
-    stride_go,  # grad_output: elements between rows (PER_ROW)
-    PER_ROW: tl.constexpr,
-    INT64: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    if INT64:
-        pid = tl.cast(pid, tl.int64)
-    col_blocks = tl.cdiv(n_cols, BLOCK_N)
-    rows = (pid // col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (pid % col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    ptrs = grad_ptr + rows[:, None] * stride_gm + cols[None, :]
-    if PER_ROW:
-        f = tl.load(go_ptr + rows * stride_go, mask=rows < n_rows, other=0.0).to(tl.float32)
-        g = tl.load(ptrs, mask=mask).to(tl.float32) * f[:, None]
-        tl.store(ptrs, g.to(grad_ptr.dtype.element_ty), mask=mask)
-    else:
-        f = tl.load(go_ptr).to(tl.float32)
-        if f != 1.0:  # loss.backward(): the gradient is already final, leave memory alone
-            g = tl.load(ptrs, mask=mask).to(tl.float32) * f
-            tl.store(ptrs, g.to(grad_ptr.dtype.element_ty), mask=mask)
-
-
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
 
 
 def _outputs(logits, reduction, need_grad):
+    """(loss, per-row logsumexp, mean denominator and weight sum): the last two only when a
+    gradient will be needed, else empty."""
     n_rows = logits.shape[0]
     shape = (n_rows,) if reduction == "none" else ()
     loss = torch.empty(shape, dtype=logits.dtype, device=logits.device)
-    if need_grad:
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    else:
-        grad = logits.new_empty(0)
-    return loss, grad
+    f32 = {"dtype": torch.float32, "device": logits.device}
+    lse = torch.empty(n_rows if need_grad else 0, **f32)
+    stats = torch.empty(2 if need_grad else 0, **f32)
+    return loss, lse, stats
+
+
+def _needs_int64(logits: torch.Tensor, block_m: int, *extents: int) -> bool:
+    """Whether element offsets of the logits (or of a tensor of ``extents`` elements) can pass
+    2**31; row indices of a partial tile are formed before masking, so count a tile past the
+    end."""
+    n_rows, n_cols = logits.shape
+    span = (n_rows - 1) * logits.stride(0) + (n_cols - 1) * logits.stride(1)
+    return max(span, (n_rows + block_m) * n_cols, *extents) >= _INT32_LIMIT
+
+
+def _stats_for(logits, target, weight, ignore_index, reduction, label_smoothing, stats) -> None:
+    """Fill ``stats`` (fp32 [2]): the mean's denominator, the sum of the class weights, as the
+    reduction and smoothing need them."""
+    has_weight = weight is not None
+    mean = reduction == "mean"
+    need_weight_sum = has_weight and label_smoothing > 0.0
+    if not (mean or need_weight_sum):
+        return
+    _ce_prep_kernel[(1,)](
+        target,
+        weight if has_weight else stats,
+        stats,
+        logits.shape[0],
+        logits.shape[1],
+        target.stride(0),
+        weight.stride(0) if has_weight else 0,
+        ignore_index,
+        HAS_WEIGHT=has_weight,
+        NEED_DENOM=mean,
+        NEED_WEIGHT_SUM=need_weight_sum,
+        BLOCK=REDUCE_BLOCK,
+        num_warps=4,
+    )
 
 
 def cross_entropy_fwd(
@@ -431,56 +435,37 @@ def cross_entropy_fwd(
     reduction: str,
     label_smoothing: float,
     need_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, gradient of the reduced loss w.r.t. the logits, or an empty tensor).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, logsumexp per row, stats) for ``logits`` (N, C), any strides.
 
-    ``logits`` is (N, C), any strides; the gradient is contiguous, in the logits' dtype, and
-    assumes grad_output = 1 (``cross_entropy_scale_`` applies the real one).
+    The last two (fp32, N and 2 elements) are what ``cross_entropy_bwd`` needs besides the
+    inputs; without ``need_grad`` they are empty and the logsumexps are not written.
     """
-    loss, grad = _outputs(logits, reduction, need_grad)
+    loss, lse, stats = _outputs(logits, reduction, need_grad)
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         if reduction != "none":
             loss.fill_(float("nan") if reduction == "mean" else 0.0)
-        return loss, grad
+        return loss, lse, stats
     dev = logits.device
     has_weight = weight is not None
     smoothing = float(label_smoothing)
     has_smoothing = smoothing > 0.0
     mean = reduction == "mean"
-    need_weight_sum = has_weight and has_smoothing
-    stats = torch.zeros(2, dtype=torch.float32, device=dev)
-    if mean or need_weight_sum:
-        _ce_prep_kernel[(1,)](
-            target,
-            weight if has_weight else stats,
-            stats,
-            n_rows,
-            n_cols,
-            target.stride(0),
-            weight.stride(0) if has_weight else 0,
-            ignore_index,
-            HAS_WEIGHT=has_weight,
-            NEED_DENOM=mean,
-            NEED_WEIGHT_SUM=need_weight_sum,
-            BLOCK=REDUCE_BLOCK,
-            num_warps=4,
-        )
+    if not need_grad:
+        stats = torch.empty(2, dtype=torch.float32, device=dev)
+    _stats_for(logits, target, weight, ignore_index, reduction, smoothing, stats)
     block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols)
     block_r, block_s = rows_config(n_rows, n_segments)
     parts = torch.empty(
         (3 if has_smoothing else 2, n_rows, n_segments), dtype=torch.float32, device=dev
     )
     rows_out = loss if reduction == "none" else torch.empty(n_rows, dtype=torch.float32, device=dev)
-    lse = torch.empty(n_rows if need_grad else 0, dtype=torch.float32, device=dev)
-    span = (n_rows - 1) * logits.stride(0) + (n_cols - 1) * logits.stride(1)
-    # Past the last row tile too: row indices of a partial tile are formed before masking.
-    int64 = max(span, (n_rows + block_m + block_r) * n_cols, parts.numel()) >= _INT32_LIMIT
+    int64 = _needs_int64(logits, block_m + block_r, parts.numel())
     w_arg = weight if has_weight else logits
     w_stride = weight.stride(0) if has_weight else 0
     x_strides = (logits.stride(0), logits.stride(1), target.stride(0), w_stride)
-    seg_grid = (cdiv(n_rows, block_m) * n_segments,)
-    _ce_stats_kernel[seg_grid](
+    _ce_stats_kernel[(cdiv(n_rows, block_m) * n_segments,)](
         logits,
         target,
         w_arg,
@@ -522,57 +507,61 @@ def cross_entropy_fwd(
         BLOCK_S=block_s,
         num_warps=4,
     )
-    if need_grad:
-        _ce_grad_kernel[seg_grid](
-            logits,
-            target,
-            w_arg,
-            stats,
-            lse,
-            grad,
-            n_rows,
-            n_cols,
-            n_segments,
-            *x_strides,
-            grad.stride(0),
-            ignore_index,
-            smoothing,
-            HAS_WEIGHT=has_weight,
-            HAS_SMOOTHING=has_smoothing,
-            MEAN=mean,
-            INT64=int64,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=warps,
-        )
     if reduction != "none":
         _ce_reduce_kernel[(1,)](
             rows_out, stats, loss, n_rows, MEAN=mean, BLOCK=REDUCE_BLOCK, num_warps=4
         )
-    return loss, grad
+    return loss, lse, stats
 
 
-def cross_entropy_scale_(grad: torch.Tensor, grad_output: torch.Tensor) -> None:
-    """Scale the forward's gradient in place by grad_output (a scalar, or one value per row)."""
-    n_rows, n_cols = grad.shape
-    if grad.numel() == 0:
-        return
-    block_m, block_n = SCALE_BLOCK
-    per_row = grad_output.dim() == 1
-    grid = (cdiv(n_rows, block_m) * cdiv(n_cols, block_n),)
-    _ce_scale_kernel[grid](
-        grad,
+def cross_entropy_bwd(
+    grad_output: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    lse: torch.Tensor,
+    stats: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+) -> torch.Tensor:
+    """Gradient of the loss w.r.t. ``logits`` (contiguous, the logits' dtype): one read of the
+    logits, one write. ``grad_output`` is a scalar, or (N,) for reduction "none"; ``lse`` and
+    ``stats`` come from ``cross_entropy_fwd``."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    n_rows, n_cols = logits.shape
+    if n_rows == 0:
+        return grad
+    has_weight = weight is not None
+    block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols)
+    _ce_grad_kernel[(cdiv(n_rows, block_m) * n_segments,)](
+        logits,
+        target,
+        weight if has_weight else logits,
+        stats,
+        lse,
         grad_output,
+        grad,
         n_rows,
         n_cols,
+        n_segments,
+        logits.stride(0),
+        logits.stride(1),
+        target.stride(0),
+        weight.stride(0) if has_weight else 0,
+        grad_output.stride(0) if grad_output.dim() == 1 else 0,
         grad.stride(0),
-        grad_output.stride(0) if per_row else 0,
-        PER_ROW=per_row,
-        INT64=grad.numel() + block_m * n_cols >= _INT32_LIMIT,
+        ignore_index,
+        float(label_smoothing),
+        HAS_WEIGHT=has_weight,
+        HAS_SMOOTHING=label_smoothing > 0.0,
+        MEAN=reduction == "mean",
+        INT64=_needs_int64(logits, block_m),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        num_warps=SCALE_WARPS,
+        num_warps=warps,
     )
+    return grad
 
 
 # ----------------------------------------------------------------------------------------------
@@ -589,7 +578,7 @@ def _cross_entropy_op(
     reduction: str,
     label_smoothing: float,
     need_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return cross_entropy_fwd(
         logits, target, weight, ignore_index, reduction, label_smoothing, need_grad
     )
@@ -600,45 +589,52 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, need_gra
     return _outputs(logits, reduction, need_grad)
 
 
-@torch.library.custom_op("tritonkit::cross_entropy_scale_", mutates_args=("grad",))
-def _cross_entropy_scale_op(grad: torch.Tensor, grad_output: torch.Tensor) -> None:
-    cross_entropy_scale_(grad, grad_output)
+@torch.library.custom_op("tritonkit::cross_entropy_backward", mutates_args=())
+def _cross_entropy_backward_op(
+    grad_output: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    lse: torch.Tensor,
+    stats: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+) -> torch.Tensor:
+    return cross_entropy_bwd(
+        grad_output, logits, target, weight, lse, stats, ignore_index, reduction, label_smoothing
+    )
 
 
-@_cross_entropy_scale_op.register_fake
-def _(grad, grad_output):
-    return None
+@_cross_entropy_backward_op.register_fake
+def _(grad_output, logits, target, weight, lse, stats, ignore_index, reduction, label_smoothing):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
 
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
 
-_SECOND_BACKWARD = (
-    "tritonkit.cross_entropy: the backward pass ran twice through the same graph "
-    "(retain_graph=True). The gradient is computed by the forward pass and scaled in place by "
-    "the first backward; recompute the loss for another backward"
-)
-
 
 class CrossEntropyFunction(torch.autograd.Function):
-    """Cross-entropy whose forward also computes the logits' gradient (grad_output = 1)."""
+    """Cross-entropy; the forward keeps the rows' logsumexps for the backward."""
 
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, need_grad):
-        loss, grad = torch.ops.tritonkit.cross_entropy(
+        loss, lse, stats = torch.ops.tritonkit.cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, need_grad
         )
-        ctx.save_for_backward(grad)
+        if need_grad:
+            ctx.save_for_backward(logits, target, weight, lse, stats)
+        ctx.args = (ignore_index, reduction, label_smoothing)
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
-        try:
-            (grad,) = ctx.saved_tensors
-        except RuntimeError as exc:  # the version counter of the consumed buffer moved on
-            raise RuntimeError(_SECOND_BACKWARD) from exc
-        torch.ops.tritonkit.cross_entropy_scale_(grad, grad_output)
+        logits, target, weight, lse, stats = ctx.saved_tensors
+        grad = torch.ops.tritonkit.cross_entropy_backward(
+            grad_output, logits, target, weight, lse, stats, *ctx.args
+        )
         return grad, None, None, None, None, None, None
 
 
@@ -657,9 +653,9 @@ def cross_entropy(
 ) -> torch.Tensor:
     """``torch.nn.functional.cross_entropy`` for class-index targets, with autograd.
 
-    The gradient is computed during the forward pass (in the logits' dtype, never an N x C
-    float32 copy) and scaled in place by the backward, so a second backward through the same
-    graph raises. The logits are never modified.
+    The forward reads the logits once and keeps only the rows' logsumexps; the backward reads
+    them once more and writes the gradient in the logits' dtype (never an N x C float32 copy).
+    The logits are never modified.
 
     Args:
         input: logits of shape (N, C) or (C,), float32, float16 or bfloat16, on a CUDA device,
