@@ -203,12 +203,12 @@ def _fits(cfg) -> bool:
     return _tuning.fits_shared_memory(cfg.smem_bytes(1, 1, 2))
 
 
-def _stage1_configs() -> list:
+def _stage1_configs(tiles=TILES, stage_counts=STAGES) -> list:
     """Every tile x stage count that fits, persistent TMA, fp32 promotion once per BLOCK_K."""
     from tritonkit.ops.matmul import MatmulConfig
 
     out = []
-    for (bm, bn, bk), stages in ((t, s) for t in TILES for s in STAGES):
+    for (bm, bn, bk), stages in ((t, s) for t in tiles for s in stage_counts):
         cfg = MatmulConfig(
             bm, bn, bk, GROUP_M=GROUP_M, num_warps=WARPS, num_stages=stages,
             persistent=True, tma=True,
@@ -231,7 +231,9 @@ def _stage2_configs(ranked: list) -> list:
         per_tile.setdefault((cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K), cfg)
     best = list(per_tile.values())
     out = [dataclasses.replace(c, promote_k=mm.NEVER_PROMOTE) for c in best]
-    out += [dataclasses.replace(c, promote_k=p) for p in (64, 32) for c in best if p < c.BLOCK_K]
+    out += [
+        dataclasses.replace(c, promote_k=p) for p in (128, 64, 32) for c in best if p < c.BLOCK_K
+    ]
     out += [dataclasses.replace(c, persistent=False) for c in best]
     for cfg in best[:2]:
         ws = dataclasses.replace(cfg, warp_specialize=True, subtile=False)
@@ -293,9 +295,10 @@ def _fp8_group(case: _Fp8Case, configs: list, budget_s: float, include_default: 
     return rows
 
 
-def fp8_configs(budget_s: float) -> dict:
+def fp8_configs(budget_s: float, tiles=TILES, stage_counts=STAGES) -> dict:
     case = _Fp8Case()
-    stage1 = _fp8_group(case, _stage1_configs(), budget_s, include_default=True)
+    configs = _stage1_configs(tiles, stage_counts)
+    stage1 = _fp8_group(case, configs, budget_s, include_default=True)
     from tritonkit.ops.matmul import MatmulConfig
 
     ranked = sorted((r for r in stage1 if r.get("config") and "ms" in r), key=lambda r: r["ms"])
@@ -472,7 +475,17 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(out_dir, "sweep_lowp.json") if out_dir else None)
     p.add_argument("--budget-s", type=float, default=150.0, help="skip what would start later")
     p.add_argument("--cache-dir", help="autotune cache to use (default: a fresh temporary one)")
+    p.add_argument("--sections", default="int8,fp8,crossover", help="comma-separated subset")
+    p.add_argument(
+        "--tiles",
+        help="FP8 stage-1 tiles as MxNxK,... (default: "
+        + ",".join("x".join(map(str, t)) for t in TILES)
+        + "); e.g. BLOCK_K = 256 promotes every 256 K elements",
+    )
+    p.add_argument("--stages", help="FP8 stage-1 stage counts, e.g. 2,3 (default: 3,4,5)")
     args = p.parse_args()
+    tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")] if args.tiles else TILES
+    stage_counts = tuple(map(int, args.stages.split(","))) if args.stages else STAGES
     if not torch.cuda.is_available():
         raise SystemExit("sweep_lowp: needs a CUDA GPU")
     from tritonkit import _tuning
@@ -483,10 +496,13 @@ def main() -> None:
     res: dict = {"fingerprint": fingerprint(), "errors": {}}
     sections = {
         "int8": int8_layouts,
-        "fp8": lambda: fp8_configs(args.budget_s),
+        "fp8": lambda: fp8_configs(args.budget_s, tiles, stage_counts),
         "crossover": lambda: int8_crossover(args.budget_s),
     }
+    wanted = set(args.sections.split(","))
     for name, run in sections.items():
+        if name not in wanted:
+            continue
         print(f"== {name} ({_elapsed():.0f}s)", flush=True)
         try:
             res[name] = run()

@@ -133,9 +133,10 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
         configs = _grid(ELEMS_PER_THREAD=[16, 8, 32])
     else:  # looped; plus one candidate that keeps the whole row in registers (spills)
         configs = _grid(
-            LOOP_BLOCK_N=[8192, 4096, 16384],
+            LOOP_BLOCK_N=[16384, 8192],
             ELEMS_PER_THREAD=[16, 32],
-            LOOP_PROGRAMS_PER_SM=[2, 1, 4],
+            LOOP_PROGRAMS_PER_SM=[1, 2],
+            LOOP_PREFETCH=[True, False],
             MAX_FUSED_COLS=[S.MAX_FUSED_COLS],
         )
         configs.append({**configs[0], "MAX_FUSED_COLS": shape[-1]})
@@ -150,10 +151,13 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     )
 
 
-def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool) -> None:
+def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> None:
     if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
         fwd_configs = _grid(
-            LOOP_BLOCK_N=[16384, 8192], ELEMS_PER_THREAD=[16, 32], LOOP_PROGRAMS_PER_SM=[2, 1]
+            LOOP_BLOCK_N=[16384, 8192],
+            ELEMS_PER_THREAD=[16, 32],
+            LOOP_PROGRAMS_PER_SM=[2, 1],
+            LOOP_PREFETCH=[True, False],
         )
     else:
         fwd_configs = _grid(
@@ -171,7 +175,7 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool) -> None:
         bwd_configs = [{**c, "WIDE_BWD_PROGRAMS_PER_SM": c.pop("BWD_PROGRAMS_PER_SM")}
                        for c in bwd_configs]  # fmt: skip
     for rms in (True, False):
-        _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile)
+        _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs if bwd else [], use_compile)
         torch.cuda.empty_cache()
 
 
@@ -242,6 +246,8 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
         lambda: N.norm_fwd(x, None, w, b, 1, eps, rms),
         base,
     )
+    if not bwd_configs:
+        return
     sw.run(
         f"{name} bwd",
         shape,
@@ -258,16 +264,21 @@ def main() -> None:
     p.add_argument("--out", default="sweep_norms.json")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     p.add_argument("--only", default="softmax,norm", help="comma-separated: softmax,norm")
+    p.add_argument("--no-norm-bwd", action="store_true", help="time the norms' forward only")
+    p.add_argument("--shapes", help="row shapes as RxC,... (default: 16384x4096,4096x65536)")
     args = p.parse_args()
+    shapes = ROW_SHAPES
+    if args.shapes:
+        shapes = [tuple(map(int, t.split("x"))) for t in args.shapes.split(",")]
     only = set(args.only.split(","))
     use_compile = not args.no_compile
     sw = Sweep()
-    for shape in ROW_SHAPES:
+    for shape in shapes:
         sw.copy(shape, torch.randn(shape, device=DEVICE, dtype=DTYPE))
         if "softmax" in only:
             sweep_softmax(sw, shape, use_compile)
         if "norm" in only:
-            sweep_norm(sw, shape, use_compile)
+            sweep_norm(sw, shape, use_compile, bwd=not args.no_norm_bwd)
         torch.cuda.empty_cache()
     with open(args.out, "w") as f:
         json.dump({"fingerprint": fingerprint(), "copy_GBps": sw.copy_gbps, "rows": sw.rows}, f)

@@ -25,9 +25,11 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
-@pytest.fixture
-def looped(monkeypatch):
-    """Rows wider than 32 take the looped forward and the two-kernel backward."""
+@pytest.fixture(params=[True, False], ids=["prefetch", "no-prefetch"])
+def looped(monkeypatch, request):
+    """Rows wider than 32 take the looped forward (loading the next chunk ahead or not) and the
+    two-kernel backward."""
+    monkeypatch.setattr(N, "LOOP_PREFETCH", request.param)
     monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
     monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
     monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)

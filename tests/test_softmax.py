@@ -22,9 +22,11 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
-@pytest.fixture
-def looped(monkeypatch):
-    """Rows wider than 32 columns take the looped (online) path, in chunks of 16."""
+@pytest.fixture(params=[True, False], ids=["prefetch", "no-prefetch"])
+def looped(monkeypatch, request):
+    """Rows wider than 32 columns take the looped (online) path, in chunks of 16, with and
+    without loading the next chunk ahead."""
+    monkeypatch.setattr(S, "LOOP_PREFETCH", request.param)
     monkeypatch.setattr(S, "MAX_FUSED_COLS", 32)
     monkeypatch.setattr(S, "LOOP_BLOCK_N", 16)
     monkeypatch.setattr(S, "TILE_ELEMS", 64)

@@ -47,6 +47,7 @@ from tritonkit.ops.softmax import (
     RowConfig,
     RowLayout,
     _col_ids,
+    _reverse_start,
     _tile_rows,
     _warps,
     plan_rows,
@@ -68,6 +69,7 @@ ADJACENT_ROWS = 64  # rows per tile when rows are adjacent in memory (a transpos
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between the two sweeps
+LOOP_PREFETCH = True  # looped forward: the next chunk's loads issued before this one's work
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
 # current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
@@ -148,6 +150,30 @@ def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.conste
 
 
 @triton.jit
+def _chunk_raw(x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask,
+               HAS_RESIDUAL: tl.constexpr):  # fmt: skip  # fmt: skip
+    """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
+    0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
+    used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
+    c = start + cols
+    mask = row_mask[:, None] & (c < n_cols)[None, :]
+    x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask, other=0.0)
+    r = x
+    if HAS_RESIDUAL:
+        r = tl.load(r_rows[:, None] + c[None, :] * stride_rn, mask=mask, other=0.0)
+    return x, r
+
+
+@triton.jit
+def _raw_sum(x, r, HAS_RESIDUAL: tl.constexpr):
+    """x, or x + residual, in fp32, from ``_chunk_raw``."""
+    out = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        out += r.to(tl.float32)
+    return out
+
+
+@triton.jit
 def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
@@ -209,6 +235,7 @@ def _norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
     PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
+    LOOP_PREFETCH: tl.constexpr,  # looped: load the next chunk before reducing this one
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -243,15 +270,41 @@ def _norm_fwd_kernel(
             else:
                 mean = tl.zeros([BLOCK_R], tl.float32)
                 m2 = tl.zeros([BLOCK_R], tl.float32)
+            # With LOOP_PREFETCH each chunk's loads are issued before the previous chunk is
+            # reduced, in both sweeps: two chunks in flight per program instead of one.
+            if LOOP_PREFETCH:
+                xr_next, rr_next = _chunk_raw(
+                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL
+                )
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                x = _load_sum(
-                    x_rows[:, None] + c[None, :] * stride_xn,
-                    r_rows[:, None] + c[None, :] * stride_rn,
-                    mask,
-                    HAS_RESIDUAL,
-                )
+                if LOOP_PREFETCH:
+                    xr, rr = xr_next, rr_next
+                    xr_next, rr_next = _chunk_raw(
+                        x_rows,
+                        r_rows,
+                        start + BLOCK_N,
+                        cols,
+                        n_cols,
+                        stride_xn,
+                        stride_rn,
+                        row_mask,
+                        HAS_RESIDUAL,
+                    )
+                else:
+                    xr, rr = _chunk_raw(
+                        x_rows,
+                        r_rows,
+                        start,
+                        cols,
+                        n_cols,
+                        stride_xn,
+                        stride_rn,
+                        row_mask,
+                        HAS_RESIDUAL,
+                    )
+                x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if IS_RMS:
                     acc += x * x
                 else:
@@ -270,16 +323,49 @@ def _norm_fwd_kernel(
             else:
                 rstd = tl.math.rsqrt(m2 / n_cols + eps)
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
-            for k in range(0, n_chunks):
-                # Last chunk first: the chunks read last by the first sweep are still in L2.
-                c = (n_chunks - 1 - k) * BLOCK_N + cols
-                mask = row_mask[:, None] & (c < n_cols)[None, :]
-                x = _load_sum(
-                    x_rows[:, None] + c[None, :] * stride_xn,
-                    r_rows[:, None] + c[None, :] * stride_rn,
-                    mask,
+            # Last chunk first: the chunks read last by the first sweep are still in L2.
+            if LOOP_PREFETCH:
+                xr_next, rr_next = _chunk_raw(
+                    x_rows,
+                    r_rows,
+                    _reverse_start(0, n_chunks, BLOCK_N),
+                    cols,
+                    n_cols,
+                    stride_xn,
+                    stride_rn,
+                    row_mask,
                     HAS_RESIDUAL,
                 )
+            for k in range(0, n_chunks):
+                start = _reverse_start(k, n_chunks, BLOCK_N)
+                c = start + cols
+                mask = row_mask[:, None] & (c < n_cols)[None, :]
+                if LOOP_PREFETCH:
+                    xr, rr = xr_next, rr_next
+                    xr_next, rr_next = _chunk_raw(
+                        x_rows,
+                        r_rows,
+                        _reverse_start(k + 1, n_chunks, BLOCK_N),
+                        cols,
+                        n_cols,
+                        stride_xn,
+                        stride_rn,
+                        row_mask,
+                        HAS_RESIDUAL,
+                    )
+                else:
+                    xr, rr = _chunk_raw(
+                        x_rows,
+                        r_rows,
+                        start,
+                        cols,
+                        n_cols,
+                        stride_xn,
+                        stride_rn,
+                        row_mask,
+                        HAS_RESIDUAL,
+                    )
+                x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if HAS_RESIDUAL:
                     tl.store(
                         h_rows[:, None] + c[None, :] * stride_hn,
@@ -667,6 +753,7 @@ def norm_fwd(
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH,
+        LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=cfg.BLOCK_N,

@@ -58,6 +58,9 @@ MAX_WARPS = 32
 # Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
 # bounds the L2 footprint (132 SMs x 1 x 128 KiB = 17 MiB for a bf16 row of 65536).
 LOOP_PROGRAMS_PER_SM = 1
+# Looped path: issue the next chunk's loads before working on the current one, so that two
+# chunks per program are in flight (one program per SM keeps only one otherwise).
+LOOP_PREFETCH = True
 
 _INT32_LIMIT = 2**31
 
@@ -301,8 +304,31 @@ def _col_ids(BLOCK_N: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
+def _chunk(rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr):
+    """Load the chunk of columns [start, start + BLOCK_N) of a tile of rows, masked to the row
+    (a start at or past n_cols loads nothing)."""
+    c = start + cols
+    mask = row_mask[:, None] & (c < n_cols)[None, :]
+    return tl.load(rows[:, None] + c[None, :] * stride_n, mask=mask, other=other)
+
+
+@triton.jit
+def _reverse_start(k, n_chunks, BLOCK_N: tl.constexpr):
+    """First column of the k-th chunk of a sweep from the last chunk to the first; past the
+    row (all masked) for k = n_chunks, the prefetch after the last one."""
+    return tl.where(k < n_chunks, (n_chunks - 1 - k) * BLOCK_N, n_chunks * BLOCK_N)
+
+
+@triton.jit
 def _online_max_sum(
-    x_rows, n_cols, stride_n, row_mask, cols, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr
+    x_rows,
+    n_cols,
+    stride_n,
+    row_mask,
+    cols,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Row maxima and sums of exp(x - max) in one sweep over chunks; one exp per element.
 
@@ -313,10 +339,16 @@ def _online_max_sum(
     """
     m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    if PREFETCH:
+        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"))
     for start in range(0, n_cols, BLOCK_N):
-        c = start + cols
-        mask = row_mask[:, None] & (c < n_cols)[None, :]
-        x = tl.load(x_rows[:, None] + c[None, :] * stride_n, mask=mask, other=float("-inf"))
+        if PREFETCH:
+            x = x_next
+            x_next = _chunk(
+                x_rows, start + BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf")
+            )
+        else:
+            x = _chunk(x_rows, start, cols, n_cols, stride_n, row_mask, float("-inf"))
         x = x.to(tl.float32)
         d = x - m
         e = tl.exp(-tl.abs(d))
@@ -344,6 +376,7 @@ def _softmax_fwd_kernel(
     stride_yi,
     LOG: tl.constexpr,  # log_softmax instead of softmax
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks
+    PREFETCH: tl.constexpr,  # looped: load the next chunk before using the current one
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -355,16 +388,25 @@ def _softmax_fwd_kernel(
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         if LOOPED:
             row_max, row_sum = _online_max_sum(
-                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N
+                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH
             )
             log_sum = tl.log(row_sum)
             inv_sum = 1.0 / row_sum
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            # Last chunk first: the chunks read last by the first sweep are still in L2.
+            if PREFETCH:
+                x_next = _chunk(x_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
+                                stride_xn, row_mask, 0.0)  # fmt: skip
             for k in range(0, n_chunks):
-                # Last chunk first: the chunks read last by the first sweep are still in L2.
-                c = (n_chunks - 1 - k) * BLOCK_N + cols
+                start = _reverse_start(k, n_chunks, BLOCK_N)
+                if PREFETCH:
+                    x = x_next
+                    x_next = _chunk(x_rows, _reverse_start(k + 1, n_chunks, BLOCK_N), cols,
+                                    n_cols, stride_xn, row_mask, 0.0)  # fmt: skip
+                else:
+                    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0)
+                c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask)
                 z = x.to(tl.float32) - row_max[:, None]
                 if LOG:
                     y = z - log_sum[:, None]
@@ -411,6 +453,7 @@ def _softmax_bwd_kernel(
     stride_dxi,
     LOG: tl.constexpr,
     LOOPED: tl.constexpr,
+    PREFETCH: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -423,23 +466,49 @@ def _softmax_bwd_kernel(
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         dx_rows = dx_ptr + o * stride_dxo + i * stride_dxi
         if LOOPED:
+            # softmax needs sum(dy * y), log_softmax only sum(dy): y is not read in this sweep.
             acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+            if PREFETCH:
+                dy_next = _chunk(dy_rows, 0, cols, n_cols, stride_dyn, row_mask, 0.0)
+                if not LOG:
+                    y_next = _chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0)
             for start in range(0, n_cols, BLOCK_N):
-                c = start + cols
-                mask = row_mask[:, None] & (c < n_cols)[None, :]
-                dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask, other=0.0)
+                if PREFETCH:
+                    dy = dy_next
+                    dy_next = _chunk(dy_rows, start + BLOCK_N, cols, n_cols, stride_dyn, row_mask,
+                                     0.0)  # fmt: skip
+                    if not LOG:
+                        y = y_next
+                        y_next = _chunk(y_rows, start + BLOCK_N, cols, n_cols, stride_yn,
+                                        row_mask, 0.0)  # fmt: skip
+                else:
+                    dy = _chunk(dy_rows, start, cols, n_cols, stride_dyn, row_mask, 0.0)
+                    if not LOG:
+                        y = _chunk(y_rows, start, cols, n_cols, stride_yn, row_mask, 0.0)
                 if LOG:
                     acc += dy.to(tl.float32)
                 else:
-                    y = tl.load(y_rows[:, None] + c[None, :] * stride_yn, mask=mask, other=0.0)
                     acc += dy.to(tl.float32) * y.to(tl.float32)
             total = tl.sum(acc, axis=1)
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            # In reverse, as in the forward.
+            if PREFETCH:
+                first = _reverse_start(0, n_chunks, BLOCK_N)
+                dy_next = _chunk(dy_rows, first, cols, n_cols, stride_dyn, row_mask, 0.0)
+                y_next = _chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0)
             for k in range(0, n_chunks):
-                c = (n_chunks - 1 - k) * BLOCK_N + cols  # in reverse, as in the forward
+                start = _reverse_start(k, n_chunks, BLOCK_N)
+                if PREFETCH:
+                    nxt = _reverse_start(k + 1, n_chunks, BLOCK_N)
+                    dy = dy_next
+                    y = y_next
+                    dy_next = _chunk(dy_rows, nxt, cols, n_cols, stride_dyn, row_mask, 0.0)
+                    y_next = _chunk(y_rows, nxt, cols, n_cols, stride_yn, row_mask, 0.0)
+                else:
+                    dy = _chunk(dy_rows, start, cols, n_cols, stride_dyn, row_mask, 0.0)
+                    y = _chunk(y_rows, start, cols, n_cols, stride_yn, row_mask, 0.0)
+                c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask)
-                y = tl.load(y_rows[:, None] + c[None, :] * stride_yn, mask=mask)
                 dy = dy.to(tl.float32)
                 y = y.to(tl.float32)
                 if LOG:
@@ -475,6 +544,7 @@ def _softmax_bwd_kernel(
 
 def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
     return {
+        "PREFETCH": cfg.LOOPED and LOOP_PREFETCH,
         "INT64": layout.needs_int64(),
         "BLOCK_R": cfg.BLOCK_R,
         "BLOCK_N": cfg.BLOCK_N,
