@@ -135,8 +135,9 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
         configs = _grid(
             LOOP_BLOCK_N=[16384, 8192],
             ELEMS_PER_THREAD=[16, 32],
-            LOOP_PROGRAMS_PER_SM=[1, 2],
-            LOOP_PREFETCH=[True, False],
+            LOOP_PROGRAMS_PER_SM=[2, 1],
+            LOOP_PREFETCH_FWD=[False, True],
+            LOOP_PREFETCH_BWD=[True, False],
             MAX_FUSED_COLS=[S.MAX_FUSED_COLS],
         )
         configs.append({**configs[0], "MAX_FUSED_COLS": shape[-1]})
@@ -156,8 +157,9 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
         fwd_configs = _grid(
             LOOP_BLOCK_N=[16384, 8192],
             ELEMS_PER_THREAD=[16, 32],
-            LOOP_PROGRAMS_PER_SM=[2, 1],
+            LOOP_PROGRAMS_PER_SM=[2],
             LOOP_PREFETCH=[True, False],
+            LOOP_ELEMS_PER_THREAD_RMS=[32, 16],
         )
     else:
         fwd_configs = _grid(

@@ -26,7 +26,8 @@ def test_check_engine_passes(name, device):
 def looped(monkeypatch, request):
     """Rows wider than 32 columns take the looped (online) path, in chunks of 16, with and
     without loading the next chunk ahead."""
-    monkeypatch.setattr(S, "LOOP_PREFETCH", request.param)
+    monkeypatch.setattr(S, "LOOP_PREFETCH_FWD", request.param)
+    monkeypatch.setattr(S, "LOOP_PREFETCH_BWD", request.param)
     monkeypatch.setattr(S, "MAX_FUSED_COLS", 32)
     monkeypatch.setattr(S, "LOOP_BLOCK_N", 16)
     monkeypatch.setattr(S, "TILE_ELEMS", 64)

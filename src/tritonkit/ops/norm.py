@@ -69,7 +69,12 @@ ADJACENT_ROWS = 64  # rows per tile when rows are adjacent in memory (a transpos
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between the two sweeps
-LOOP_PREFETCH = True  # looped forward: the next chunk's loads issued before this one's work
+# Looped forward: issue the next chunk's loads before working on the current one, and (RMSNorm)
+# 32 elements per thread. H200 sweep (benchmarks/NOTES.md, run 14), (4096, 65536) bf16:
+# rms_norm 3308 GB/s (3163 at 16 per thread; 2806 without prefetch), layer_norm 2821 at 16
+# (2633 at 32; 2484 without prefetch).
+LOOP_PREFETCH = True
+LOOP_ELEMS_PER_THREAD_RMS = 32
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
 # current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
@@ -720,6 +725,9 @@ def norm_fwd(
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
     cfg = norm_config(layout, x.device)
+    if cfg.LOOPED and rms:
+        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, LOOP_ELEMS_PER_THREAD_RMS, MAX_WARPS)
+        cfg = dataclasses.replace(cfg, num_warps=warps)
     sx, *rest = layout.strides
     if residual is not None:
         sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]

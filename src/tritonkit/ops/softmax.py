@@ -56,11 +56,14 @@ ADJACENT_ROWS = 64
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 # Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
-# bounds the L2 footprint (132 SMs x 1 x 128 KiB = 17 MiB for a bf16 row of 65536).
-LOOP_PROGRAMS_PER_SM = 1
-# Looped path: issue the next chunk's loads before working on the current one, so that two
-# chunks per program are in flight (one program per SM keeps only one otherwise).
-LOOP_PREFETCH = True
+# bounds the L2 footprint (132 SMs x 2 x 128 KiB = 34 MiB for bf16 rows of 65536).
+LOOP_PROGRAMS_PER_SM = 2
+# Looped path: issue the next chunk's loads before working on the current one (two chunks per
+# program in flight). H200 sweep (benchmarks/NOTES.md, run 14), (4096, 65536) bf16, chunks of
+# 16384, 2 programs per SM: backward 3326 GB/s with it, 2744 without; the forward 2657 with,
+# 2734 without (its second sweep finds the row in L2 either way).
+LOOP_PREFETCH_FWD = False
+LOOP_PREFETCH_BWD = True
 
 _INT32_LIMIT = 2**31
 
@@ -544,7 +547,6 @@ def _softmax_bwd_kernel(
 
 def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
     return {
-        "PREFETCH": cfg.LOOPED and LOOP_PREFETCH,
         "INT64": layout.needs_int64(),
         "BLOCK_R": cfg.BLOCK_R,
         "BLOCK_N": cfg.BLOCK_N,
@@ -574,6 +576,7 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         syi,
         LOG=log,
         LOOPED=cfg.LOOPED,
+        PREFETCH=cfg.LOOPED and LOOP_PREFETCH_FWD,
         **_launch_kwargs(cfg, layout),
     )
     return y
@@ -605,6 +608,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
         sdi,
         LOG=log,
         LOOPED=cfg.LOOPED,
+        PREFETCH=cfg.LOOPED and LOOP_PREFETCH_BWD,
         **_launch_kwargs(cfg, layout),
     )
     return dx
