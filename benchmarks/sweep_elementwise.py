@@ -95,8 +95,7 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
     flat = ["gelu fwd", "gelu_tanh fwd", "silu fwd", "relu bwd"]
-    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_BWD_WARPS")}
-    defaults.update({k: getattr(E, k) for k in ("_BWD_ROWS", "_BWD_PROGRAMS_PER_SM")})
+    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_ROW_SUMS")}
     for tile_bytes, heavy in ((2048, 1), (2048, 2), (4096, 2)):
         E._TILE_BYTES, E._HEAVY_VECTORS = tile_bytes, heavy
         res = _time({k: cases[k][0] for k in flat})
@@ -106,7 +105,8 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
 
     sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
     for warps, rows_, per_sm in itertools.product((4, 8), (2, 4, 8), (4, 8)):
-        E._BWD_WARPS, E._BWD_ROWS, E._BWD_PROGRAMS_PER_SM = warps, {2: rows_, 4: rows_}, per_sm
+        cfg = E.RowSumConfig(warps=warps, rows=rows_, programs_per_sm=per_sm)
+        E._ROW_SUMS = {k: cfg for k in defaults["_ROW_SUMS"]}
         res = _time({k: cases[k][0] for k in sums})
         config = f"bwd warps={warps} rows={rows_} programs/SM={per_sm}"
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]

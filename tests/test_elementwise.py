@@ -1,11 +1,17 @@
 """Elementwise family: accuracy through the check engine, bad inputs, layouts, autograd, compile."""
 
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import tritonkit
 from tritonkit import _utils
+from tritonkit.ops import elementwise as E
 
 from _checks import assert_spec_passes
 
@@ -165,6 +171,132 @@ def test_only_requested_gradients(device):
     xd, bd = x.double(), b.detach().double().requires_grad_()
     (ref,) = torch.autograd.grad(F.silu(xd + bd).sum(), bd)
     torch.testing.assert_close(gb.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- GELU's Phi for 16-bit outputs ------------------------------------------------------------
+
+
+def _log2_q(u: np.ndarray) -> np.ndarray:
+    """log2(0.5 * erfc(u / sqrt 2)) in float64."""
+    t = torch.from_numpy(u).double()
+    return torch.log2(0.5 * torch.erfc(t / math.sqrt(2.0))).numpy()
+
+
+def test_gelu_q16_coefficients_are_the_documented_fit():
+    """GELU_Q16_COEFFS is the float32-rounded minimax fit its comment describes."""
+    deg, u_max, points = 9, 13.0, 4001
+    u = np.linspace(0.0, u_max, points)
+    f = _log2_q(u)
+    s = u / u_max  # monomials of u / u_max: a well-conditioned basis for the least squares
+    coef = np.zeros(deg + 1)  # coefficients of s**k
+    for k in range(deg, -1, -1):  # fit, round the top free coefficient to float32, refit
+        basis = s[:, None] ** np.arange(k + 1)
+        g = f - (s[:, None] ** np.arange(k + 1, deg + 1)) @ coef[k + 1 :]
+        w = np.full(points, 1.0 / points)
+        for _ in range(500):  # Lawson: reweighting least squares by the error -> minimax
+            c = np.linalg.lstsq(basis * np.sqrt(w)[:, None], g * np.sqrt(w), rcond=None)[0]
+            w *= np.abs(basis @ c - g)
+            w /= w.sum()
+        coef[k] = float(np.float32(c[k] / u_max**k)) * u_max**k
+    fitted = coef / u_max ** np.arange(deg + 1)
+    np.testing.assert_allclose(fitted, E.GELU_Q16_COEFFS, rtol=1e-6)
+    # The claims of the comment: the error, and q decreasing to 0 beyond the fitted range.
+    dense = np.linspace(0.0, u_max, 100001)
+    c64 = np.array(E.GELU_Q16_COEFFS)
+    err = np.abs(np.exp2(np.polynomial.polynomial.polyval(dense, c64) - _log2_q(dense)) - 1)
+    assert err.max() < 1.9e-5
+    assert c64[-1] < 0
+    slope = np.polynomial.polynomial.polyroots(np.polynomial.polynomial.polyder(c64))
+    assert not any(abs(r.imag) < 1e-9 and r.real > 0 for r in slope)
+
+
+def _ordinal(t: torch.Tensor) -> torch.Tensor:
+    """16-bit floats as integers in the order of their values (ulps apart = integers apart)."""
+    i = t.view(torch.int16).to(torch.int32)
+    return torch.where(i < 0, -(i & 0x7FFF), i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
+    """Every finite 16-bit x: the PHI16 kernel's float32 value, rounded to nearest (as on the
+    GPU), is at most 1 ulp from float64 gelu rounded (PyTorch's float32 formula is not: it
+    loses 1 + erf(x / sqrt 2) to cancellation below x = -4)."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    keep = torch.isfinite(x)
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        # The interpreter's bf16 -> fp32 load gets subnormals wrong (a shift on the GPU).
+        keep &= (x.float().abs() >= torch.finfo(dtype).tiny) | (x == 0)
+    x = x[keep].to(device)
+    y = torch.empty(x.shape, dtype=torch.float32, device=device)
+    n = x.numel()
+    # Through the kernel with a float32 output: the interpreter's own bf16 store truncates.
+    E._bias_act_fwd_kernel[(_utils.cdiv(n, 1024),)](
+        x, x, y, y, 1, n, n, 0, n, 0,  # x, bias, y, mask, rows, cols, strides
+        ACT=E.ACTIVATIONS["gelu"], HAS_BIAS=False, BIAS_IS_ROW=False, STORE_MASK=False,
+        PHI16=True, INT64=False, BLOCK_M=1, BLOCK_N=1024,
+    )  # fmt: skip
+    xd = x.double()
+    exact = (0.5 * xd * torch.erfc(-xd / math.sqrt(2.0))).to(dtype)
+    ulps = (_ordinal(y.to(dtype)) - _ordinal(exact)).abs()
+    assert ulps.max().item() <= 1, x[ulps.argmax()].item()
+    if dtype == torch.float16:  # the interpreter rounds fp16 stores to nearest as well
+        torch.testing.assert_close(tritonkit.gelu(x), y.to(dtype), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gelu_16bit_tail_and_specials(dtype, device):
+    x = torch.tensor([-60000.0, -20.0, -5.0, float("-inf"), float("inf"), float("nan")])
+    out = tritonkit.gelu(x.to(device, dtype)).float().cpu()
+    assert torch.equal(out[:2], torch.zeros(2))  # -0.0 == 0: q underflows, never NaN
+    assert out[2].item() == pytest.approx(-1.4333e-6, rel=0.05)  # fp16: a subnormal
+    assert out[4].item() == float("inf")
+    assert torch.isnan(out[3]) and torch.isnan(out[5])  # as float64 F.gelu: -inf * 0
+
+
+# ---- the bias gradient's column sums -------------------------------------------------------------
+
+ROW_SUM_CONFIGS = [
+    E.RowSumConfig(warps=8, rows=2, programs_per_sm=4),
+    E.RowSumConfig(warps=4, rows=8, programs_per_sm=8, final_block=(128, 32), final_warps=8),
+    E.RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3, final_block=(8, 256)),
+]
+
+
+@pytest.mark.parametrize("cfg", ROW_SUM_CONFIGS, ids=lambda c: f"w{c.warps}r{c.rows}")
+@pytest.mark.parametrize("shape", [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)])
+def test_add_broadcast_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
+    """Every config the sweep may choose sums every row once: odd shapes, fp32 and bf16."""
+    for key in list(E._ROW_SUMS):
+        monkeypatch.setitem(E._ROW_SUMS, key, cfg)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        y = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
+        g = torch.randn(shape, device=device, dtype=dtype)
+        (dy,) = torch.autograd.grad(tritonkit.add(x, y), y, g)
+        ref = g.double().reshape(-1, shape[-1]).sum(0)
+        tol = 1e-5 if dtype == torch.float32 else 8e-3  # one rounding of the fp32 sum
+        torch.testing.assert_close(dy.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
+
+
+def test_sweep_row_sum_candidates_fill_an_h200_in_one_wave():
+    """benchmarks/sweep_gelu_colsum.py's candidates at its shape on 132 SMs: rows in-thread,
+    every row in one group, 90-100% of the target programs (one wave where they fit)."""
+    path = Path(__file__).parents[1] / "benchmarks" / "sweep_gelu_colsum.py"
+    spec = importlib.util.spec_from_file_location("sweep_gelu_colsum", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    n_rows, n_cols = sweep.SHAPE
+    for elem in (2, 4):
+        cands = sweep.row_sum_candidates(elem)
+        assert cands[0] == E._ROW_SUMS[("sum", elem)]
+        assert len({sweep._label(c) for c in cands}) == len(cands)
+        for cfg in cands:
+            tile, rows_per_program, groups = E.row_sum_launch(n_rows, n_cols, elem, cfg, 132)
+            threads = 32 * tile.num_warps
+            assert tile.BLOCK_N // threads * elem == 16  # one 16-byte vector of each row
+            assert (groups - 1) * rows_per_program < n_rows <= groups * rows_per_program
+            slots = cfg.programs_per_sm * 132
+            assert 0.9 * slots <= groups * (n_cols // tile.BLOCK_N) <= slots
 
 
 # ---- modules ---------------------------------------------------------------------------------

@@ -49,6 +49,30 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _GELU_TANH_C = tl.constexpr(0.044715)
 
+# GELU's Phi where the output has 16 bits (_gelu_q16): log2(0.5 * erfc(u / sqrt 2)) ~ sum of
+# GELU_Q16_COEFFS[k] * u**k, the minimax fit on u in [0, 13] (q(13) = 2**-126.9 is below
+# float32's smallest normal, which ex2.approx.ftz returns as 0), fitted in float64 with numpy:
+# Lawson's reweighted least squares on 4001 points, the coefficients rounded to float32 from
+# the highest down, the lower ones refitted after each rounding (tests/test_elementwise.py
+# repeats the fit). Max relative error of q on [0, 13] with these float32 coefficients:
+# 1.8e-5 in float64 arithmetic; evaluated in float32 as the kernel does, 2.0e-5 for u <= 6 and
+# 5.0e-5 near u = 13 (cancellation between terms). c9 < 0 and the derivative has no positive
+# root: q decreases on (0, inf), and Horner's rule gives -inf at u = inf, so q(inf) = 0.
+GELU_Q16_COEFFS = (
+    -1.0000253915786743,
+    -1.1510510444641113,
+    -0.4586363434791565,
+    -0.054088860750198364,
+    0.008723306469619274,
+    -0.0010343962348997593,
+    8.552986400900409e-05,
+    -4.61730633105617e-06,
+    1.4528676217651082e-07,
+    -2.0123762656254485e-09,
+)
+_Q16_C0, _Q16_C1, _Q16_C2, _Q16_C3, _Q16_C4 = (tl.constexpr(c) for c in GELU_Q16_COEFFS[:5])
+_Q16_C5, _Q16_C6, _Q16_C7, _Q16_C8, _Q16_C9 = (tl.constexpr(c) for c in GELU_Q16_COEFFS[5:])
+
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -76,13 +100,43 @@ def _gelu_parts(z):
 
 
 @triton.jit
-def _act(z, ACT: tl.constexpr):
-    """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives."""
+def _gelu_q16(u):
+    """0.5 * erfc(u / sqrt(2)) for u >= 0 to 1.8e-5 relative, for Phi rounded to 16 bits.
+
+    One exp2 of a degree-9 polynomial (GELU_Q16_COEFFS): 9 FMAs and one MUFU, where
+    _gelu_parts needs a division and an exp2 around 8 multiply-adds. bf16 GELU was bound by
+    instruction issue (benchmarks/NOTES.md); the forward kernel's SASS for sm_90 (ptxas, 16
+    elements per thread) has 20 instructions per element with this Phi, 29.5 with
+    _gelu_parts (SiLU, at 97% of copy bandwidth: 19.5). u = inf gives 0, NaN stays NaN.
+    """
+    p = _Q16_C9 * u + _Q16_C8
+    p = p * u + _Q16_C7
+    p = p * u + _Q16_C6
+    p = p * u + _Q16_C5
+    p = p * u + _Q16_C4
+    p = p * u + _Q16_C3
+    p = p * u + _Q16_C2
+    p = p * u + _Q16_C1
+    p = p * u + _Q16_C0
+    return tl.exp2(p)
+
+
+@triton.jit
+def _act(z, ACT: tl.constexpr, PHI16: tl.constexpr = False):
+    """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives.
+
+    PHI16: GELU's Phi from _gelu_q16, accurate enough for an output rounded to 16 bits (the
+    matmul epilogue calls this without it: _gelu_parts).
+    """
     if ACT == _ACT_RELU:
         # where(z < 0) rather than maximum(): max(NaN, 0) is 0 on the GPU, PyTorch gives NaN.
         out = tl.where(z < 0.0, 0.0, z)
     elif ACT == _ACT_GELU:
-        cdf, _ = _gelu_parts(z)
+        if PHI16:
+            q = _gelu_q16(tl.abs(z))
+            cdf = tl.where(z < 0.0, q, 1.0 - q)
+        else:
+            cdf, _ = _gelu_parts(z)
         out = z * cdf
     elif ACT == _ACT_GELU_TANH:
         # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
@@ -152,6 +206,7 @@ def _bias_act_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BIAS_IS_ROW: tl.constexpr,  # load the bias tile once and reuse it for every row of the tile
     STORE_MASK: tl.constexpr,
+    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from _gelu_q16
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -166,7 +221,7 @@ def _bias_act_fwd_kernel(
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask)
             z += b.to(tl.float32)
-    y = _act(z, ACT)
+    y = _act(z, ACT, PHI16)
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -209,6 +264,7 @@ def _bias_act_bwd_kernel(
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,  # > 1: the loop's loads pipelined through shared memory (cp.async)
 ):
     # Program (row group, column block) walks rows_per_program rows of its columns; the bias
     # gradient's column sums stay in registers and one partial row per group reaches memory.
@@ -217,11 +273,12 @@ def _bias_act_bwd_kernel(
     col_mask = cols < n_cols
     if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE and not FROM_MASK:
         b_row = tl.load(b_ptr + cols, mask=col_mask).to(tl.float32)
-    # A full tile of partial sums: reducing across the tile's rows (across warps, through shared
-    # memory) once after the loop instead of in every iteration.
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # One partial sum per column: the tile's rows sit in the same thread (TileConfig.
+    # for_row_sums), so each iteration's sum over them is register adds, and BLOCK_M can grow
+    # (more 16-byte loads in flight per thread) without a register per row and column.
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     row_start = pid_g * rows_per_program
-    for r in range(0, rows_per_program, BLOCK_M):
+    for r in tl.range(0, rows_per_program, BLOCK_M, num_stages=STAGES):
         rows = row_start + r + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
         dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
@@ -261,9 +318,9 @@ def _bias_act_bwd_kernel(
                 mask=mask,
             )
         if BIAS_PARTIALS:
-            acc += tl.where(mask, dz, 0.0)
+            acc += tl.sum(tl.where(mask, dz, 0.0), axis=0)
     if BIAS_PARTIALS:
-        tl.store(dbias_partial_ptr + pid_g * n_cols + cols, tl.sum(acc, axis=0), mask=col_mask)
+        tl.store(dbias_partial_ptr + pid_g * n_cols + cols, acc, mask=col_mask)
 
 
 @triton.jit
@@ -296,6 +353,7 @@ def _glu_fwd_kernel(
     stride_um,
     stride_ym,
     ACT: tl.constexpr,
+    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from _gelu_q16
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -303,7 +361,7 @@ def _glu_fwd_kernel(
     _, rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
-    y = _act(g, ACT) * u
+    y = _act(g, ACT, PHI16) * u
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -333,7 +391,7 @@ def _glu_bwd_kernel(
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
     dgate = dy * u * _act_grad(g, ACT)
-    dup = dy * _act(g, ACT)
+    dup = dy * _act(g, ACT)  # _gelu_parts' Phi, shared with _act_grad
     dg_ptrs = dgate_ptr + rows[:, None] * stride_dgm + cols[None, :]
     tl.store(dg_ptrs, dgate.to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(
@@ -355,18 +413,44 @@ _VECTOR_BYTES = 16
 # Activations that cost more arithmetic (GELU, SiLU) give each thread two vectors: more
 # independent work in flight (bf16 GELU 3088 -> 3633 GB/s, SiLU 3925 -> 4111).
 _HEAVY_VECTORS = 2
+# GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (_gelu_q16) instead of
+# _gelu_parts. False restores the old path (the sweep times both); float32 always uses the old.
+_GELU_PHI16 = True
 # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
 _MAX_BLOCK_N_MULTIROW = 512
-# The bias-gradient pass: wide, short tiles whose rows all sit in the same thread (one 16-byte
-# vector of each row per thread), so the column sums accumulate in registers with no
-# cross-thread reduction; each program walks a group of rows, about _BWD_PROGRAMS_PER_SM
-# programs per SM, and writes one fp32 partial row (tall tiles reduced across warps ran at
-# 20-70% of copy bandwidth; this shape at 80-95%, benchmarks/NOTES.md).
-_BWD_WARPS = 8
-_BWD_ROWS = {2: 2, 4: 4}  # rows per iteration by element size: 8 KiB (bf16) / 16 KiB (fp32)
-_BWD_PROGRAMS_PER_SM = 4
-_COLSUM_BLOCK = (32, 128)
 _INT32_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class RowSumConfig:
+    """The bias gradient's two passes: per-row-group partial column sums, then their sum.
+
+    The first pass uses wide, short tiles whose rows all sit in the same thread (one 16-byte
+    vector of each row per thread), so the column sums accumulate in registers with no
+    cross-thread reduction; each program walks a group of rows and writes one fp32 partial row
+    (tall tiles reduced across warps ran at 20-70% of copy bandwidth; this shape at 80-95%,
+    benchmarks/NOTES.md). The second pass sums the partial rows in a fixed order.
+    """
+
+    warps: int  # per first-pass program, whose columns are 32 * warps * 16 bytes wide
+    rows: int  # rows per loop iteration: the 16-byte loads each thread has in flight
+    programs_per_sm: int  # row groups x column blocks is about this many programs per SM
+    stages: int = 1  # > 1: the loop's loads pipelined through shared memory
+    final_block: tuple[int, int] = (32, 128)  # second pass: partial rows x columns per program
+    final_warps: int = 4
+
+
+# By (kind, element size). "act": the pass also computes dx or an activation's gradient (bias_act
+# backward); "sum": a plain column sum (add's broadcast gradient, bias_act without activation).
+# "act" chosen by benchmarks/sweep_elementwise.py (run 5, mean of bias_relu, bias_gelu and add
+# broadcast): 8 KiB (bf16) / 16 KiB (fp32) per iteration. "sum" starts from the same and is
+# swept alone by benchmarks/sweep_gelu_colsum.py.
+_ROW_SUMS: dict[tuple[str, int], RowSumConfig] = {
+    ("act", 2): RowSumConfig(warps=8, rows=2, programs_per_sm=4),
+    ("act", 4): RowSumConfig(warps=8, rows=4, programs_per_sm=4),
+    ("sum", 2): RowSumConfig(warps=8, rows=2, programs_per_sm=4),
+    ("sum", 4): RowSumConfig(warps=8, rows=4, programs_per_sm=4),
+}
 
 
 @dataclass(frozen=True)
@@ -390,11 +474,14 @@ class TileConfig:
         return TileConfig(block_m, block_n, num_warps)
 
     @staticmethod
-    def for_row_sums(n_rows: int, n_cols: int, elem_size: int) -> "TileConfig":
-        widest = 32 * _BWD_WARPS * _VECTOR_BYTES // elem_size
-        block_n = max(8, min(next_power_of_2(n_cols), widest))
-        block_m = max(1, min(next_power_of_2(n_rows), _BWD_ROWS.get(elem_size, 4)))
-        return TileConfig(block_m, block_n, _BWD_WARPS)
+    def for_row_sums(n_rows: int, n_cols: int, elem_size: int, rs: RowSumConfig) -> "TileConfig":
+        per_warp = 32 * _VECTOR_BYTES // elem_size  # columns of one warp's 16-byte vectors
+        block_n = max(8, min(next_power_of_2(n_cols), rs.warps * per_warp))
+        # No more warps than the row is wide, or the layout would spread rows across warps and
+        # every iteration's row sum would go through shared memory.
+        num_warps = max(1, min(rs.warps, block_n // per_warp))
+        block_m = max(1, min(next_power_of_2(n_rows), rs.rows))
+        return TileConfig(block_m, block_n, num_warps)
 
     def grid(self, n_rows: int, n_cols: int) -> tuple[int]:
         return (cdiv(n_rows, self.BLOCK_M) * cdiv(n_cols, self.BLOCK_N),)
@@ -402,6 +489,29 @@ class TileConfig:
 
 def _vectors(activation: str) -> int:
     return 1 if activation in ("none", "relu") else _HEAVY_VECTORS
+
+
+def _phi16(activation: str, out: torch.Tensor) -> bool:
+    """Whether a forward GELU computes Phi with _gelu_q16 (its output rounded to 16 bits)."""
+    return _GELU_PHI16 and activation == "gelu" and out.element_size() == 2
+
+
+def row_sum_launch(
+    n_rows: int, n_cols: int, elem_size: int, rs: RowSumConfig, sms: int
+) -> tuple[TileConfig, int, int]:
+    """The bias gradient's first pass: (tile, rows per program, row groups = partial rows).
+
+    Row groups x column blocks is about ``rs.programs_per_sm`` programs per SM, one wave when
+    that many fit (registers: benchmarks/sweep_gelu_colsum.py reports them).
+    """
+    cfg = TileConfig.for_row_sums(n_rows, n_cols, elem_size, rs)
+    col_blocks = cdiv(n_cols, cfg.BLOCK_N)
+    # Programs narrowed to fewer warps (narrow rows) come that many times more per SM.
+    per_sm = rs.programs_per_sm * rs.warps // cfg.num_warps
+    target = max(1, per_sm * sms // col_blocks)
+    groups = max(1, min(cdiv(n_rows, cfg.BLOCK_M), target))
+    rows_per_program = cdiv(cdiv(n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
+    return cfg, rows_per_program, cdiv(n_rows, rows_per_program)
 
 
 def _needs_int64(*views: Rows) -> bool:
@@ -487,6 +597,7 @@ def bias_act_fwd(
         HAS_BIAS=bias is not None,
         BIAS_IS_ROW=layout == "row",
         STORE_MASK=save_mask,
+        PHI16=_phi16(activation, y),
         INT64=_needs_int64(xr, yr) or (br is not None and _needs_int64(br)),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
@@ -545,13 +656,11 @@ def bias_act_bwd(
         return dx, dbias
 
     elem = grad.element_size()
+    rs = _ROW_SUMS[("sum" if activation == "none" and not need_dx else "act", elem)]
     if row_partials:
-        cfg = TileConfig.for_row_sums(gr.n_rows, gr.n_cols, elem)
-        col_blocks = cdiv(gr.n_cols, cfg.BLOCK_N)
-        target = max(1, _BWD_PROGRAMS_PER_SM * sm_count(grad.device) // col_blocks)
-        groups = max(1, min(cdiv(gr.n_rows, cfg.BLOCK_M), target))
-        rows_per_program = cdiv(cdiv(gr.n_rows, groups), cfg.BLOCK_M) * cfg.BLOCK_M
-        groups = cdiv(gr.n_rows, rows_per_program)
+        cfg, rows_per_program, groups = row_sum_launch(
+            gr.n_rows, gr.n_cols, elem, rs, sm_count(grad.device)
+        )
         partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
     else:
         cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, _vectors(activation))
@@ -584,12 +693,19 @@ def bias_act_bwd(
         INT64=_needs_int64(*views),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
+        STAGES=rs.stages if row_partials else 1,
         num_warps=cfg.num_warps,
     )
     if row_partials:
-        block_m, block_n = _COLSUM_BLOCK
+        block_m, block_n = rs.final_block
         _colsum_kernel[(cdiv(gr.n_cols, block_n),)](
-            partial, dbias, groups, gr.n_cols, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4
+            partial,
+            dbias,
+            groups,
+            gr.n_cols,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=rs.final_warps,
         )
     return dx, dbias
 
@@ -610,6 +726,7 @@ def glu_fwd(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
         ur.stride_row,
         yr.stride_row,
         ACT=ACTIVATIONS[activation],
+        PHI16=_phi16(activation, yr.tensor),
         INT64=_needs_int64(gr, ur, yr),
         BLOCK_M=cfg.BLOCK_M,
         BLOCK_N=cfg.BLOCK_N,
