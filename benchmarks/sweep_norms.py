@@ -162,9 +162,10 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
             LOOP_ELEMS_PER_THREAD_RMS=[32, 16],
         )
     else:
+        # FWD_PROGRAMS_PER_SM = 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = _grid(
-            FUSED_ELEMS_PER_THREAD=[32, 16], FWD_PROGRAMS_PER_SM=[8, 4], FWD_PREFETCH=[True, False]
-        )
+            FUSED_ELEMS_PER_THREAD=[32, 16, 8], FWD_PROGRAMS_PER_SM=[8, 4], FWD_PREFETCH=[True]
+        ) + _grid(FUSED_ELEMS_PER_THREAD=[32, 16, 8], FWD_PROGRAMS_PER_SM=[0], FWD_PREFETCH=[False])
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
     # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row
     # tile is what keeps bytes in flight. Both paths run this kernel (wide rows per column block).

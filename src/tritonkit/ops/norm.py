@@ -114,8 +114,10 @@ def norm_config(layout: RowLayout, device: torch.device) -> RowConfig:
         max_warps=MAX_WARPS,
         loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
-    if not cfg.LOOPED and FWD_PROGRAMS_PER_SM > 0:
-        programs = min(cfg.n_tiles, FWD_PROGRAMS_PER_SM * sm_count(device))
+    if not cfg.LOOPED:  # FWD_PROGRAMS_PER_SM = 0: one row tile per program
+        programs = cfg.n_tiles
+        if FWD_PROGRAMS_PER_SM > 0:
+            programs = min(cfg.n_tiles, FWD_PROGRAMS_PER_SM * sm_count(device))
         warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, FUSED_ELEMS_PER_THREAD, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
