@@ -162,16 +162,27 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
             LOOP_ELEMS_PER_THREAD_RMS=[32, 16],
         )
     else:
-        # FWD_PROGRAMS_PER_SM = 0: one row tile per program (Liger's launch), no prefetch.
-        fwd_configs = _grid(
-            FUSED_ELEMS_PER_THREAD=[32, 16, 8], FWD_PROGRAMS_PER_SM=[8, 4], FWD_PREFETCH=[True]
-        ) + _grid(FUSED_ELEMS_PER_THREAD=[32, 16, 8], FWD_PROGRAMS_PER_SM=[0], FWD_PREFETCH=[False])
+        # Programs per SM 0: one row tile per program (Liger's launch), no prefetch. LayerNorm:
+        # with and without the first-element shift of 16-bit rows and the selects.
+        fwd_configs = [
+            {"FUSED_ELEMS_PER_THREAD": e, "FWD_PROGRAMS_PER_SM": p, "FWD_PROGRAMS_PER_SM_RMS": p,
+             "FWD_PREFETCH": p > 0, "LN_SHIFT_16BIT": sh, "EVEN_N": ev}
+            for e, p, sh, ev in [
+                (32, 8, True, True), (32, 8, False, True), (32, 8, True, False),
+                (32, 8, False, False), (32, 4, False, True), (16, 8, False, True),
+                (32, 0, True, True), (32, 0, False, True), (16, 0, False, True),
+            ]
+        ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
     # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row
     # tile is what keeps bytes in flight. Both paths run this kernel (wide rows per column block).
     bwd_configs = _grid(
-        BWD_ELEMS_PER_THREAD=[16, 8], BWD_PROGRAMS_PER_SM=[2, 1], BWD_PREFETCH=[True, False]
-    )
+        BWD_ELEMS_PER_THREAD=[16, 8],
+        BWD_PROGRAMS_PER_SM=[2, 1],
+        BWD_PREFETCH=[True, False],
+        LN_SHIFT_16BIT=[True],
+    ) + [{"BWD_ELEMS_PER_THREAD": 16, "BWD_PROGRAMS_PER_SM": p, "BWD_PREFETCH": True,
+          "LN_SHIFT_16BIT": False} for p in (2, 1)]  # fmt: skip
     for c in bwd_configs:  # RMSNorm and LayerNorm read their own constant; sweep both alike
         c["BWD_PROGRAMS_PER_SM_LN"] = c["BWD_PROGRAMS_PER_SM"]
     if shape[-1] > N.MAX_FUSED_COLS:

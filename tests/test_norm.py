@@ -47,6 +47,23 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
     )
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("shift", [True, False], ids=["shift", "no-shift"])
+@pytest.mark.parametrize("even", [True, False], ids=["even", "masked"])
+def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, device, monkeypatch):
+    """16-bit rows in registers with and without the first-element shift (forward and backward
+    must agree), and a power-of-2 row with and without its selects."""
+    monkeypatch.setattr(N, "LN_SHIFT_16BIT", shift)
+    monkeypatch.setattr(N, "EVEN_N", even)
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(5, 64), (3, 70)],
+        dtypes=[torch.bfloat16, torch.float16],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
 # ---- weight and bias optional: the same engine on specs that are not registered -----------
 
 

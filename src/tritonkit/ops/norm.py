@@ -83,6 +83,7 @@ LOOP_ELEMS_PER_THREAD_RMS = 32
 # One Chan-merge reduction for LayerNorm's mean and variance was slower (2176-2489).
 FUSED_ELEMS_PER_THREAD = 32
 FWD_PROGRAMS_PER_SM = 8
+FWD_PROGRAMS_PER_SM_RMS = 8
 FWD_PREFETCH = True
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
@@ -99,9 +100,24 @@ BWD_PREFETCH = True
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
 COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
+# LayerNorm of 16-bit rows in registers: shift by the first element too (see _shifts).
+LN_SHIFT_16BIT = True
+# Rows in registers whose length is the tile's (a power of 2): the forward skips its selects.
+EVEN_N = True
 
 
-def norm_config(layout: RowLayout, device: torch.device) -> RowConfig:
+def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
+    """Whether LayerNorm shifts each row by its first element (forward and backward agree).
+
+    Always for float32 and for looped rows (whose chunks are merged with Chan's formula): a
+    mean of 1e4 + N(0, 1) values in fp32 is off by ~1e-3 unshifted, an error in every output.
+    A 16-bit input cannot hold such rows to that precision (bf16 steps by 64 at 1e4), so its
+    rows in registers skip the shift unless LN_SHIFT_16BIT.
+    """
+    return not rms and (looped or dtype == torch.float32 or LN_SHIFT_16BIT)
+
+
+def norm_config(layout: RowLayout, device: torch.device, rms: bool = False) -> RowConfig:
     """The norm family's row config (forward, and the row-sum pass of the wide backward)."""
     cfg = row_config(
         layout,
@@ -114,10 +130,11 @@ def norm_config(layout: RowLayout, device: torch.device) -> RowConfig:
         max_warps=MAX_WARPS,
         loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
-    if not cfg.LOOPED:  # FWD_PROGRAMS_PER_SM = 0: one row tile per program
+    if not cfg.LOOPED:  # programs per SM 0: one row tile per program
         programs = cfg.n_tiles
-        if FWD_PROGRAMS_PER_SM > 0:
-            programs = min(cfg.n_tiles, FWD_PROGRAMS_PER_SM * sm_count(device))
+        per_sm = FWD_PROGRAMS_PER_SM_RMS if rms else FWD_PROGRAMS_PER_SM
+        if per_sm > 0:
+            programs = min(cfg.n_tiles, per_sm * sm_count(device))
         warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, FUSED_ELEMS_PER_THREAD, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
@@ -184,7 +201,7 @@ def _raw_sum(x, r, HAS_RESIDUAL: tl.constexpr):
 def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-    IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
+    SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """(x or x + residual in fp32, LayerNorm's shift) of row tile ``tile``; the shift is each
     row's first element as stored (the backward shifts by the same value). Nothing is read past
@@ -200,7 +217,7 @@ def _fwd_tile_load(
         HAS_RESIDUAL,
     )
     shift = tl.zeros([BLOCK_R], tl.float32)
-    if not IS_RMS:
+    if SHIFT:
         shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
     return x, shift
 
@@ -237,12 +254,14 @@ def _norm_fwd_kernel(
     stride_w,  # weight: elements between columns
     stride_b,  # bias: elements between columns
     IS_RMS: tl.constexpr,
+    SHIFT: tl.constexpr,  # LayerNorm rows shifted by their first element (see _shifts)
     HAS_RESIDUAL: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
     PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
     LOOP_PREFETCH: tl.constexpr,  # looped: load the next chunk before reducing this one
+    EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -259,7 +278,7 @@ def _norm_fwd_kernel(
         x_next, shift_next = _fwd_tile_load(
             tl.program_id(0), n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
             stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-            IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+            SHIFT, HAS_RESIDUAL, BLOCK_R, INT64,
         )  # fmt: skip
     for tile in range(tl.program_id(0), n_tiles, n_programs):
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
@@ -399,7 +418,7 @@ def _norm_fwd_kernel(
             loaded = _fwd_tile_load(
                 tile + PREFETCH * n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
                 col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-                IS_RMS, HAS_RESIDUAL, BLOCK_R, INT64,
+                SHIFT, HAS_RESIDUAL, BLOCK_R, INT64,
             )  # fmt: skip
             if PREFETCH:
                 x, shift = x_next, shift_next
@@ -416,9 +435,14 @@ def _norm_fwd_kernel(
                 rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
                 y = x * rstd[:, None]
             else:
-                xs = tl.where(mask, x - shift[:, None], 0.0)
-                mean = tl.sum(xs, axis=1) / n_cols
-                d = tl.where(mask, xs - mean[:, None], 0.0)
+                if EVEN_N:  # no padding columns: masked rows are not stored, no selects
+                    xs = x - shift[:, None]
+                    mean = tl.sum(xs, axis=1) / n_cols
+                    d = xs - mean[:, None]
+                else:
+                    xs = tl.where(mask, x - shift[:, None], 0.0)
+                    mean = tl.sum(xs, axis=1) / n_cols
+                    d = tl.where(mask, xs - mean[:, None], 0.0)
                 rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
                 y = d * rstd[:, None]
             if HAS_WEIGHT:
@@ -434,13 +458,17 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _row_stats(x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
-    """(shift, mean, rstd) saved by the forward for a row tile (shift and mean 0 for RMSNorm)."""
+def _row_stats(
+    x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr, SHIFT: tl.constexpr
+):
+    """(shift, mean, rstd) saved by the forward for a row tile (shift and mean 0 for RMSNorm,
+    shift 0 without SHIFT)."""
     rstd = tl.load(rstd_ptr + s_offs, mask=row_mask, other=0.0)
     shift = tl.zeros_like(rstd)
     mean = tl.zeros_like(rstd)
-    if not IS_RMS:
+    if SHIFT:
         shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
+    if not IS_RMS:
         mean = tl.load(mean_ptr + s_offs, mask=row_mask, other=0.0)
     return shift, mean, rstd
 
@@ -456,9 +484,12 @@ def _normalized(x, mask, shift, mean, rstd, IS_RMS: tl.constexpr):
 
 
 @triton.jit
-def _xhat(x, x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr):
+def _xhat(
+    x, x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr,
+    SHIFT: tl.constexpr,
+):  # fmt: skip
     """(normalized x, rstd) from the saved statistics; 0 where masked."""
-    shift, mean, rstd = _row_stats(x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS)
+    shift, mean, rstd = _row_stats(x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS, SHIFT)
     return _normalized(x, mask, shift, mean, rstd, IS_RMS), rstd
 
 
@@ -490,6 +521,7 @@ def _norm_bwd_sums_kernel(
     stride_si,
     stride_w,  # weight: elements between columns
     IS_RMS: tl.constexpr,
+    SHIFT: tl.constexpr,  # LayerNorm rows shifted by their first element (see _shifts)
     HAS_WEIGHT: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -510,8 +542,9 @@ def _norm_bwd_sums_kernel(
             dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask, other=0.0)
             x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask, other=0.0)
             xhat, _ = _xhat(
-                x.to(tl.float32), x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS
-            )
+                x.to(tl.float32), x_rows, mask, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS,
+                SHIFT,
+            )  # fmt: skip
             wdy = dy.to(tl.float32)
             if HAS_WEIGHT:
                 wdy *= tl.load(w_ptr + c * stride_w, mask=c < n_cols).to(tl.float32)[None, :]
@@ -528,7 +561,8 @@ def _bwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr, cols,
     col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi, stride_ro,
     stride_rn, stride_ri, stride_so, stride_si,
-    IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
+    IS_RMS: tl.constexpr, SHIFT: tl.constexpr, HAS_DRES: tl.constexpr, BLOCK_R: tl.constexpr,
+    INT64: tl.constexpr,
 ):  # fmt: skip
     """(dy, x, dres, shift, mean, rstd) of row tile ``tile``, tiles as stored (dres 0 without
     HAS_DRES); nothing is read past the last tile."""
@@ -550,7 +584,7 @@ def _bwd_tile_load(
             other=0.0,
         )
     shift, mean, rstd = _row_stats(
-        x_rows, row_mask, mean_ptr, rstd_ptr, o * stride_so + i * stride_si, IS_RMS
+        x_rows, row_mask, mean_ptr, rstd_ptr, o * stride_so + i * stride_si, IS_RMS, SHIFT
     )
     return dy, x, dres, shift, mean, rstd
 
@@ -588,6 +622,7 @@ def _norm_bwd_kernel(
     stride_si,
     stride_w,  # weight: elements between columns
     IS_RMS: tl.constexpr,
+    SHIFT: tl.constexpr,  # LayerNorm rows shifted by their first element (see _shifts)
     HAS_WEIGHT: tl.constexpr,
     HAS_DRES: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr,
@@ -617,8 +652,8 @@ def _norm_bwd_kernel(
         dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = _bwd_tile_load(
             pid_g, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr,
             cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi,
-            stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS, HAS_DRES, BLOCK_R,
-            INT64,
+            stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS, SHIFT, HAS_DRES,
+            BLOCK_R, INT64,
         )  # fmt: skip
     for tile in range(pid_g, n_tiles, n_groups):
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
@@ -631,7 +666,7 @@ def _norm_bwd_kernel(
             tile + PREFETCH * n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr,
             mean_ptr, rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,
             stride_xn, stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS,
-            HAS_DRES, BLOCK_R, INT64,
+            SHIFT, HAS_DRES, BLOCK_R, INT64,
         )  # fmt: skip
         if PREFETCH:
             dy, x, dres, shift, mean, rstd = dy_n, x_n, dres_n, shift_n, mean_n, rstd_n
@@ -726,7 +761,7 @@ def norm_fwd(
     rt = inputs[1] if residual is not None else xt
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
-    cfg = norm_config(layout, x.device)
+    cfg = norm_config(layout, x.device, rms)
     if cfg.LOOPED and rms:
         warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, LOOP_ELEMS_PER_THREAD_RMS, MAX_WARPS)
         cfg = dataclasses.replace(cfg, num_warps=warps)
@@ -758,12 +793,14 @@ def norm_fwd(
         stride_w,
         stride_b,
         IS_RMS=rms,
+        SHIFT=_shifts(rms, cfg.LOOPED, x.dtype),
         HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=w is not None,
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH,
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
+        EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=cfg.BLOCK_N,
@@ -848,6 +885,7 @@ def norm_bwd(
             ss[2],
             stride_w,
             IS_RMS=rms,
+            SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
             HAS_WEIGHT=w is not None,
             INT64=layout.needs_int64(),
             BLOCK_R=cfg.BLOCK_R,
@@ -884,6 +922,7 @@ def norm_bwd(
         ss[2],
         stride_w,
         IS_RMS=rms,
+        SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
         HAS_WEIGHT=w is not None,
         HAS_DRES=dres is not None,
         WEIGHT_GRAD=dw is not None,
