@@ -7,12 +7,13 @@ column axis.
 Forward: a row that fits in registers (``MAX_FUSED_COLS``) is read once; a wider row is read
 twice (statistics, then the output, last chunk first), the second time from L2. Per row it
 saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
-on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value is
-first shifted by the row's first element, which makes the subtraction of nearby values exact,
-the mean is that of the shifted values, and the variance is that of the deviations from it
-(two passes over registers; chunks merged with Chan's formula on the looped path), never
-E[x^2] - E[x]^2. The saved "mean" is the shifted mean, and the backward shifts again by the
-same first element.
+on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value of
+an fp32 row (and of any looped row) is first shifted by the row's first element, which makes
+the subtraction of nearby values exact, the mean is that of the shifted values, and the
+variance is that of the deviations from it (two passes over registers; chunks merged with
+Chan's formula on the looped path), never E[x^2] - E[x]^2. The saved "mean" is the shifted
+mean, and the backward shifts again by the same first element. 16-bit rows in registers skip
+the shift (``_shifts``): their own rounding dwarfs what it saves.
 
 Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
 per program, each program walking a group of rows; a second pass sums the partials in a fixed
@@ -83,7 +84,9 @@ LOOP_ELEMS_PER_THREAD_RMS = 32
 # One Chan-merge reduction for LayerNorm's mean and variance was slower (2176-2489).
 FUSED_ELEMS_PER_THREAD = 32
 FWD_PROGRAMS_PER_SM = 8
-FWD_PROGRAMS_PER_SM_RMS = 8
+# RMSNorm's forward, one reduction per row: one row tile per program (0) was faster, H200 sweep
+# (run 16), (16384, 4096) bf16: 3970 GB/s vs 3750 at 8 per SM (Liger 3947, compile 3530).
+FWD_PROGRAMS_PER_SM_RMS = 0
 FWD_PREFETCH = True
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
@@ -100,8 +103,10 @@ BWD_PREFETCH = True
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
 COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
-# LayerNorm of 16-bit rows in registers: shift by the first element too (see _shifts).
-LN_SHIFT_16BIT = True
+# LayerNorm of 16-bit rows in registers: shift by the first element too (see _shifts). H200
+# sweep (run 16), (16384, 4096) bf16, without: forward 3483 GB/s (3442 with), backward 2633
+# (2605); without the selects of EVEN_N the forward took 3270.
+LN_SHIFT_16BIT = False
 # Rows in registers whose length is the tile's (a power of 2): the forward skips its selects.
 EVEN_N = True
 
@@ -798,7 +803,7 @@ def norm_fwd(
         HAS_WEIGHT=w is not None,
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
-        PREFETCH=FWD_PREFETCH,
+        PREFETCH=FWD_PREFETCH and cfg.programs < cfg.n_tiles,  # a next tile to fetch
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         INT64=layout.needs_int64(),
