@@ -310,31 +310,16 @@ def _norm_fwd_kernel(
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
+                # One load per iteration: this chunk, or with LOOP_PREFETCH the next one.
+                loaded = _chunk_raw(
+                    x_rows, r_rows, start + LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn,
+                    stride_rn, row_mask, HAS_RESIDUAL,
+                )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
-                    xr_next, rr_next = _chunk_raw(
-                        x_rows,
-                        r_rows,
-                        start + BLOCK_N,
-                        cols,
-                        n_cols,
-                        stride_xn,
-                        stride_rn,
-                        row_mask,
-                        HAS_RESIDUAL,
-                    )
+                    xr_next, rr_next = loaded
                 else:
-                    xr, rr = _chunk_raw(
-                        x_rows,
-                        r_rows,
-                        start,
-                        cols,
-                        n_cols,
-                        stride_xn,
-                        stride_rn,
-                        row_mask,
-                        HAS_RESIDUAL,
-                    )
+                    xr, rr = loaded
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if IS_RMS:
                     acc += x * x
@@ -371,31 +356,15 @@ def _norm_fwd_kernel(
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
+                loaded = _chunk_raw(
+                    x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
+                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+                )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
-                    xr_next, rr_next = _chunk_raw(
-                        x_rows,
-                        r_rows,
-                        _reverse_start(k + 1, n_chunks, BLOCK_N),
-                        cols,
-                        n_cols,
-                        stride_xn,
-                        stride_rn,
-                        row_mask,
-                        HAS_RESIDUAL,
-                    )
+                    xr_next, rr_next = loaded
                 else:
-                    xr, rr = _chunk_raw(
-                        x_rows,
-                        r_rows,
-                        start,
-                        cols,
-                        n_cols,
-                        stride_xn,
-                        stride_rn,
-                        row_mask,
-                        HAS_RESIDUAL,
-                    )
+                    xr, rr = loaded
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if HAS_RESIDUAL:
                     tl.store(

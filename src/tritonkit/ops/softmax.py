@@ -345,13 +345,15 @@ def _online_max_sum(
     if PREFETCH:
         x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"))
     for start in range(0, n_cols, BLOCK_N):
+        # One load per iteration: this chunk, or with PREFETCH the next one.
+        loaded = _chunk(
+            x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf")
+        )
         if PREFETCH:
             x = x_next
-            x_next = _chunk(
-                x_rows, start + BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf")
-            )
+            x_next = loaded
         else:
-            x = _chunk(x_rows, start, cols, n_cols, stride_n, row_mask, float("-inf"))
+            x = loaded
         x = x.to(tl.float32)
         d = x - m
         e = tl.exp(-tl.abs(d))
@@ -402,12 +404,13 @@ def _softmax_fwd_kernel(
                                 stride_xn, row_mask, 0.0)  # fmt: skip
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
+                loaded = _chunk(x_rows, _reverse_start(k + PREFETCH, n_chunks, BLOCK_N), cols,
+                                n_cols, stride_xn, row_mask, 0.0)  # fmt: skip
                 if PREFETCH:
                     x = x_next
-                    x_next = _chunk(x_rows, _reverse_start(k + 1, n_chunks, BLOCK_N), cols,
-                                    n_cols, stride_xn, row_mask, 0.0)  # fmt: skip
+                    x_next = loaded
                 else:
-                    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0)
+                    x = loaded
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 z = x.to(tl.float32) - row_max[:, None]
@@ -476,18 +479,20 @@ def _softmax_bwd_kernel(
                 if not LOG:
                     y_next = _chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0)
             for start in range(0, n_cols, BLOCK_N):
+                at = start + PREFETCH * BLOCK_N
+                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0)
+                if not LOG:
+                    y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0)
                 if PREFETCH:
                     dy = dy_next
-                    dy_next = _chunk(dy_rows, start + BLOCK_N, cols, n_cols, stride_dyn, row_mask,
-                                     0.0)  # fmt: skip
+                    dy_next = dy_loaded
                     if not LOG:
                         y = y_next
-                        y_next = _chunk(y_rows, start + BLOCK_N, cols, n_cols, stride_yn,
-                                        row_mask, 0.0)  # fmt: skip
+                        y_next = y_loaded
                 else:
-                    dy = _chunk(dy_rows, start, cols, n_cols, stride_dyn, row_mask, 0.0)
+                    dy = dy_loaded
                     if not LOG:
-                        y = _chunk(y_rows, start, cols, n_cols, stride_yn, row_mask, 0.0)
+                        y = y_loaded
                 if LOG:
                     acc += dy.to(tl.float32)
                 else:
@@ -501,15 +506,14 @@ def _softmax_bwd_kernel(
                 y_next = _chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0)
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
+                at = _reverse_start(k + PREFETCH, n_chunks, BLOCK_N)
+                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0)
+                y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0)
                 if PREFETCH:
-                    nxt = _reverse_start(k + 1, n_chunks, BLOCK_N)
-                    dy = dy_next
-                    y = y_next
-                    dy_next = _chunk(dy_rows, nxt, cols, n_cols, stride_dyn, row_mask, 0.0)
-                    y_next = _chunk(y_rows, nxt, cols, n_cols, stride_yn, row_mask, 0.0)
+                    dy, y = dy_next, y_next
+                    dy_next, y_next = dy_loaded, y_loaded
                 else:
-                    dy = _chunk(dy_rows, start, cols, n_cols, stride_dyn, row_mask, 0.0)
-                    y = _chunk(y_rows, start, cols, n_cols, stride_yn, row_mask, 0.0)
+                    dy, y = dy_loaded, y_loaded
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 dy = dy.to(tl.float32)
