@@ -1,4 +1,6 @@
-"""Shared test helper: run the check engine on one operator and fail with every failed case."""
+"""Shared test helpers: the check engine on one operator, saved tensors, the compile backend."""
+
+import torch
 
 from tritonkit.harness.check import check_spec, fresh_seed
 from tritonkit.harness.spec import get_spec
@@ -15,3 +17,22 @@ def assert_spec_passes(name: str, device, **kwargs) -> None:
     assert not failed, (
         f"{name}: {len(failed)}/{len(results)} checks failed (base seed {seed})\n{report}"
     )
+
+
+def saved_tensors(fn):
+    """(fn's result, the tensors autograd saved for its backward while fn ran)."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, saved
+
+
+def compile_backend(device) -> str:
+    """torch.compile's backend for the compile tests: inductor on a GPU; on the CPU, where
+    inductor would generate C++ around interpreter kernels, aot_eager (the same tracing)."""
+    return "inductor" if device.type == "cuda" else "aot_eager"

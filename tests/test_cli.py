@@ -51,3 +51,14 @@ def test_report_rejects_bad_file(tmp_path, capsys):
 def test_doctor_runs(capsys):
     assert main(["doctor"]) == 0
     assert "torch" in capsys.readouterr().out
+
+
+def test_package_and_functional_export_the_same_functions():
+    # tritonkit lists its functions without importing them (the interpreter must be chosen
+    # first); tritonkit.functional imports them: the two lists must not drift apart.
+    import tritonkit
+    from tritonkit import functional
+
+    assert list(tritonkit._FUNCTIONS) == functional.__all__
+    for name in functional.__all__:
+        assert getattr(tritonkit, name) is getattr(functional, name)

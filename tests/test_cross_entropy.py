@@ -9,7 +9,7 @@ from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.ops import cross_entropy as CE
 from tritonkit.ops.cross_entropy import cross_entropy
 
-from _checks import assert_spec_passes
+from _checks import assert_spec_passes, compile_backend
 
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 
@@ -320,7 +320,7 @@ def test_module_loads_the_torch_state_dict(device):
 
 def test_compile_fullgraph_traces(device):
     torch._dynamo.reset()
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    backend = compile_backend(device)
 
     def fn(x, t):
         return cross_entropy(x * 2, t, label_smoothing=0.1) + cross_entropy(x, t, reduction="sum")

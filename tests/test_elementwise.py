@@ -13,7 +13,7 @@ import tritonkit
 from tritonkit import _utils
 from tritonkit.ops import elementwise as E
 
-from _checks import assert_spec_passes
+from _checks import assert_spec_passes, compile_backend, saved_tensors
 
 OPS = ["relu", "gelu", "gelu_tanh", "silu", "add", "bias_act", "swiglu", "geglu"]
 
@@ -340,7 +340,7 @@ def test_compile_fullgraph_traces(name, device):
     """fullgraph=True fails on any graph break: the custom ops and Functions must trace."""
     torch._dynamo.reset()
     fn, ref = COMPILE_CASES[name]
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    backend = compile_backend(device)
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     x = torch.randn(6, 10, device=device, requires_grad=True)
     y = torch.randn(6, 10, device=device, requires_grad=True)
@@ -370,22 +370,10 @@ def test_compile_with_inductor(device):
 # ---- relu's one-bit-per-element saved state ------------------------------------------------
 
 
-def _saved_tensors(fn):
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, saved
-
-
 @pytest.mark.parametrize("shape", [(5, 17), (64,), (3, 4, 9)])
 def test_relu_saves_one_bit_per_element(shape, device):
     x = torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True)
-    out, saved = _saved_tensors(lambda: tritonkit.relu(x))
+    out, saved = saved_tensors(lambda: tritonkit.relu(x))
     assert len(saved) == 1 and saved[0].dtype == torch.uint8
     rows = x.numel() // shape[-1]
     assert tuple(saved[0].shape) == (rows, -(-shape[-1] // 8))
@@ -395,7 +383,7 @@ def test_relu_saves_one_bit_per_element(shape, device):
 
 def test_relu_without_grad_saves_nothing(device):
     x = torch.randn(40, device=device)
-    _, saved = _saved_tensors(lambda: tritonkit.relu(x))
+    _, saved = saved_tensors(lambda: tritonkit.relu(x))
     assert saved == []
 
 

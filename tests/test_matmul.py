@@ -25,7 +25,7 @@ from tritonkit.ops.matmul import (
     split_k_for,
 )
 
-from _checks import assert_spec_passes
+from _checks import assert_spec_passes, compile_backend, saved_tensors
 
 INTERPRETED = _utils.interpreter_enabled()
 BF16_DOT_SKIP = "the Triton interpreter computes bf16 tl.dot wrongly: checked on the GPU only"
@@ -339,29 +339,17 @@ def test_linear_forward_and_backward(activation, with_bias, with_residual, devic
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _saved_tensors(fn):
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, saved
-
-
 def test_linear_saves_the_pre_bias_product_only_when_the_activation_needs_it(device):
     x = torch.randn(6, 8, device=device, requires_grad=True)
     w = torch.randn(5, 8, device=device, requires_grad=True)
     bias = torch.randn(5, device=device, requires_grad=True)
-    _, saved = _saved_tensors(lambda: linear(x, w, bias, "gelu_tanh"))
+    _, saved = saved_tensors(lambda: linear(x, w, bias, "gelu_tanh"))
     z = [t for t in saved if t.shape == (6, 5)]
     assert len(z) == 1
     torch.testing.assert_close(z[0], x.detach() @ w.detach().t())
-    _, saved = _saved_tensors(lambda: linear(x, w, bias))
+    _, saved = saved_tensors(lambda: linear(x, w, bias))
     assert not [t for t in saved if t.shape == (6, 5)]
-    _, saved = _saved_tensors(lambda: linear(x.detach(), w.detach(), bias.detach(), "gelu"))
+    _, saved = saved_tensors(lambda: linear(x.detach(), w.detach(), bias.detach(), "gelu"))
     assert saved == []
 
 
@@ -676,7 +664,7 @@ def test_compile_fullgraph_traces(name, device):
     """fullgraph=True fails on any graph break: the custom ops and Functions must trace."""
     torch._dynamo.reset()
     fn, ref = COMPILE_CASES[name]
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    backend = compile_backend(device)
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     x = torch.randn(6, 8, device=device, requires_grad=True)
     w = torch.randn(5, 8, device=device, requires_grad=True)

@@ -12,7 +12,7 @@ from tritonkit.ops import norm as N
 from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE
 
-from _checks import assert_spec_passes
+from _checks import assert_spec_passes, compile_backend
 
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 
@@ -316,7 +316,7 @@ COMPILE_REFS = {
 @pytest.mark.parametrize("name", list(COMPILE_CASES))
 def test_compile_fullgraph_traces(name, device):
     torch._dynamo.reset()
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    backend = compile_backend(device)
     compiled = torch.compile(COMPILE_CASES[name], fullgraph=True, backend=backend)
     inputs = [torch.randn(s, device=device, requires_grad=True) for s in ((6, 10), (6, 10))]
     inputs += [torch.randn(10, device=device, requires_grad=True) for _ in range(2)]

@@ -8,7 +8,7 @@ from tritonkit.nn.softmax import LogSoftmax, Softmax
 from tritonkit.ops import softmax as S
 from tritonkit.ops.softmax import log_softmax, softmax
 
-from _checks import assert_spec_passes
+from _checks import assert_spec_passes, compile_backend
 
 # Masked lanes of a looped chunk are -inf: the interpreter's NumPy warns about their maxima.
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
@@ -171,7 +171,7 @@ def test_modules_match_torch_nn(device):
 def test_compile_fullgraph_traces(name, device):
     torch._dynamo.reset()
     ours, ref = OPS[name]
-    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    backend = compile_backend(device)
     compiled = torch.compile(lambda t: ours(t.t(), 0) * 2, fullgraph=True, backend=backend)
     x = torch.randn(6, 10, device=device, requires_grad=True)
     out, expected = compiled(x), ref(x.t(), 0) * 2
