@@ -382,14 +382,14 @@ def _ce_reduce_kernel(
 
 
 def _outputs(logits, reduction, need_grad):
-    """(loss, per-row logsumexp, mean denominator and weight sum): the last two only when a
-    gradient will be needed, else empty."""
+    """(loss, per-row logsumexp (empty unless a gradient will be needed), fp32 [2] for the mean
+    denominator and the weight sum)."""
     n_rows = logits.shape[0]
     shape = (n_rows,) if reduction == "none" else ()
     loss = torch.empty(shape, dtype=logits.dtype, device=logits.device)
     f32 = {"dtype": torch.float32, "device": logits.device}
     lse = torch.empty(n_rows if need_grad else 0, **f32)
-    stats = torch.empty(2 if need_grad else 0, **f32)
+    stats = torch.empty(2, **f32)
     return loss, lse, stats
 
 
@@ -439,7 +439,7 @@ def cross_entropy_fwd(
     """(loss, logsumexp per row, stats) for ``logits`` (N, C), any strides.
 
     The last two (fp32, N and 2 elements) are what ``cross_entropy_bwd`` needs besides the
-    inputs; without ``need_grad`` they are empty and the logsumexps are not written.
+    inputs; without ``need_grad`` the logsumexps are neither allocated nor written.
     """
     loss, lse, stats = _outputs(logits, reduction, need_grad)
     n_rows, n_cols = logits.shape
@@ -452,8 +452,6 @@ def cross_entropy_fwd(
     smoothing = float(label_smoothing)
     has_smoothing = smoothing > 0.0
     mean = reduction == "mean"
-    if not need_grad:
-        stats = torch.empty(2, dtype=torch.float32, device=dev)
     _stats_for(logits, target, weight, ignore_index, reduction, smoothing, stats)
     block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols)
     block_r, block_s = rows_config(n_rows, n_segments)

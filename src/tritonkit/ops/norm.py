@@ -47,6 +47,7 @@ from tritonkit.ops.elementwise import _colsum_kernel
 from tritonkit.ops.softmax import (
     RowConfig,
     RowLayout,
+    _chunk,
     _col_ids,
     _reverse_start,
     _tile_rows,
@@ -166,40 +167,39 @@ def _bwd_grid(
 
 
 @triton.jit
-def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr = False):
-    """x, or x + residual, in fp32 (rounded to x's dtype first when ROUND); 0 where masked."""
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
-    dtype = x.dtype
-    x = x.to(tl.float32)
-    if HAS_RESIDUAL:
-        x += tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
-        if ROUND:
-            x = x.to(dtype).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _chunk_raw(x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask,
-               HAS_RESIDUAL: tl.constexpr):  # fmt: skip  # fmt: skip
-    """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
-    0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
-    used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
-    c = start + cols
-    mask = row_mask[:, None] & (c < n_cols)[None, :]
-    x = tl.load(x_rows[:, None] + c[None, :] * stride_xn, mask=mask, other=0.0)
-    r = x
-    if HAS_RESIDUAL:
-        r = tl.load(r_rows[:, None] + c[None, :] * stride_rn, mask=mask, other=0.0)
-    return x, r
-
-
-@triton.jit
 def _raw_sum(x, r, HAS_RESIDUAL: tl.constexpr):
-    """x, or x + residual, in fp32, from ``_chunk_raw``."""
+    """x, or x + residual, in fp32, from the values as stored."""
     out = x.to(tl.float32)
     if HAS_RESIDUAL:
         out += r.to(tl.float32)
     return out
+
+
+@triton.jit
+def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr = False):
+    """x, or x + residual, in fp32 (rounded to x's dtype first when ROUND); 0 where masked."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    r = x
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptrs, mask=mask, other=0.0)
+    out = _raw_sum(x, r, HAS_RESIDUAL)
+    if HAS_RESIDUAL and ROUND:
+        out = out.to(x.dtype).to(tl.float32)
+    return out
+
+
+@triton.jit
+def _chunk_raw(
+    x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL: tl.constexpr
+):
+    """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
+    0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
+    used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
+    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0)
+    r = x
+    if HAS_RESIDUAL:
+        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0)
+    return x, r
 
 
 @triton.jit
