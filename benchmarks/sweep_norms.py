@@ -133,11 +133,12 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
         configs = _grid(ELEMS_PER_THREAD=[16, 8, 32])
     else:  # looped; plus one candidate that keeps the whole row in registers (spills)
         configs = _grid(
-            LOOP_BLOCK_N=[16384, 8192],
-            ELEMS_PER_THREAD=[16, 32],
+            LOOP_BLOCK_N=[16384],
+            ELEMS_PER_THREAD=[16],
             LOOP_PROGRAMS_PER_SM=[2, 1],
             LOOP_PREFETCH_FWD=[False, True],
-            LOOP_PREFETCH_BWD=[True, False],
+            LOOP_PREFETCH_BWD=[True],
+            LOOP_EVICT=[False, True],
             MAX_FUSED_COLS=[S.MAX_FUSED_COLS],
         )
         configs.append({**configs[0], "MAX_FUSED_COLS": shape[-1]})
@@ -155,34 +156,36 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
 def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> None:
     if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
         fwd_configs = _grid(
-            LOOP_BLOCK_N=[16384, 8192],
-            ELEMS_PER_THREAD=[16, 32],
-            LOOP_PROGRAMS_PER_SM=[2],
-            LOOP_PREFETCH=[True, False],
-            LOOP_ELEMS_PER_THREAD_RMS=[32, 16],
+            LOOP_BLOCK_N=[16384],
+            ELEMS_PER_THREAD=[16],
+            LOOP_PROGRAMS_PER_SM=[2, 1],
+            LOOP_PREFETCH=[True],
+            LOOP_ELEMS_PER_THREAD_RMS=[32],
+            LOOP_EVICT=[False, True],
         )
     else:
-        # Programs per SM 0: one row tile per program (Liger's launch), no prefetch. LayerNorm:
-        # with and without the first-element shift of 16-bit rows and the selects.
+        # Programs per SM 0: one row tile per program (Liger's launch), no prefetch, the weight
+        # and bias loaded before the row or after it (FWD_AFFINE_PER_TILE).
         fwd_configs = [
             {"FUSED_ELEMS_PER_THREAD": e, "FWD_PROGRAMS_PER_SM": p, "FWD_PROGRAMS_PER_SM_RMS": p,
-             "FWD_PREFETCH": p > 0, "LN_SHIFT_16BIT": sh, "EVEN_N": ev}
-            for e, p, sh, ev in [
-                (32, 8, True, True), (32, 8, False, True), (32, 8, True, False),
-                (32, 8, False, False), (32, 4, False, True), (16, 8, False, True),
-                (32, 0, True, True), (32, 0, False, True), (16, 0, False, True),
+             "FWD_PREFETCH": p > 0, "FWD_AFFINE_PER_TILE": a}
+            for e, p, a in [
+                (32, 8, False), (32, 4, False), (16, 8, False), (32, 0, False), (32, 0, True),
+                (16, 0, True), (8, 0, True),
             ]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
     # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row
     # tile is what keeps bytes in flight. Both paths run this kernel (wide rows per column block).
+    # Tiles of two rows (BWD_TILE_ELEMS 8192) double the bytes each load brings; their partial
+    # sums reduced per tile (BWD_REDUCE_ROWS 2) keep one row of accumulators.
     bwd_configs = _grid(
         BWD_ELEMS_PER_THREAD=[16, 8],
         BWD_PROGRAMS_PER_SM=[2, 1],
-        BWD_PREFETCH=[True, False],
-        LN_SHIFT_16BIT=[True],
-    ) + [{"BWD_ELEMS_PER_THREAD": 16, "BWD_PROGRAMS_PER_SM": p, "BWD_PREFETCH": True,
-          "LN_SHIFT_16BIT": False} for p in (2, 1)]  # fmt: skip
+        BWD_PREFETCH=[True],
+        BWD_TILE_ELEMS=[4096, 8192] if shape[-1] <= 4096 else [4096],
+        BWD_REDUCE_ROWS=[0, 2] if shape[-1] <= 4096 else [0],
+    )
     for c in bwd_configs:  # RMSNorm and LayerNorm read their own constant; sweep both alike
         c["BWD_PROGRAMS_PER_SM_LN"] = c["BWD_PROGRAMS_PER_SM"]
     if shape[-1] > N.MAX_FUSED_COLS:

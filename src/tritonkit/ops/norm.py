@@ -49,6 +49,7 @@ from tritonkit.ops.softmax import (
     RowLayout,
     _chunk,
     _col_ids,
+    _evict_kwargs,
     _reverse_start,
     _tile_rows,
     _warps,
@@ -77,6 +78,8 @@ LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between th
 # (2633 at 32; 2484 without prefetch).
 LOOP_PREFETCH = True
 LOOP_ELEMS_PER_THREAD_RMS = 32
+# Looped forward: L2 eviction hints as in softmax's LOOP_EVICT (keep the first sweep's reads).
+LOOP_EVICT = False
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
 # current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
@@ -99,6 +102,11 @@ BWD_PROGRAMS_PER_SM = 2  # RMSNorm
 BWD_PROGRAMS_PER_SM_LN = 1  # LayerNorm
 BWD_ELEMS_PER_THREAD = 16
 BWD_PREFETCH = True
+# Backward tiles: elements per row tile (rows of 4096 at 8192: two rows per tile), and the
+# tile height up to which the weight and bias partial sums are reduced over each tile's rows
+# (one row of accumulators) instead of once after the loop (a tile of them).
+BWD_TILE_ELEMS = TILE_ELEMS
+BWD_REDUCE_ROWS = 0
 # Backward of wide rows: columns per program of the dx pass (80-128 registers at 8 warps), and
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
@@ -110,6 +118,10 @@ COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum red
 LN_SHIFT_16BIT = False
 # Rows in registers whose length is the tile's (a power of 2): the forward skips its selects.
 EVEN_N = True
+# Rows in registers, one row tile per program: load the weight and bias after the tile (from
+# L2), not before it. Loaded first, their conversion to fp32 (which waits for them) comes
+# before the tile's loads are issued (sm_90a SASS), so each program waits for L2 and then DRAM.
+FWD_AFFINE_PER_TILE = False
 
 
 def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
@@ -123,14 +135,16 @@ def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
     return not rms and (looped or dtype == torch.float32 or LN_SHIFT_16BIT)
 
 
-def norm_config(layout: RowLayout, device: torch.device, rms: bool = False) -> RowConfig:
-    """The norm family's row config (forward, and the row-sum pass of the wide backward)."""
+def norm_config(
+    layout: RowLayout, device: torch.device, rms: bool = False, tile_elems: int = TILE_ELEMS
+) -> RowConfig:
+    """The norm family's row config (forward; the backward's tiles with BWD_TILE_ELEMS)."""
     cfg = row_config(
         layout,
         device,
         max_fused=MAX_FUSED_COLS,
         loop_block=LOOP_BLOCK_N,
-        tile_elems=TILE_ELEMS,
+        tile_elems=tile_elems,
         adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=ELEMS_PER_THREAD,
         max_warps=MAX_WARPS,
@@ -190,16 +204,32 @@ def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.conste
 
 @triton.jit
 def _chunk_raw(
-    x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL: tl.constexpr
-):
+    x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask,
+    HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr,
+):  # fmt: skip
     """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
     0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
     used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
-    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0)
+    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, EVICT)
     r = x
     if HAS_RESIDUAL:
-        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0)
+        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, EVICT)
     return x, r
+
+
+@triton.jit
+def _affine(
+    w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """(weight, bias) in fp32 (1 and 0 where absent: placeholders the caller does not use)."""
+    w = 1.0
+    b = 0.0
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
+    return w, b
 
 
 @triton.jit
@@ -266,18 +296,19 @@ def _norm_fwd_kernel(
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
     PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
     LOOP_PREFETCH: tl.constexpr,  # looped: load the next chunk before reducing this one
+    KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
+    DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
+    AFFINE_PER_TILE: tl.constexpr,  # rows in registers: weight and bias loaded per row tile
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     cols = _col_ids(BLOCK_N, INT64)
-    if not LOOPED:  # the affine parameters are loaded once per program
+    if not LOOPED:
         col_mask = cols < n_cols
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
+        if not AFFINE_PER_TILE:  # once per program
+            w, b = _affine(w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS)
     n_programs = tl.num_programs(0)
     if PREFETCH and not LOOPED:
         x_next, shift_next = _fwd_tile_load(
@@ -305,15 +336,16 @@ def _norm_fwd_kernel(
             # reduced, in both sweeps: two chunks in flight per program instead of one.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL
-                )
+                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+                    KEEP,
+                )  # fmt: skip
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 # One load per iteration: this chunk, or with LOOP_PREFETCH the next one.
                 loaded = _chunk_raw(
                     x_rows, r_rows, start + LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn,
-                    stride_rn, row_mask, HAS_RESIDUAL,
+                    stride_rn, row_mask, HAS_RESIDUAL, KEEP,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -351,6 +383,7 @@ def _norm_fwd_kernel(
                     stride_rn,
                     row_mask,
                     HAS_RESIDUAL,
+                    DROP,
                 )
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
@@ -358,7 +391,7 @@ def _norm_fwd_kernel(
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 loaded = _chunk_raw(
                     x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
-                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL, DROP,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -371,6 +404,7 @@ def _norm_fwd_kernel(
                         h_rows[:, None] + c[None, :] * stride_hn,
                         x.to(h_ptr.dtype.element_ty),
                         mask=mask,
+                        eviction_policy=DROP,
                     )
                 if IS_RMS:
                     y = x * rstd[:, None]
@@ -384,6 +418,7 @@ def _norm_fwd_kernel(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
                     mask=mask,
+                    eviction_policy=DROP,
                 )
         else:
             mask = row_mask[:, None] & col_mask[None, :]
@@ -399,6 +434,10 @@ def _norm_fwd_kernel(
                 x_next, shift_next = loaded
             else:
                 x, shift = loaded
+            if AFFINE_PER_TILE:  # after the row's loads, so that those do not wait for these
+                w, b = _affine(
+                    w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS
+                )
             if HAS_RESIDUAL:
                 tl.store(
                     h_rows[:, None] + cols[None, :] * stride_hn,
@@ -603,6 +642,7 @@ def _norm_bwd_kernel(
     BIAS_GRAD: tl.constexpr,
     SUMS_GIVEN: tl.constexpr,  # wide rows: one column block here, row sums from the first pass
     PREFETCH: tl.constexpr,  # load the next tile before computing this one
+    REDUCE_TILES: tl.constexpr,  # partial sums summed over each tile's rows as it goes
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -618,9 +658,14 @@ def _norm_bwd_kernel(
     col_mask = cols < n_cols
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols * stride_w, mask=col_mask, other=0.0).to(tl.float32)
-    # Full tiles of partial sums, reduced across the tile's rows once after the loop.
-    acc_w = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-    acc_b = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    # Partial sums: a tile of them, reduced across the tile's rows once after the loop, or with
+    # REDUCE_TILES one row, each tile's rows summed into it.
+    if REDUCE_TILES:
+        acc_w = tl.zeros([BLOCK_N], tl.float32)
+        acc_b = tl.zeros([BLOCK_N], tl.float32)
+    else:
+        acc_w = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
     n_groups = tl.num_programs(1)
     if PREFETCH:
         dy_n, x_n, dres_n, shift_n, mean_n, rstd_n = _bwd_tile_load(
@@ -673,14 +718,23 @@ def _norm_bwd_kernel(
             dx.to(dx_ptr.dtype.element_ty),
             mask=mask,
         )
-        if WEIGHT_GRAD:
-            acc_w += dy * xhat
-        if BIAS_GRAD:
-            acc_b += dy
+        if REDUCE_TILES:
+            if WEIGHT_GRAD:
+                acc_w += tl.sum(dy * xhat, axis=0)
+            if BIAS_GRAD:
+                acc_b += tl.sum(dy, axis=0)
+        else:
+            if WEIGHT_GRAD:
+                acc_w += dy * xhat
+            if BIAS_GRAD:
+                acc_b += dy
+    if not REDUCE_TILES:
+        acc_w = tl.sum(acc_w, axis=0)
+        acc_b = tl.sum(acc_b, axis=0)
     if WEIGHT_GRAD:
-        tl.store(dw_part_ptr + pid_g * n_cols + cols, tl.sum(acc_w, axis=0), mask=col_mask)
+        tl.store(dw_part_ptr + pid_g * n_cols + cols, acc_w, mask=col_mask)
     if BIAS_GRAD:
-        tl.store(db_part_ptr + pid_g * n_cols + cols, tl.sum(acc_b, axis=0), mask=col_mask)
+        tl.store(db_part_ptr + pid_g * n_cols + cols, acc_b, mask=col_mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -774,7 +828,9 @@ def norm_fwd(
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH and cfg.programs < cfg.n_tiles,  # a next tile to fetch
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
+        AFFINE_PER_TILE=not cfg.LOOPED and FWD_AFFINE_PER_TILE and cfg.programs == cfg.n_tiles,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=cfg.BLOCK_N,
@@ -834,7 +890,7 @@ def norm_bwd(
     sdx = rest.pop(0)
     ss = rest[0]
     w, stride_w = _vector(weight, layout.n_cols)
-    cfg = norm_config(layout, grad.device)
+    cfg = norm_config(layout, grad.device, tile_elems=BWD_TILE_ELEMS)
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
@@ -903,6 +959,7 @@ def norm_bwd(
         BIAS_GRAD=db is not None,
         SUMS_GIVEN=cfg.LOOPED,
         PREFETCH=BWD_PREFETCH,
+        REDUCE_TILES=cfg.BLOCK_R <= BWD_REDUCE_ROWS,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=block_n,

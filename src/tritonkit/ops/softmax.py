@@ -64,6 +64,9 @@ LOOP_PROGRAMS_PER_SM = 2
 # 2734 without (its second sweep finds the row in L2 either way).
 LOOP_PREFETCH_FWD = False
 LOOP_PREFETCH_BWD = True
+# Looped path: L2 eviction hints, the first sweep's loads evict_last and the second sweep's loads
+# and stores evict_first, so that the row the first sweep read is what stays in L2.
+LOOP_EVICT = False
 
 _INT32_LIMIT = 2**31
 
@@ -307,12 +310,16 @@ def _col_ids(BLOCK_N: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
-def _chunk(rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr):
+def _chunk(
+    rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr, EVICT: tl.constexpr = ""
+):
     """Load the chunk of columns [start, start + BLOCK_N) of a tile of rows, masked to the row
-    (a start at or past n_cols loads nothing)."""
+    (a start at or past n_cols loads nothing), with the L2 eviction policy EVICT."""
     c = start + cols
     mask = row_mask[:, None] & (c < n_cols)[None, :]
-    return tl.load(rows[:, None] + c[None, :] * stride_n, mask=mask, other=other)
+    return tl.load(
+        rows[:, None] + c[None, :] * stride_n, mask=mask, other=other, eviction_policy=EVICT
+    )
 
 
 @triton.jit
@@ -332,6 +339,7 @@ def _online_max_sum(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """Row maxima and sums of exp(x - max) in one sweep over chunks; one exp per element.
 
@@ -343,12 +351,13 @@ def _online_max_sum(
     m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
     if PREFETCH:
-        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"))
+        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
     for start in range(0, n_cols, BLOCK_N):
         # One load per iteration: this chunk, or with PREFETCH the next one.
         loaded = _chunk(
-            x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf")
-        )
+            x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf"),
+            EVICT,
+        )  # fmt: skip
         if PREFETCH:
             x = x_next
             x_next = loaded
@@ -382,6 +391,8 @@ def _softmax_fwd_kernel(
     LOG: tl.constexpr,  # log_softmax instead of softmax
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks
     PREFETCH: tl.constexpr,  # looped: load the next chunk before using the current one
+    KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
+    DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -393,7 +404,7 @@ def _softmax_fwd_kernel(
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         if LOOPED:
             row_max, row_sum = _online_max_sum(
-                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH
+                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
             )
             log_sum = tl.log(row_sum)
             inv_sum = 1.0 / row_sum
@@ -401,11 +412,11 @@ def _softmax_fwd_kernel(
             # Last chunk first: the chunks read last by the first sweep are still in L2.
             if PREFETCH:
                 x_next = _chunk(x_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
-                                stride_xn, row_mask, 0.0)  # fmt: skip
+                                stride_xn, row_mask, 0.0, DROP)  # fmt: skip
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 loaded = _chunk(x_rows, _reverse_start(k + PREFETCH, n_chunks, BLOCK_N), cols,
-                                n_cols, stride_xn, row_mask, 0.0)  # fmt: skip
+                                n_cols, stride_xn, row_mask, 0.0, DROP)  # fmt: skip
                 if PREFETCH:
                     x = x_next
                     x_next = loaded
@@ -422,6 +433,7 @@ def _softmax_fwd_kernel(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
                     mask=mask,
+                    eviction_policy=DROP,
                 )
         else:
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
@@ -460,6 +472,8 @@ def _softmax_bwd_kernel(
     LOG: tl.constexpr,
     LOOPED: tl.constexpr,
     PREFETCH: tl.constexpr,
+    KEEP: tl.constexpr,  # as in the forward kernel
+    DROP: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -475,14 +489,14 @@ def _softmax_bwd_kernel(
             # softmax needs sum(dy * y), log_softmax only sum(dy): y is not read in this sweep.
             acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
             if PREFETCH:
-                dy_next = _chunk(dy_rows, 0, cols, n_cols, stride_dyn, row_mask, 0.0)
+                dy_next = _chunk(dy_rows, 0, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
                 if not LOG:
-                    y_next = _chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0)
+                    y_next = _chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
             for start in range(0, n_cols, BLOCK_N):
                 at = start + PREFETCH * BLOCK_N
-                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0)
+                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
                 if not LOG:
-                    y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0)
+                    y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
                 if PREFETCH:
                     dy = dy_next
                     dy_next = dy_loaded
@@ -502,13 +516,13 @@ def _softmax_bwd_kernel(
             # In reverse, as in the forward.
             if PREFETCH:
                 first = _reverse_start(0, n_chunks, BLOCK_N)
-                dy_next = _chunk(dy_rows, first, cols, n_cols, stride_dyn, row_mask, 0.0)
-                y_next = _chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0)
+                dy_next = _chunk(dy_rows, first, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
+                y_next = _chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 at = _reverse_start(k + PREFETCH, n_chunks, BLOCK_N)
-                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0)
-                y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0)
+                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
+                y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
                 if PREFETCH:
                     dy, y = dy_next, y_next
                     dy_next, y_next = dy_loaded, y_loaded
@@ -526,6 +540,7 @@ def _softmax_bwd_kernel(
                     dx_rows[:, None] + c[None, :] * stride_dxn,
                     dx.to(dx_ptr.dtype.element_ty),
                     mask=mask,
+                    eviction_policy=DROP,
                 )
         else:
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
@@ -558,6 +573,12 @@ def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
     }
 
 
+def _evict_kwargs(evict: bool) -> dict:
+    """L2 policies of a looped kernel's two sweeps (LOOP_EVICT): keep what the first reads for
+    the second, and let the second's reads and writes go first."""
+    return {"KEEP": "evict_last" if evict else "", "DROP": "evict_first" if evict else ""}
+
+
 def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     """softmax (or log_softmax) of x along ``dim`` (already normalized to 0 <= dim < x.dim())."""
     (x,), (y,), _, layout = plan_rows([x], (dim,), 1)
@@ -581,6 +602,7 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         LOG=log,
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_FWD,
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         **_launch_kwargs(cfg, layout),
     )
     return y
@@ -613,6 +635,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
         LOG=log,
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_BWD,
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         **_launch_kwargs(cfg, layout),
     )
     return dx
