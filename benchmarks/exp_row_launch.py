@@ -130,15 +130,9 @@ def _ln_cases(x, w, b, eps):
     fns = {
         "copy": lambda: torch.empty_like(x).copy_(x),
         "ours default": ours,
-        "ours one-row": _configured(N, {"FWD_PROGRAMS_PER_SM": 0}, ours),
-        "ours one-row affine per tile": _configured(
-            N, {"FWD_PROGRAMS_PER_SM": 0, "FWD_AFFINE_PER_TILE": True}, ours
-        ),
-        "ours one-row affine per tile e16": _configured(
-            N,
-            {"FWD_PROGRAMS_PER_SM": 0, "FWD_AFFINE_PER_TILE": True, "FUSED_ELEMS_PER_THREAD": 16},
-            ours,
-        ),
+        "ours persistent 8/SM": _configured(N, {"FWD_PROGRAMS_PER_SM": 8}, ours),
+        "ours affine first": _configured(N, {"FWD_AFFINE_PER_TILE": False}, ours),
+        "ours e16": _configured(N, {"FUSED_ELEMS_PER_THREAD": 16}, ours),
     }
     try:
         from tritonkit.specs import norm as specs
@@ -176,6 +170,7 @@ def _softmax_cases(x):
     fns = {
         "copy": lambda: torch.empty_like(x).copy_(x),
         "ours default": lambda: S.softmax_fwd(x, 1, False),
+        "ours e16": _configured(S, {"ELEMS_PER_THREAD": 16}, lambda: S.softmax_fwd(x, 1, False)),
         "torch": lambda: torch.softmax(x, -1),
     }
     try:

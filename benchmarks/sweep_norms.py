@@ -130,15 +130,17 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     y = torch.softmax(x, -1)
     n = _nbytes(x)
     if shape[-1] <= S.MAX_FUSED_COLS:
-        configs = _grid(ELEMS_PER_THREAD=[16, 8, 32])
+        configs = _grid(ELEMS_PER_THREAD=[32, 16])
     else:  # looped; plus one candidate that keeps the whole row in registers (spills)
         configs = _grid(
             LOOP_BLOCK_N=[16384],
-            ELEMS_PER_THREAD=[16],
+            LOOP_ELEMS_PER_THREAD=[16],
             LOOP_PROGRAMS_PER_SM=[2, 1],
             LOOP_PREFETCH_FWD=[False, True],
+            LOOP_CHUNK_MAX=[False, True],
+            LOOP_EVICT_FWD=[False, True],
             LOOP_PREFETCH_BWD=[True],
-            LOOP_EVICT=[False, True],
+            LOOP_EVICT_BWD=[True],
             MAX_FUSED_COLS=[S.MAX_FUSED_COLS],
         )
         configs.append({**configs[0], "MAX_FUSED_COLS": shape[-1]})
@@ -161,17 +163,16 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
             LOOP_PROGRAMS_PER_SM=[2, 1],
             LOOP_PREFETCH=[True],
             LOOP_ELEMS_PER_THREAD_RMS=[32],
-            LOOP_EVICT=[False, True],
+            LOOP_EVICT=[False],
         )
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch, the weight
         # and bias loaded before the row or after it (FWD_AFFINE_PER_TILE).
         fwd_configs = [
             {"FUSED_ELEMS_PER_THREAD": e, "FWD_PROGRAMS_PER_SM": p, "FWD_PROGRAMS_PER_SM_RMS": p,
-             "FWD_PREFETCH": p > 0, "FWD_AFFINE_PER_TILE": a}
+             "FWD_PREFETCH": p > 0, "FWD_AFFINE_PER_TILE": a, "FWD_AFFINE_PER_TILE_RMS": a}
             for e, p, a in [
-                (32, 8, False), (32, 4, False), (16, 8, False), (32, 0, False), (32, 0, True),
-                (16, 0, True), (8, 0, True),
+                (32, 8, False), (32, 0, False), (32, 0, True), (16, 0, True), (16, 0, False),
             ]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
@@ -180,14 +181,15 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
     # Tiles of two rows (BWD_TILE_ELEMS 8192) double the bytes each load brings; their partial
     # sums reduced per tile (BWD_REDUCE_ROWS 2) keep one row of accumulators.
     bwd_configs = _grid(
-        BWD_ELEMS_PER_THREAD=[16, 8],
-        BWD_PROGRAMS_PER_SM=[2, 1],
+        BWD_ELEMS_PER_THREAD=[16] if shape[-1] <= 4096 else [16, 8],
+        BWD_PROGRAMS_PER_SM=[1, 2],
         BWD_PREFETCH=[True],
-        BWD_TILE_ELEMS=[4096, 8192] if shape[-1] <= 4096 else [4096],
+        BWD_TILE_ELEMS=[8192, 4096] if shape[-1] <= 4096 else [8192],
         BWD_REDUCE_ROWS=[0, 2] if shape[-1] <= 4096 else [0],
     )
-    for c in bwd_configs:  # RMSNorm and LayerNorm read their own constant; sweep both alike
+    for c in bwd_configs:  # RMSNorm and LayerNorm read their own constants; sweep both alike
         c["BWD_PROGRAMS_PER_SM_LN"] = c["BWD_PROGRAMS_PER_SM"]
+        c["BWD_REDUCE_ROWS_LN"] = c["BWD_REDUCE_ROWS"]
     if shape[-1] > N.MAX_FUSED_COLS:
         bwd_configs = [{**c, "WIDE_BWD_PROGRAMS_PER_SM": c.pop("BWD_PROGRAMS_PER_SM")}
                        for c in bwd_configs]  # fmt: skip

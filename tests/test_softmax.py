@@ -22,12 +22,18 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
-@pytest.fixture(params=[True, False], ids=["prefetch", "no-prefetch"])
+@pytest.fixture(
+    params=[(True, False), (False, False), (True, True), (False, True)],
+    ids=["prefetch", "no-prefetch", "prefetch-chunk-max", "chunk-max"],
+)
 def looped(monkeypatch, request):
     """Rows wider than 32 columns take the looped (online) path, in chunks of 16, with and
-    without loading the next chunk ahead."""
-    monkeypatch.setattr(S, "LOOP_PREFETCH_FWD", request.param)
-    monkeypatch.setattr(S, "LOOP_PREFETCH_BWD", request.param)
+    without loading the next chunk ahead, the forward's first sweep per lane or per chunk."""
+    prefetch, chunk_max = request.param
+    monkeypatch.setattr(S, "LOOP_PREFETCH_FWD", prefetch)
+    monkeypatch.setattr(S, "LOOP_PREFETCH_BWD", prefetch)
+    monkeypatch.setattr(S, "LOOP_CHUNK_MAX", chunk_max)
+    monkeypatch.setattr(S, "LOOP_EVICT_FWD", chunk_max)  # the hints' code path (no-ops here)
     monkeypatch.setattr(S, "MAX_FUSED_COLS", 32)
     monkeypatch.setattr(S, "LOOP_BLOCK_N", 16)
     monkeypatch.setattr(S, "TILE_ELEMS", 64)

@@ -49,6 +49,7 @@ from tritonkit._utils import (
     check_tensor,
     next_power_of_2,
 )
+from tritonkit.ops._math import fast_exp
 from tritonkit.ops.softmax import pow2_floor
 
 # ----------------------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def _ce_stats_kernel(
     # A segment all -inf (or masked) has no maximum to shift by: its sum is 0, not NaN.
     # +inf or NaN make the sum NaN, so the row's loss is NaN, as PyTorch's log_softmax gives.
     shift = tl.where(seg_max == float("-inf"), 0.0, seg_max)
-    seg_sum = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+    seg_sum = tl.sum(fast_exp(x - shift[:, None]), axis=1)
     p = part_ptr + rows * n_segments + (tl.program_id(0) % n_segments)
     tl.store(p, seg_max, mask=row_in)
     tl.store(p + stride_pk, seg_sum, mask=row_in)
@@ -258,7 +259,7 @@ def _ce_rows_kernel(
         mask = active[:, None] & (j + segs < n_segments)[None, :]
         p = p_rows[:, None] + (j + segs)[None, :]
         m = tl.load(p, mask=mask, other=float("-inf"))
-        s_acc += tl.load(p + stride_pk, mask=mask, other=0.0) * tl.exp(m - shift[:, None])
+        s_acc += tl.load(p + stride_pk, mask=mask, other=0.0) * fast_exp(m - shift[:, None])
         if HAS_SMOOTHING:
             wx_acc += tl.load(p + 2 * stride_pk, mask=mask, other=0.0)
     row_sum = tl.sum(s_acc, axis=1)
@@ -338,7 +339,7 @@ def _ce_grad_kernel(
     x_seg = x_ptr + rows * stride_xm + start * stride_xn
     mask = active[:, None] & col_in[None, :]
     x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=0.0)
-    g = tl.exp(x.to(tl.float32) - lse[:, None]) * coef_p[:, None]
+    g = fast_exp(x.to(tl.float32) - lse[:, None]) * coef_p[:, None]
     g -= tl.where(offs[None, :] == t_off[:, None], coef_t[:, None], 0.0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:

@@ -35,6 +35,7 @@ from tritonkit._utils import (
     next_power_of_2,
     sm_count,
 )
+from tritonkit.ops._math import fast_exp
 
 # Activation codes: constexpr integers so that each activation compiles to its own kernel.
 _ACT_NONE = tl.constexpr(0)
@@ -141,9 +142,9 @@ def _act(z, ACT: tl.constexpr, PHI16: tl.constexpr = False):
     elif ACT == _ACT_GELU_TANH:
         # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
-        out = z / (1.0 + tl.exp(-2.0 * u))
+        out = z / (1.0 + fast_exp(-2.0 * u))
     elif ACT == _ACT_SILU:
-        out = z / (1.0 + tl.exp(-z))
+        out = z / (1.0 + fast_exp(-z))
     else:
         out = z
     return out
@@ -157,11 +158,11 @@ def _act_grad(z, ACT: tl.constexpr):
         out = cdf + z * _INV_SQRT_2PI * e
     elif ACT == _ACT_GELU_TANH:
         u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
-        s = 1.0 / (1.0 + tl.exp(-2.0 * u))  # (1 + tanh u) / 2
+        s = 1.0 / (1.0 + fast_exp(-2.0 * u))  # (1 + tanh u) / 2
         du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * z * z)
         out = s + 2.0 * z * s * (1.0 - s) * du
     elif ACT == _ACT_SILU:
-        s = 1.0 / (1.0 + tl.exp(-z))
+        s = 1.0 / (1.0 + fast_exp(-z))
         out = s * (1.0 + z * (1.0 - s))
     else:
         out = tl.full(z.shape, 1.0, tl.float32)

@@ -50,6 +50,7 @@ from tritonkit.ops.softmax import (
     _chunk,
     _col_ids,
     _evict_kwargs,
+    _n_steps,
     _reverse_start,
     _tile_rows,
     _warps,
@@ -86,27 +87,39 @@ LOOP_EVICT = False
 # 32 elements per thread (4 warps), 8 programs per SM, prefetch: rms_norm 3622-3753 GB/s
 # (3495-3569 without prefetch), layer_norm 3332-3401 (3063-3090 at 16 elements per thread).
 # One Chan-merge reduction for LayerNorm's mean and variance was slower (2176-2489).
+# Since run 20 both norms take one row tile per program (0): see FWD_AFFINE_PER_TILE.
 FUSED_ELEMS_PER_THREAD = 32
-FWD_PROGRAMS_PER_SM = 8
+FWD_PROGRAMS_PER_SM = 0  # LayerNorm
 # RMSNorm's forward, one reduction per row: one row tile per program (0) was faster, H200 sweep
 # (run 16), (16384, 4096) bf16: 3970 GB/s vs 3750 at 8 per SM (Liger 3947, compile 3530).
 FWD_PROGRAMS_PER_SM_RMS = 0
 FWD_PREFETCH = True
+# Rows in registers, one row tile per program: load the weight and bias after the tile (from
+# L2), not before it. Loaded first, their conversion to fp32 (which waits for them) comes
+# before the tile's loads are issued (sm_90a SASS), so each program waits for L2 and then for
+# DRAM. H200 sweep (run 20), (16384, 4096) bf16: layer_norm 3528 GB/s after (3222 before, 3484
+# persistent at 8 per SM; Liger 3647); rms_norm 3904 after, 3981 before.
+FWD_AFFINE_PER_TILE = True  # LayerNorm
+FWD_AFFINE_PER_TILE_RMS = False
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
 # the current one. At 8 warps the kernel takes 166-216 registers per thread (ptxas, sm_90a):
-# one program is resident per SM, the second of RMSNorm's two waits for it. H200 sweep,
-# (16384, 4096) bf16: rms_norm 3374 GB/s at 2 per SM with prefetch (3007 without, 2841 at 1);
-# layer_norm 2614 at 1 per SM (2244 at 2; 1590 without prefetch).
-BWD_PROGRAMS_PER_SM = 2  # RMSNorm
+# one program is resident per SM. H200 sweep (run 9), (16384, 4096) bf16, one row per tile:
+# rms_norm 3374 GB/s at 2 per SM with prefetch (3007 without, 2841 at 1); layer_norm 2614 at
+# 1 per SM (2244 at 2; 1590 without prefetch).
+BWD_PROGRAMS_PER_SM = 1  # RMSNorm
 BWD_PROGRAMS_PER_SM_LN = 1  # LayerNorm
 BWD_ELEMS_PER_THREAD = 16
 BWD_PREFETCH = True
-# Backward tiles: elements per row tile (rows of 4096 at 8192: two rows per tile), and the
-# tile height up to which the weight and bias partial sums are reduced over each tile's rows
-# (one row of accumulators) instead of once after the loop (a tile of them).
-BWD_TILE_ELEMS = TILE_ELEMS
-BWD_REDUCE_ROWS = 0
+# Backward tiles: elements per row tile (rows of 4096 at 8192: two rows per tile, so each
+# prefetch brings twice the bytes), and the tile height up to which the weight and bias partial
+# sums are reduced over each tile's rows as it goes (one row of accumulators) instead of once
+# after the loop (a tile of them). H200 sweep (run 20), (16384, 4096) bf16, 1 program per SM:
+# rms_norm 3497 GB/s (3370 with one-row tiles at 2 per SM; 2871 reducing per tile), layer_norm
+# 3069 reducing per tile (2990 not; 2628 with one-row tiles).
+BWD_TILE_ELEMS = 8192
+BWD_REDUCE_ROWS = 0  # RMSNorm
+BWD_REDUCE_ROWS_LN = 2  # LayerNorm
 # Backward of wide rows: columns per program of the dx pass (80-128 registers at 8 warps), and
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
@@ -118,10 +131,6 @@ COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum red
 LN_SHIFT_16BIT = False
 # Rows in registers whose length is the tile's (a power of 2): the forward skips its selects.
 EVEN_N = True
-# Rows in registers, one row tile per program: load the weight and bias after the tile (from
-# L2), not before it. Loaded first, their conversion to fp32 (which waits for them) comes
-# before the tile's loads are issued (sm_90a SASS), so each program waits for L2 and then DRAM.
-FWD_AFFINE_PER_TILE = False
 
 
 def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
@@ -147,6 +156,7 @@ def norm_config(
         tile_elems=tile_elems,
         adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=ELEMS_PER_THREAD,
+        loop_elems_per_thread=ELEMS_PER_THREAD,
         max_warps=MAX_WARPS,
         loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
@@ -237,11 +247,12 @@ def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
     SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
+    OUTER: tl.constexpr,
 ):  # fmt: skip
     """(x or x + residual in fp32, LayerNorm's shift) of row tile ``tile``; the shift is each
     row's first element as stored (the backward shifts by the same value). Nothing is read past
     the last tile."""
-    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
     row_mask = row_mask & (tile < n_tiles)
     x_rows = x_ptr + o * stride_xo + i * stride_xi
     r_rows = r_ptr + o * stride_ro + i * stride_ri
@@ -300,6 +311,8 @@ def _norm_fwd_kernel(
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     AFFINE_PER_TILE: tl.constexpr,  # rows in registers: weight and bias loaded per row tile
+    OUTER: tl.constexpr,  # more than one outer index
+    ONE_TILE: tl.constexpr,  # one tile per program
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -314,10 +327,12 @@ def _norm_fwd_kernel(
         x_next, shift_next = _fwd_tile_load(
             tl.program_id(0), n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
             stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-            SHIFT, HAS_RESIDUAL, BLOCK_R, INT64,
+            SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER,
         )  # fmt: skip
-    for tile in range(tl.program_id(0), n_tiles, n_programs):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    # A grid-stride walk; a constant trip count of 1 with ONE_TILE (see softmax's kernels).
+    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+        tile = tl.program_id(0) + step * n_programs
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         r_rows = r_ptr + o * stride_ro + i * stride_ri
         y_rows = y_ptr + o * stride_yo + i * stride_yi
@@ -427,7 +442,7 @@ def _norm_fwd_kernel(
             loaded = _fwd_tile_load(
                 tile + PREFETCH * n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
                 col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-                SHIFT, HAS_RESIDUAL, BLOCK_R, INT64,
+                SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER,
             )  # fmt: skip
             if PREFETCH:
                 x, shift = x_next, shift_next
@@ -536,6 +551,7 @@ def _norm_bwd_sums_kernel(
     IS_RMS: tl.constexpr,
     SHIFT: tl.constexpr,  # LayerNorm rows shifted by their first element (see _shifts)
     HAS_WEIGHT: tl.constexpr,
+    OUTER: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -543,7 +559,7 @@ def _norm_bwd_sums_kernel(
     # First pass of the wide-row backward: the two row sums that dx needs, over chunks.
     cols = _col_ids(BLOCK_N, INT64)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         s_offs = o * stride_so + i * stride_si
@@ -575,11 +591,11 @@ def _bwd_tile_load(
     col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi, stride_ro,
     stride_rn, stride_ri, stride_so, stride_si,
     IS_RMS: tl.constexpr, SHIFT: tl.constexpr, HAS_DRES: tl.constexpr, BLOCK_R: tl.constexpr,
-    INT64: tl.constexpr,
+    INT64: tl.constexpr, OUTER: tl.constexpr,
 ):  # fmt: skip
     """(dy, x, dres, shift, mean, rstd) of row tile ``tile``, tiles as stored (dres 0 without
     HAS_DRES); nothing is read past the last tile."""
-    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
     row_mask = row_mask & (tile < n_tiles)
     mask = row_mask[:, None] & col_mask[None, :]
     x_rows = x_ptr + o * stride_xo + i * stride_xi
@@ -643,6 +659,7 @@ def _norm_bwd_kernel(
     SUMS_GIVEN: tl.constexpr,  # wide rows: one column block here, row sums from the first pass
     PREFETCH: tl.constexpr,  # load the next tile before computing this one
     REDUCE_TILES: tl.constexpr,  # partial sums summed over each tile's rows as it goes
+    OUTER: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -672,10 +689,10 @@ def _norm_bwd_kernel(
             pid_g, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr, mean_ptr, rstd_ptr,
             cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo, stride_xn, stride_xi,
             stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS, SHIFT, HAS_DRES,
-            BLOCK_R, INT64,
+            BLOCK_R, INT64, OUTER,
         )  # fmt: skip
     for tile in range(pid_g, n_tiles, n_groups):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         s_offs = o * stride_so + i * stride_si
         mask = row_mask[:, None] & col_mask[None, :]
         # With PREFETCH the next tile's loads (rows and saved statistics) are issued before
@@ -685,7 +702,7 @@ def _norm_bwd_kernel(
             tile + PREFETCH * n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr,
             mean_ptr, rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,
             stride_xn, stride_xi, stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS,
-            SHIFT, HAS_DRES, BLOCK_R, INT64,
+            SHIFT, HAS_DRES, BLOCK_R, INT64, OUTER,
         )  # fmt: skip
         if PREFETCH:
             dy, x, dres, shift, mean, rstd = dy_n, x_n, dres_n, shift_n, mean_n, rstd_n
@@ -830,7 +847,11 @@ def norm_fwd(
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
-        AFFINE_PER_TILE=not cfg.LOOPED and FWD_AFFINE_PER_TILE and cfg.programs == cfg.n_tiles,
+        AFFINE_PER_TILE=not cfg.LOOPED
+        and (FWD_AFFINE_PER_TILE_RMS if rms else FWD_AFFINE_PER_TILE)
+        and cfg.programs == cfg.n_tiles,
+        ONE_TILE=cfg.programs == cfg.n_tiles,
+        OUTER=layout.n_outer > 1,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=cfg.BLOCK_N,
@@ -892,6 +913,7 @@ def norm_bwd(
     w, stride_w = _vector(weight, layout.n_cols)
     cfg = norm_config(layout, grad.device, tile_elems=BWD_TILE_ELEMS)
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
+    reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
@@ -917,6 +939,7 @@ def norm_bwd(
             IS_RMS=rms,
             SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
             HAS_WEIGHT=w is not None,
+            OUTER=layout.n_outer > 1,
             INT64=layout.needs_int64(),
             BLOCK_R=cfg.BLOCK_R,
             BLOCK_N=cfg.BLOCK_N,
@@ -959,7 +982,8 @@ def norm_bwd(
         BIAS_GRAD=db is not None,
         SUMS_GIVEN=cfg.LOOPED,
         PREFETCH=BWD_PREFETCH,
-        REDUCE_TILES=cfg.BLOCK_R <= BWD_REDUCE_ROWS,
+        REDUCE_TILES=reduce_rows >= cfg.BLOCK_R,
+        OUTER=layout.n_outer > 1,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
         BLOCK_N=block_n,

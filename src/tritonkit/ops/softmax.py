@@ -36,6 +36,7 @@ from tritonkit._utils import (
     next_power_of_2,
     sm_count,
 )
+from tritonkit.ops._math import fast_exp
 
 # ----------------------------------------------------------------------------------------------
 # Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
@@ -52,8 +53,11 @@ TILE_ELEMS = 4096
 # Rows that are adjacent in memory (a reduction over a non-last dim): rows per tile, so that a
 # warp reads a contiguous run of them.
 ADJACENT_ROWS = 64
-# Warps are sized so that each thread holds about this many elements of a tile.
-ELEMS_PER_THREAD = 16
+# Warps are sized so that each thread holds about this many elements of a tile: rows in
+# registers, and chunks of looped rows. H200 sweep (run 20), (16384, 4096) bf16: forward 3941
+# GB/s at 32 (3749 at 16, 2747 at 8), backward 4072 (4063 at 16).
+ELEMS_PER_THREAD = 32
+LOOP_ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
 # Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
 # bounds the L2 footprint (132 SMs x 2 x 128 KiB = 34 MiB for bf16 rows of 65536).
@@ -65,8 +69,13 @@ LOOP_PROGRAMS_PER_SM = 2
 LOOP_PREFETCH_FWD = False
 LOOP_PREFETCH_BWD = True
 # Looped path: L2 eviction hints, the first sweep's loads evict_last and the second sweep's loads
-# and stores evict_first, so that the row the first sweep read is what stays in L2.
-LOOP_EVICT = False
+# and stores evict_first, so that the rows the first sweep read are what stays in L2. H200 sweep
+# (run 20), (4096, 65536) bf16: backward 3934 GB/s with them, 3310 without; forward 2676, 2731.
+LOOP_EVICT_FWD = False
+LOOP_EVICT_BWD = True
+# Looped forward: the first sweep reduces each chunk (a max and a sum across the tile per chunk,
+# half the instructions per element) instead of keeping a running maximum and sum per lane.
+LOOP_CHUNK_MAX = False
 
 _INT32_LIMIT = 2**31
 
@@ -102,6 +111,7 @@ def row_config(
     tile_elems: int,
     adjacent_rows: int,
     elems_per_thread: int,
+    loop_elems_per_thread: int,
     max_warps: int,
     loop_programs_per_sm: int,
 ) -> RowConfig:
@@ -134,7 +144,9 @@ def row_config(
         BLOCK_R=block_r,
         BLOCK_N=block_n,
         LOOPED=looped,
-        num_warps=_warps(block_r * block_n, elems_per_thread, max_warps),
+        num_warps=_warps(
+            block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
+        ),
         programs=programs,
         n_tiles=n_tiles,
         n_iblocks=n_iblocks,
@@ -151,6 +163,7 @@ def softmax_config(layout: RowLayout, device: torch.device) -> RowConfig:
         tile_elems=TILE_ELEMS,
         adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=ELEMS_PER_THREAD,
+        loop_elems_per_thread=LOOP_ELEMS_PER_THREAD,
         max_warps=MAX_WARPS,
         loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
     )
@@ -292,13 +305,30 @@ def plan_rows(
 
 
 @triton.jit
-def _tile_rows(tile, n_inner, n_iblocks, BLOCK_R: tl.constexpr, INT64: tl.constexpr):
-    """(outer index, inner indices [BLOCK_R], row mask) of row tile ``tile``."""
+def _tile_rows(
+    tile, n_inner, n_iblocks, BLOCK_R: tl.constexpr, INT64: tl.constexpr, OUTER: tl.constexpr
+):
+    """(outer index, inner indices [BLOCK_R], row mask) of row tile ``tile``; without OUTER
+    (one outer index) the outer index is 0 and no integer division is made."""
     if INT64:  # offsets past 2**31 elements: 64-bit index arithmetic, only when needed
         tile = tl.cast(tile, tl.int64)
-    o = tile // n_iblocks
-    i = (tile % n_iblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if OUTER:
+        o = tile // n_iblocks
+        i = (tile % n_iblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        o = tile * 0
+        i = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     return o, i, i < n_inner
+
+
+@triton.jit
+def _n_steps(n_tiles, ONE_TILE: tl.constexpr):
+    """Tiles this program walks (pid, pid + programs, ...); 1 with ONE_TILE (grid = tiles)."""
+    if ONE_TILE:
+        n = 1
+    else:
+        n = tl.cdiv(n_tiles - tl.program_id(0), tl.num_programs(0))
+    return n
 
 
 @triton.jit
@@ -365,13 +395,54 @@ def _online_max_sum(
             x = loaded
         x = x.to(tl.float32)
         d = x - m
-        e = tl.exp(-tl.abs(d))
+        e = fast_exp(-tl.abs(d))
         s_new = tl.where(d > 0.0, s * e + 1.0, s + e)
         s = tl.where(x == float("-inf"), s, s_new)  # also masked lanes: -inf - -inf is NaN
         m = tl.maximum(m, x)
     row_max = tl.max(m, axis=1)
-    row_sum = tl.sum(s * tl.exp(m - row_max[:, None]), axis=1)
+    row_sum = tl.sum(s * fast_exp(m - row_max[:, None]), axis=1)
     return row_max, row_sum
+
+
+@triton.jit
+def _chunked_max_sum(
+    x_rows,
+    n_cols,
+    stride_n,
+    row_mask,
+    cols,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    """Row maxima and sums of exp(x - max) in one sweep, reducing each chunk as it comes.
+
+    Per chunk: its maximum m' (a reduction across the tile), then s = s * exp(m - m') +
+    sum(exp(x - m')). Per element that is a max, a subtraction, an exp and an add, against the
+    per-lane update of ``_online_max_sum`` (twice the instructions, no reduction per chunk). A
+    row that is -inf so far keeps s = 0; +inf or NaN make the sum NaN, as in PyTorch.
+    """
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_R], tl.float32)
+    if PREFETCH:
+        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
+    for start in range(0, n_cols, BLOCK_N):
+        loaded = _chunk(
+            x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf"),
+            EVICT,
+        )  # fmt: skip
+        if PREFETCH:
+            x = x_next
+            x_next = loaded
+        else:
+            x = loaded
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp gives 0
+        s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref[:, None]), axis=1)
+        m = m_new
+    return m, s
 
 
 @triton.jit
@@ -393,19 +464,30 @@ def _softmax_fwd_kernel(
     PREFETCH: tl.constexpr,  # looped: load the next chunk before using the current one
     KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
+    CHUNK_MAX: tl.constexpr,  # looped: the first sweep reduces each chunk (_chunked_max_sum)
+    OUTER: tl.constexpr,  # more than one outer index
+    ONE_TILE: tl.constexpr,  # one tile per program
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     cols = _col_ids(BLOCK_N, INT64)
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    # A grid-stride walk over tiles; with ONE_TILE a constant trip count of 1, which the compiler
+    # removes (a loop around one tile's body cost 2-19% in benchmarks/exp_row_launch.py).
+    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+        tile = tl.program_id(0) + step * tl.num_programs(0)
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         if LOOPED:
-            row_max, row_sum = _online_max_sum(
-                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
-            )
+            if CHUNK_MAX:
+                row_max, row_sum = _chunked_max_sum(
+                    x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
+                )
+            else:
+                row_max, row_sum = _online_max_sum(
+                    x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
+                )
             log_sum = tl.log(row_sum)
             inv_sum = 1.0 / row_sum
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
@@ -428,7 +510,7 @@ def _softmax_fwd_kernel(
                 if LOG:
                     y = z - log_sum[:, None]
                 else:
-                    y = tl.exp(z) * inv_sum[:, None]
+                    y = fast_exp(z) * inv_sum[:, None]
                 tl.store(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
@@ -440,7 +522,7 @@ def _softmax_fwd_kernel(
             x = tl.load(x_rows[:, None] + cols[None, :] * stride_xn, mask=mask, other=float("-inf"))
             x = x.to(tl.float32)
             z = x - tl.max(x, axis=1)[:, None]
-            e = tl.exp(z)
+            e = fast_exp(z)
             row_sum = tl.sum(e, axis=1)
             if LOG:
                 y = z - tl.log(row_sum)[:, None]
@@ -474,14 +556,19 @@ def _softmax_bwd_kernel(
     PREFETCH: tl.constexpr,
     KEEP: tl.constexpr,  # as in the forward kernel
     DROP: tl.constexpr,
+    OUTER: tl.constexpr,
+    ONE_TILE: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy).
     cols = _col_ids(BLOCK_N, INT64)
-    for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64)
+    # A grid-stride walk over tiles; with ONE_TILE a constant trip count of 1, which the compiler
+    # removes (a loop around one tile's body cost 2-19% in benchmarks/exp_row_launch.py).
+    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+        tile = tl.program_id(0) + step * tl.num_programs(0)
+        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         dx_rows = dx_ptr + o * stride_dxo + i * stride_dxi
@@ -533,7 +620,7 @@ def _softmax_bwd_kernel(
                 dy = dy.to(tl.float32)
                 y = y.to(tl.float32)
                 if LOG:
-                    dx = dy - tl.exp(y) * total[:, None]
+                    dx = dy - fast_exp(y) * total[:, None]
                 else:
                     dx = y * (dy - total[:, None])
                 tl.store(
@@ -549,7 +636,7 @@ def _softmax_bwd_kernel(
             dy = dy.to(tl.float32)
             y = y.to(tl.float32)
             if LOG:
-                dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
+                dx = dy - fast_exp(y) * tl.sum(dy, axis=1)[:, None]
             else:
                 dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])
             tl.store(
@@ -566,6 +653,8 @@ def _softmax_bwd_kernel(
 
 def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
     return {
+        "OUTER": layout.n_outer > 1,
+        "ONE_TILE": cfg.programs == cfg.n_tiles,
         "INT64": layout.needs_int64(),
         "BLOCK_R": cfg.BLOCK_R,
         "BLOCK_N": cfg.BLOCK_N,
@@ -602,7 +691,8 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         LOG=log,
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_FWD,
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        CHUNK_MAX=cfg.LOOPED and LOOP_CHUNK_MAX,
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT_FWD),
         **_launch_kwargs(cfg, layout),
     )
     return y
@@ -635,7 +725,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
         LOG=log,
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_BWD,
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT_BWD),
         **_launch_kwargs(cfg, layout),
     )
     return dx
