@@ -131,8 +131,7 @@ def _ln_cases(x, w, b, eps):
         "copy": lambda: torch.empty_like(x).copy_(x),
         "ours default": ours,
         "ours persistent 8/SM": _configured(N, {"FWD_PROGRAMS_PER_SM": 8}, ours),
-        "ours affine first": _configured(N, {"FWD_AFFINE_PER_TILE": False}, ours),
-        "ours e16": _configured(N, {"FUSED_ELEMS_PER_THREAD": 16}, ours),
+        "ours e32": _configured(N, {"FUSED_ELEMS_PER_THREAD": 32}, ours),
     }
     try:
         from tritonkit.specs import norm as specs

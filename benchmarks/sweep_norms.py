@@ -166,14 +166,11 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
             LOOP_EVICT=[False],
         )
     else:
-        # Programs per SM 0: one row tile per program (Liger's launch), no prefetch, the weight
-        # and bias loaded before the row or after it (FWD_AFFINE_PER_TILE).
+        # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [
             {"FUSED_ELEMS_PER_THREAD": e, "FWD_PROGRAMS_PER_SM": p, "FWD_PROGRAMS_PER_SM_RMS": p,
-             "FWD_PREFETCH": p > 0, "FWD_AFFINE_PER_TILE": a, "FWD_AFFINE_PER_TILE_RMS": a}
-            for e, p, a in [
-                (32, 8, False), (32, 0, False), (32, 0, True), (16, 0, True), (16, 0, False),
-            ]
+             "FWD_PREFETCH": p > 0}
+            for e, p in [(16, 0), (32, 0), (8, 0), (32, 8), (16, 8)]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
     # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row

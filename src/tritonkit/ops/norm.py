@@ -87,20 +87,16 @@ LOOP_EVICT = False
 # 32 elements per thread (4 warps), 8 programs per SM, prefetch: rms_norm 3622-3753 GB/s
 # (3495-3569 without prefetch), layer_norm 3332-3401 (3063-3090 at 16 elements per thread).
 # One Chan-merge reduction for LayerNorm's mean and variance was slower (2176-2489).
-# Since run 20 both norms take one row tile per program (0): see FWD_AFFINE_PER_TILE.
-FUSED_ELEMS_PER_THREAD = 32
+# Since run 20 both norms take one row tile per program (programs per SM 0), launched without
+# the grid-stride loop and the outer-index division (ONE_TILE, OUTER: both cost time in
+# benchmarks/exp_row_launch.py), at 16 elements per thread. H200 sweep (run 20b), (16384, 4096)
+# bf16: layer_norm 3667 GB/s (3515 persistent at 8 per SM, 3609 at 32 per thread; Liger 3636),
+# rms_norm 3936 (3745 persistent; Liger 3967). Loading the weight and bias after the row
+# instead of before it made no difference once the loop was gone.
+FUSED_ELEMS_PER_THREAD = 16
 FWD_PROGRAMS_PER_SM = 0  # LayerNorm
-# RMSNorm's forward, one reduction per row: one row tile per program (0) was faster, H200 sweep
-# (run 16), (16384, 4096) bf16: 3970 GB/s vs 3750 at 8 per SM (Liger 3947, compile 3530).
 FWD_PROGRAMS_PER_SM_RMS = 0
 FWD_PREFETCH = True
-# Rows in registers, one row tile per program: load the weight and bias after the tile (from
-# L2), not before it. Loaded first, their conversion to fp32 (which waits for them) comes
-# before the tile's loads are issued (sm_90a SASS), so each program waits for L2 and then for
-# DRAM. H200 sweep (run 20), (16384, 4096) bf16: layer_norm 3528 GB/s after (3222 before, 3484
-# persistent at 8 per SM; Liger 3647); rms_norm 3904 after, 3981 before.
-FWD_AFFINE_PER_TILE = True  # LayerNorm
-FWD_AFFINE_PER_TILE_RMS = False
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
 # the current one. At 8 warps the kernel takes 166-216 registers per thread (ptxas, sm_90a):
@@ -310,7 +306,6 @@ def _norm_fwd_kernel(
     KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
-    AFFINE_PER_TILE: tl.constexpr,  # rows in registers: weight and bias loaded per row tile
     OUTER: tl.constexpr,  # more than one outer index
     ONE_TILE: tl.constexpr,  # one tile per program
     INT64: tl.constexpr,
@@ -320,8 +315,7 @@ def _norm_fwd_kernel(
     cols = _col_ids(BLOCK_N, INT64)
     if not LOOPED:
         col_mask = cols < n_cols
-        if not AFFINE_PER_TILE:  # once per program
-            w, b = _affine(w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS)
+        w, b = _affine(w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS)
     n_programs = tl.num_programs(0)
     if PREFETCH and not LOOPED:
         x_next, shift_next = _fwd_tile_load(
@@ -449,10 +443,6 @@ def _norm_fwd_kernel(
                 x_next, shift_next = loaded
             else:
                 x, shift = loaded
-            if AFFINE_PER_TILE:  # after the row's loads, so that those do not wait for these
-                w, b = _affine(
-                    w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS
-                )
             if HAS_RESIDUAL:
                 tl.store(
                     h_rows[:, None] + cols[None, :] * stride_hn,
@@ -847,9 +837,6 @@ def norm_fwd(
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
-        AFFINE_PER_TILE=not cfg.LOOPED
-        and (FWD_AFFINE_PER_TILE_RMS if rms else FWD_AFFINE_PER_TILE)
-        and cfg.programs == cfg.n_tiles,
         ONE_TILE=cfg.programs == cfg.n_tiles,
         OUTER=layout.n_outer > 1,
         INT64=layout.needs_int64(),

@@ -64,18 +64,22 @@ MAX_WARPS = 32
 LOOP_PROGRAMS_PER_SM = 2
 # Looped path: issue the next chunk's loads before working on the current one (two chunks per
 # program in flight). H200 sweep (benchmarks/NOTES.md, run 14), (4096, 65536) bf16, chunks of
-# 16384, 2 programs per SM: backward 3326 GB/s with it, 2744 without; the forward 2657 with,
-# 2734 without (its second sweep finds the row in L2 either way).
+# 16384, 2 programs per SM: backward 3326 GB/s with it, 2744 without. The forward, with
+# LOOP_CHUNK_MAX and LOOP_EVICT_FWD (run 20b): 3333 without it, 2794 with.
 LOOP_PREFETCH_FWD = False
 LOOP_PREFETCH_BWD = True
 # Looped path: L2 eviction hints, the first sweep's loads evict_last and the second sweep's loads
 # and stores evict_first, so that the rows the first sweep read are what stays in L2. H200 sweep
-# (run 20), (4096, 65536) bf16: backward 3934 GB/s with them, 3310 without; forward 2676, 2731.
-LOOP_EVICT_FWD = False
+# (run 20), (4096, 65536) bf16: backward 3934 GB/s with them, 3310 without; the forward gains
+# with LOOP_CHUNK_MAX only (below).
+LOOP_EVICT_FWD = True
 LOOP_EVICT_BWD = True
 # Looped forward: the first sweep reduces each chunk (a max and a sum across the tile per chunk,
-# half the instructions per element) instead of keeping a running maximum and sum per lane.
-LOOP_CHUNK_MAX = False
+# half the instructions per element) instead of keeping a running maximum and sum per lane;
+# the per-lane version was bound by instruction issue, not by memory. H200 sweep (run 20b),
+# (4096, 65536) bf16: 3333 GB/s with both this and LOOP_EVICT_FWD (2938 with this alone, 2941
+# with the hints alone, 2659 with neither).
+LOOP_CHUNK_MAX = True
 
 _INT32_LIMIT = 2**31
 
