@@ -969,7 +969,7 @@ def norm_bwd(
         BIAS_GRAD=db is not None,
         SUMS_GIVEN=cfg.LOOPED,
         PREFETCH=BWD_PREFETCH,
-        REDUCE_TILES=reduce_rows >= cfg.BLOCK_R,
+        REDUCE_TILES=1 < cfg.BLOCK_R <= reduce_rows,  # one-row tiles: the same sum either way
         OUTER=layout.n_outer > 1,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
