@@ -107,13 +107,17 @@ BWD_PROGRAMS_PER_SM = 1  # RMSNorm
 BWD_PROGRAMS_PER_SM_LN = 1  # LayerNorm
 BWD_ELEMS_PER_THREAD = 16
 BWD_PREFETCH = True
-# Backward tiles: elements per row tile (rows of 4096 at 8192: two rows per tile, so each
-# prefetch brings twice the bytes), and the tile height up to which the weight and bias partial
-# sums are reduced over each tile's rows as it goes (one row of accumulators) instead of once
-# after the loop (a tile of them). H200 sweep (run 20), (16384, 4096) bf16, 1 program per SM:
-# rms_norm 3497 GB/s (3370 with one-row tiles at 2 per SM; 2871 reducing per tile), layer_norm
-# 3069 reducing per tile (2990 not; 2628 with one-row tiles).
+# Backward tiles: elements per tile, at most BWD_TILE_BYTES of the row tensors read per tile (dy
+# and x, and the residual's gradient for the fused forms). Rows of 4096 take two rows per tile,
+# so each prefetch brings twice the bytes, except fp32 rows with a residual gradient (two of
+# those spilled: add_layer_norm fp32 (16384, 4096) backward 0.470 ms vs 0.287 in run 20c). And the
+# tile height up to which the weight and bias partial sums are reduced over each tile's rows as
+# it goes (one row of accumulators) instead of once after the loop (a tile of them). H200
+# sweep (run 20), (16384, 4096) bf16, 1 program per SM: rms_norm 3497 GB/s (3370 with one-row
+# tiles at 2 per SM; 2871 reducing per tile), layer_norm 3069 reducing per tile (2990 not; 2628
+# with one-row tiles).
 BWD_TILE_ELEMS = 8192
+BWD_TILE_BYTES = 65536
 BWD_REDUCE_ROWS = 0  # RMSNorm
 BWD_REDUCE_ROWS_LN = 2  # LayerNorm
 # Backward of wide rows: columns per program of the dx pass (80-128 registers at 8 warps), and
@@ -143,7 +147,7 @@ def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
 def norm_config(
     layout: RowLayout, device: torch.device, rms: bool = False, tile_elems: int = TILE_ELEMS
 ) -> RowConfig:
-    """The norm family's row config (forward; the backward's tiles with BWD_TILE_ELEMS)."""
+    """The norm family's row config (forward; the backward's tiles with _bwd_tile_elems)."""
     cfg = row_config(
         layout,
         device,
@@ -164,6 +168,11 @@ def norm_config(
         warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, FUSED_ELEMS_PER_THREAD, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
+
+
+def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
+    """Elements per backward row tile: BWD_TILE_ELEMS, or fewer to read at most BWD_TILE_BYTES."""
+    return min(BWD_TILE_ELEMS, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
 
 
 def _bwd_grid(
@@ -898,7 +907,7 @@ def norm_bwd(
     sdx = rest.pop(0)
     ss = rest[0]
     w, stride_w = _vector(weight, layout.n_cols)
-    cfg = norm_config(layout, grad.device, tile_elems=BWD_TILE_ELEMS)
+    cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
     stat_mean = rstd if rms else mean
