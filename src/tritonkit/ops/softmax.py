@@ -364,7 +364,7 @@ def _reverse_start(k, n_chunks, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _online_max_sum(
+def _row_max_sum(
     x_rows,
     n_cols,
     stride_n,
@@ -374,16 +374,24 @@ def _online_max_sum(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,
     EVICT: tl.constexpr,
+    CHUNK_MAX: tl.constexpr,
 ):
     """Row maxima and sums of exp(x - max) in one sweep over chunks; one exp per element.
 
-    Each lane keeps its own running maximum m and sum s. A new element x either raises the
-    maximum (s = s * exp(m - x) + 1) or not (s += exp(x - m)): both are exp(-|x - m|). The
-    lanes are combined once at the end. -inf contributes nothing; +inf or NaN make the row
-    NaN, as PyTorch's softmax does.
+    With CHUNK_MAX each chunk is reduced as it comes: its maximum m' (a reduction across the
+    tile), then s = s * exp(m - m') + sum(exp(x - m')), a max, a subtraction, an exp and an add
+    per element. Without it each lane keeps its own running maximum m and sum s, combined once
+    at the end: a new element x either raises the maximum (s = s * exp(m - x) + 1) or not
+    (s += exp(x - m)), both exp(-|x - m|); about twice the instructions per element and no
+    reduction per chunk. Either way -inf contributes nothing (a row that is -inf so far keeps
+    s = 0); +inf or NaN make the row NaN, as PyTorch's softmax does.
     """
-    m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
+    if CHUNK_MAX:
+        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK_R], tl.float32)
+    else:
+        m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
     if PREFETCH:
         x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
     for start in range(0, n_cols, BLOCK_N):
@@ -398,55 +406,24 @@ def _online_max_sum(
         else:
             x = loaded
         x = x.to(tl.float32)
-        d = x - m
-        e = fast_exp(-tl.abs(d))
-        s_new = tl.where(d > 0.0, s * e + 1.0, s + e)
-        s = tl.where(x == float("-inf"), s, s_new)  # also masked lanes: -inf - -inf is NaN
-        m = tl.maximum(m, x)
-    row_max = tl.max(m, axis=1)
-    row_sum = tl.sum(s * fast_exp(m - row_max[:, None]), axis=1)
-    return row_max, row_sum
-
-
-@triton.jit
-def _chunked_max_sum(
-    x_rows,
-    n_cols,
-    stride_n,
-    row_mask,
-    cols,
-    BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    EVICT: tl.constexpr,
-):
-    """Row maxima and sums of exp(x - max) in one sweep, reducing each chunk as it comes.
-
-    Per chunk: its maximum m' (a reduction across the tile), then s = s * exp(m - m') +
-    sum(exp(x - m')). Per element that is a max, a subtraction, an exp and an add, against the
-    per-lane update of ``_online_max_sum`` (twice the instructions, no reduction per chunk). A
-    row that is -inf so far keeps s = 0; +inf or NaN make the sum NaN, as in PyTorch.
-    """
-    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_R], tl.float32)
-    if PREFETCH:
-        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
-    for start in range(0, n_cols, BLOCK_N):
-        loaded = _chunk(
-            x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf"),
-            EVICT,
-        )  # fmt: skip
-        if PREFETCH:
-            x = x_next
-            x_next = loaded
+        if CHUNK_MAX:
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp gives 0
+            s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref[:, None]), axis=1)
+            m = m_new
         else:
-            x = loaded
-        x = x.to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp gives 0
-        s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref[:, None]), axis=1)
-        m = m_new
-    return m, s
+            d = x - m
+            e = fast_exp(-tl.abs(d))
+            s_new = tl.where(d > 0.0, s * e + 1.0, s + e)
+            s = tl.where(x == float("-inf"), s, s_new)  # also masked lanes: -inf - -inf is NaN
+            m = tl.maximum(m, x)
+    if CHUNK_MAX:
+        row_max = m
+        row_sum = s
+    else:
+        row_max = tl.max(m, axis=1)
+        row_sum = tl.sum(s * fast_exp(m - row_max[:, None]), axis=1)
+    return row_max, row_sum
 
 
 @triton.jit
@@ -468,7 +445,7 @@ def _softmax_fwd_kernel(
     PREFETCH: tl.constexpr,  # looped: load the next chunk before using the current one
     KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
-    CHUNK_MAX: tl.constexpr,  # looped: the first sweep reduces each chunk (_chunked_max_sum)
+    CHUNK_MAX: tl.constexpr,  # looped: the first sweep reduces each chunk (see _row_max_sum)
     OUTER: tl.constexpr,  # more than one outer index
     ONE_TILE: tl.constexpr,  # one tile per program
     INT64: tl.constexpr,
@@ -484,14 +461,10 @@ def _softmax_fwd_kernel(
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         if LOOPED:
-            if CHUNK_MAX:
-                row_max, row_sum = _chunked_max_sum(
-                    x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
-                )
-            else:
-                row_max, row_sum = _online_max_sum(
-                    x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP
-                )
+            row_max, row_sum = _row_max_sum(
+                x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP,
+                CHUNK_MAX,
+            )  # fmt: skip
             log_sum = tl.log(row_sum)
             inv_sum = 1.0 / row_sum
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
