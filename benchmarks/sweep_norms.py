@@ -163,7 +163,6 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
             LOOP_PROGRAMS_PER_SM=[2, 1],
             LOOP_PREFETCH=[True],
             LOOP_ELEMS_PER_THREAD_RMS=[32],
-            LOOP_EVICT=[False],
         )
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.

@@ -568,19 +568,10 @@ def cross_entropy_bwd(
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tritonkit::cross_entropy", mutates_args=())
-def _cross_entropy_op(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None,
-    ignore_index: int,
-    reduction: str,
-    label_smoothing: float,
-    need_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return cross_entropy_fwd(
-        logits, target, weight, ignore_index, reduction, label_smoothing, need_grad
-    )
+# The launchers themselves are the ops (their annotations give the schemas).
+_cross_entropy_op = torch.library.custom_op("tritonkit::cross_entropy", mutates_args=())(
+    cross_entropy_fwd
+)
 
 
 @_cross_entropy_op.register_fake
@@ -588,21 +579,9 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, need_gra
     return _outputs(logits, reduction, need_grad)
 
 
-@torch.library.custom_op("tritonkit::cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward_op(
-    grad_output: torch.Tensor,
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None,
-    lse: torch.Tensor,
-    stats: torch.Tensor,
-    ignore_index: int,
-    reduction: str,
-    label_smoothing: float,
-) -> torch.Tensor:
-    return cross_entropy_bwd(
-        grad_output, logits, target, weight, lse, stats, ignore_index, reduction, label_smoothing
-    )
+_cross_entropy_backward_op = torch.library.custom_op(
+    "tritonkit::cross_entropy_backward", mutates_args=()
+)(cross_entropy_bwd)
 
 
 @_cross_entropy_backward_op.register_fake

@@ -49,7 +49,6 @@ from tritonkit.ops.softmax import (
     RowLayout,
     _chunk,
     _col_ids,
-    _evict_kwargs,
     _n_steps,
     _reverse_start,
     _tile_rows,
@@ -79,8 +78,9 @@ LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between th
 # (2633 at 32; 2484 without prefetch).
 LOOP_PREFETCH = True
 LOOP_ELEMS_PER_THREAD_RMS = 32
-# Looped forward: L2 eviction hints as in softmax's LOOP_EVICT (keep the first sweep's reads).
-LOOP_EVICT = False
+# Softmax's L2 eviction hints for the two sweeps (LOOP_EVICT_*) did not help the looped norm
+# forward: H200 sweep (run 20), (4096, 65536) bf16: rms_norm 3329 GB/s with, 3318 without;
+# layer_norm 2744 with, 2838 without. It takes none.
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
 # current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
@@ -220,31 +220,16 @@ def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.conste
 @triton.jit
 def _chunk_raw(
     x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask,
-    HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
     0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
     used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
-    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, EVICT)
+    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, "")
     r = x
     if HAS_RESIDUAL:
-        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, EVICT)
+        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, "")
     return x, r
-
-
-@triton.jit
-def _affine(
-    w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):  # fmt: skip
-    """(weight, bias) in fp32 (1 and 0 where absent: placeholders the caller does not use)."""
-    w = 1.0
-    b = 0.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
-    return w, b
 
 
 @triton.jit
@@ -312,8 +297,6 @@ def _norm_fwd_kernel(
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
     PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
     LOOP_PREFETCH: tl.constexpr,  # looped: load the next chunk before reducing this one
-    KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
-    DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     OUTER: tl.constexpr,  # more than one outer index
     ONE_TILE: tl.constexpr,  # one tile per program
@@ -322,9 +305,12 @@ def _norm_fwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     cols = _col_ids(BLOCK_N, INT64)
-    if not LOOPED:
+    if not LOOPED:  # the affine parameters are loaded once per program
         col_mask = cols < n_cols
-        w, b = _affine(w_ptr, b_ptr, cols, col_mask, stride_w, stride_b, HAS_WEIGHT, HAS_BIAS)
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
     n_programs = tl.num_programs(0)
     if PREFETCH and not LOOPED:
         x_next, shift_next = _fwd_tile_load(
@@ -354,16 +340,15 @@ def _norm_fwd_kernel(
             # reduced, in both sweeps: two chunks in flight per program instead of one.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
-                    KEEP,
-                )  # fmt: skip
+                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL
+                )
             for start in range(0, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 # One load per iteration: this chunk, or with LOOP_PREFETCH the next one.
                 loaded = _chunk_raw(
                     x_rows, r_rows, start + LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn,
-                    stride_rn, row_mask, HAS_RESIDUAL, KEEP,
+                    stride_rn, row_mask, HAS_RESIDUAL,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -401,7 +386,6 @@ def _norm_fwd_kernel(
                     stride_rn,
                     row_mask,
                     HAS_RESIDUAL,
-                    DROP,
                 )
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
@@ -409,7 +393,7 @@ def _norm_fwd_kernel(
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 loaded = _chunk_raw(
                     x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
-                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL, DROP,
+                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -422,7 +406,6 @@ def _norm_fwd_kernel(
                         h_rows[:, None] + c[None, :] * stride_hn,
                         x.to(h_ptr.dtype.element_ty),
                         mask=mask,
-                        eviction_policy=DROP,
                     )
                 if IS_RMS:
                     y = x * rstd[:, None]
@@ -436,7 +419,6 @@ def _norm_fwd_kernel(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
                     mask=mask,
-                    eviction_policy=DROP,
                 )
         else:
             mask = row_mask[:, None] & col_mask[None, :]
@@ -844,7 +826,6 @@ def norm_fwd(
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH and cfg.programs < cfg.n_tiles,  # a next tile to fetch
         LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         ONE_TILE=cfg.programs == cfg.n_tiles,
         OUTER=layout.n_outer > 1,

@@ -344,11 +344,10 @@ def _col_ids(BLOCK_N: tl.constexpr, INT64: tl.constexpr):
 
 
 @triton.jit
-def _chunk(
-    rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr, EVICT: tl.constexpr = ""
-):
+def _chunk(rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr, EVICT: tl.constexpr):
     """Load the chunk of columns [start, start + BLOCK_N) of a tile of rows, masked to the row
-    (a start at or past n_cols loads nothing), with the L2 eviction policy EVICT."""
+    (a start at or past n_cols loads nothing), with the L2 eviction policy EVICT ("" for none;
+    no default: an omitted string constexpr fails to compile for the GPU in triton 3.6)."""
     c = start + cols
     mask = row_mask[:, None] & (c < n_cols)[None, :]
     return tl.load(
