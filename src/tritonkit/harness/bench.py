@@ -19,7 +19,7 @@ import torch
 
 from tritonkit import _utils
 from tritonkit._hardware import Profile
-from tritonkit.harness import roofline, stats
+from tritonkit.harness import roofline, stats, timing
 from tritonkit.harness.check import _flatten, _upcast, compare
 from tritonkit.harness.spec import MODES, OpSpec, Unavailable, dtype_name
 from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
@@ -154,6 +154,7 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         runnable[OURS]()
         record["layout_copies"] = _utils.LAYOUT_COPIES.reset()
     host_us: dict[str, float] = {}
+    record["l2_flush"] = timing.FLUSH  # how the L2 was emptied before each sample
     samples = time_interleaved(runnable, host_times=host_us)
     device = torch.device("cuda", torch.cuda.current_device())
     key = roofline.peak_key(spec.compute, dtype)
