@@ -130,20 +130,19 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     y = torch.softmax(x, -1)
     n = _nbytes(x)
     if shape[-1] <= S.MAX_FUSED_COLS:
-        configs = _grid(ELEMS_PER_THREAD=[32, 16])
-    else:  # looped; plus one candidate that keeps the whole row in registers (spills)
-        configs = _grid(
-            LOOP_BLOCK_N=[16384],
-            LOOP_ELEMS_PER_THREAD=[16],
-            LOOP_PROGRAMS_PER_SM=[2, 1],
-            LOOP_PREFETCH_FWD=[False, True],
-            LOOP_CHUNK_MAX=[False, True],
-            LOOP_EVICT_FWD=[False, True],
-            LOOP_PREFETCH_BWD=[True],
-            LOOP_EVICT_BWD=[True],
-            MAX_FUSED_COLS=[S.MAX_FUSED_COLS],
-        )
-        configs.append({**configs[0], "MAX_FUSED_COLS": shape[-1]})
+        configs = _grid(ELEMS_PER_THREAD=[32, 16, 8], TILE_ELEMS=[4096, 8192])
+    else:  # looped: chunk size, warps (elements per thread), programs per SM, prefetch
+        configs = [
+            {**c, "LOOP_ELEMS_PER_THREAD_BWD": c["LOOP_ELEMS_PER_THREAD_FWD"],
+             "LOOP_PROGRAMS_PER_SM_BWD": c["LOOP_PROGRAMS_PER_SM_FWD"]}
+            for c in _grid(
+                LOOP_BLOCK_N=[16384],
+                LOOP_ELEMS_PER_THREAD_FWD=[32],
+                LOOP_PROGRAMS_PER_SM_FWD=[3, 4, 6],
+                LOOP_PREFETCH_FWD=[False],
+                LOOP_PREFETCH_BWD=[True],
+            )
+        ]  # fmt: skip
     fwd_base = {"torch": lambda: torch.softmax(x, -1)}
     if use_compile:
         compiled = _compiled(lambda t: torch.softmax(t, -1))
@@ -157,13 +156,17 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
 
 def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> None:
     if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
-        fwd_configs = _grid(
-            LOOP_BLOCK_N=[16384],
-            ELEMS_PER_THREAD=[16],
-            LOOP_PROGRAMS_PER_SM=[2, 1],
-            LOOP_PREFETCH=[True],
-            LOOP_ELEMS_PER_THREAD_RMS=[32],
-        )
+        # Elements per thread: LayerNorm's looped chunks take ELEMS_PER_THREAD, RMSNorm's
+        # LOOP_ELEMS_PER_THREAD_RMS; both set alike here.
+        fwd_configs = [
+            {**c, "LOOP_ELEMS_PER_THREAD_RMS": c["ELEMS_PER_THREAD"]}
+            for c in _grid(
+                LOOP_BLOCK_N=[16384],
+                ELEMS_PER_THREAD=[16, 32],
+                LOOP_PROGRAMS_PER_SM=[2, 4],
+                LOOP_PREFETCH=[True],
+            )
+        ]
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [

@@ -11,7 +11,7 @@ axes is copied (and counted in ``_utils.LAYOUT_COPIES``).
 A row that fits in registers (``MAX_FUSED_COLS``) is read once and written once. A wider row
 takes the looped path: one sweep keeps a running maximum and sum per lane (an online softmax,
 one exponential per element), a second sweep writes the output. The second sweep reads the row
-again, last chunk first, and the grid is capped at ``LOOP_PROGRAMS_PER_SM`` programs per SM, so
+again, last chunk first, and the grid is capped at ``LOOP_PROGRAMS_PER_SM_*`` programs per SM, so
 that the rows in flight fit in L2 and that second read does not reach DRAM.
 
 Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
@@ -57,11 +57,15 @@ ADJACENT_ROWS = 64
 # registers, and chunks of looped rows. H200 sweep (run 20), (16384, 4096) bf16: forward 3941
 # GB/s at 32 (3749 at 16, 2747 at 8), backward 4072 (4063 at 16).
 ELEMS_PER_THREAD = 32
-LOOP_ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
-# Looped path: programs per SM. Each keeps one row in flight between its two sweeps, so this
-# bounds the L2 footprint (132 SMs x 2 x 128 KiB = 34 MiB for bf16 rows of 65536).
-LOOP_PROGRAMS_PER_SM = 2
+# Looped path, forward and backward apart: elements per thread of a chunk, and programs per SM
+# (each keeps one row in flight between its two sweeps, in L2). H200 sweep (run 21, read flush),
+# (4096, 65536) bf16, chunks of 16384: forward 3575 GB/s at 32 per thread and 4 programs per SM
+# (3365 at 16 and 2; 3453 at 32 and 2); backward 4056 at 16 and 2 (3979 at 32 and 4).
+LOOP_ELEMS_PER_THREAD_FWD = 32
+LOOP_ELEMS_PER_THREAD_BWD = 16
+LOOP_PROGRAMS_PER_SM_FWD = 4
+LOOP_PROGRAMS_PER_SM_BWD = 2
 # Looped path: issue the next chunk's loads before working on the current one (two chunks per
 # program in flight). H200 sweep (benchmarks/NOTES.md, run 14), (4096, 65536) bf16, chunks of
 # 16384, 2 programs per SM: backward 3326 GB/s with it, 2744 without. The forward, with
@@ -157,8 +161,8 @@ def row_config(
     )
 
 
-def softmax_config(layout: RowLayout, device: torch.device) -> RowConfig:
-    """The softmax family's config (forward and backward) from the module constants."""
+def softmax_config(layout: RowLayout, device: torch.device, backward: bool) -> RowConfig:
+    """The softmax family's config (forward or backward) from the module constants."""
     return row_config(
         layout,
         device,
@@ -167,9 +171,9 @@ def softmax_config(layout: RowLayout, device: torch.device) -> RowConfig:
         tile_elems=TILE_ELEMS,
         adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=ELEMS_PER_THREAD,
-        loop_elems_per_thread=LOOP_ELEMS_PER_THREAD,
+        loop_elems_per_thread=LOOP_ELEMS_PER_THREAD_BWD if backward else LOOP_ELEMS_PER_THREAD_FWD,
         max_warps=MAX_WARPS,
-        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
+        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM_BWD if backward else LOOP_PROGRAMS_PER_SM_FWD,
     )
 
 
@@ -649,7 +653,7 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     (x,), (y,), _, layout = plan_rows([x], (dim,), 1)
     if layout is None:
         return y
-    cfg = softmax_config(layout, x.device)
+    cfg = softmax_config(layout, x.device, backward=False)
     (sxo, sxn, sxi), (syo, syn, syi) = layout.strides
     _softmax_fwd_kernel[(cfg.programs,)](
         x,
@@ -679,7 +683,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
     (grad, y), (dx,), _, layout = plan_rows([grad, y], (dim,), 1)
     if layout is None:
         return dx
-    cfg = softmax_config(layout, y.device)
+    cfg = softmax_config(layout, y.device, backward=True)
     (sgo, sgn, sgi), (syo, syn, syi), (sdo, sdn, sdi) = layout.strides
     _softmax_bwd_kernel[(cfg.programs,)](
         grad,
