@@ -369,12 +369,9 @@ def _norm_fwd_kernel(
                     delta = mean_b - mean
                     mean += delta * (n_b / (n_a + n_b))
                     m2 += tl.sum(d * d, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
-            if IS_RMS:
-                rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
-            else:
-                rstd = tl.math.rsqrt(m2 / n_cols + eps)
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
-            # Last chunk first: the chunks read last by the first sweep are still in L2.
+            # Last chunk first: the chunks read last by the first sweep are still in L2. Its
+            # load is issued before the statistics are reduced, which it does not need.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
                     x_rows,
@@ -387,6 +384,10 @@ def _norm_fwd_kernel(
                     row_mask,
                     HAS_RESIDUAL,
                 )
+            if IS_RMS:
+                rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+            else:
+                rstd = tl.math.rsqrt(m2 / n_cols + eps)
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 c = start + cols
