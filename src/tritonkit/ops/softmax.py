@@ -36,7 +36,7 @@ from tritonkit._utils import (
     next_power_of_2,
     sm_count,
 )
-from tritonkit.ops._math import fast_exp
+from tritonkit.ops._math import LOG2E, fast_exp
 
 # ----------------------------------------------------------------------------------------------
 # Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
@@ -468,8 +468,14 @@ def _softmax_fwd_kernel(
                 x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP,
                 CHUNK_MAX,
             )  # fmt: skip
-            log_sum = tl.log(row_sum)
-            inv_sum = 1.0 / row_sum
+            # The output is x minus one value per row: log_softmax x - (max + log(sum)), softmax
+            # exp2(x log2(e) - (max log2(e) + log2(sum))), one FMA and one exp2 per element
+            # instead of exp(x - max) / sum. H200 (run 21), (4096, 65536) bf16: 3661 GB/s, 3598
+            # before. An all -inf row gives NaN, as PyTorch does (-inf + inf).
+            if LOG:
+                shift = row_max + tl.log(row_sum)
+            else:
+                shift = row_max * LOG2E + tl.log2(row_sum)
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # Last chunk first: the chunks read last by the first sweep are still in L2.
             if PREFETCH:
@@ -486,11 +492,10 @@ def _softmax_fwd_kernel(
                     x = loaded
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                z = x.to(tl.float32) - row_max[:, None]
                 if LOG:
-                    y = z - log_sum[:, None]
+                    y = x.to(tl.float32) - shift[:, None]
                 else:
-                    y = fast_exp(z) * inv_sum[:, None]
+                    y = tl.exp2(x.to(tl.float32) * LOG2E - shift[:, None])
                 tl.store(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
