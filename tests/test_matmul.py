@@ -339,18 +339,33 @@ def test_linear_forward_and_backward(activation, with_bias, with_residual, devic
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_linear_saves_the_pre_bias_product_only_when_the_activation_needs_it(device):
+def test_linear_saves_the_pre_activation_only_when_the_activation_needs_it(device):
     x = torch.randn(6, 8, device=device, requires_grad=True)
     w = torch.randn(5, 8, device=device, requires_grad=True)
     bias = torch.randn(5, device=device, requires_grad=True)
     _, saved = saved_tensors(lambda: linear(x, w, bias, "gelu_tanh"))
     z = [t for t in saved if t.shape == (6, 5)]
     assert len(z) == 1
-    torch.testing.assert_close(z[0], x.detach() @ w.detach().t())
+    torch.testing.assert_close(z[0], x.detach() @ w.detach().t() + bias.detach())
     _, saved = saved_tensors(lambda: linear(x, w, bias))
     assert not [t for t in saved if t.shape == (6, 5)]
     _, saved = saved_tensors(lambda: linear(x.detach(), w.detach(), bias.detach(), "gelu"))
     assert saved == []
+
+
+def test_linear_relu_gradient_where_product_and_bias_cancel(device):
+    """x @ W^T = 0.25 + 2**-13 rounds to 0.25 in fp16; with a bias of -0.25 the pre-activation
+    is 2**-13 > 0. Rebuilding it in the backward from the rounded product and the bias gave 0,
+    and relu's gradient 0 instead of 1 (seen as a fresh-seed failure of the check engine)."""
+    x = torch.tensor([[1.0, 1.0]], device=device, dtype=torch.float16, requires_grad=True)
+    w = torch.tensor([[0.25, 2.0**-13]], device=device, dtype=torch.float16, requires_grad=True)
+    b = torch.tensor([-0.25], device=device, dtype=torch.float16, requires_grad=True)
+    y = linear(x, w, b, "relu")
+    assert y.item() == 2.0**-13
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), torch.ones_like(y))
+    torch.testing.assert_close(dx, w.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(dw, x.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(db, torch.ones_like(b), rtol=0, atol=0)
 
 
 def test_linear_only_requested_gradients(device):

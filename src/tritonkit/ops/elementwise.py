@@ -619,14 +619,19 @@ def bias_act_bwd(
     activation: str,
     need_dx: bool,
     need_dbias: bool,
+    bias_added: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of ``act(x + bias)``: (dx, dbias); an output not asked for is an empty tensor.
 
     ``x`` is the forward input, or None when relu's bit ``mask`` (from bias_act_fwd) stands in
-    for it, or when the activation is none. With a bias shaped like x, the two gradients are
-    the same tensor: only dx is returned (dbias empty) and the caller uses dx for both.
+    for it, or when the activation is none. With ``bias_added``, ``x`` is already ``x + bias``
+    (linear's saved pre-activation) and a broadcast ``bias`` only shapes its gradient. With a
+    bias shaped like x, the two gradients are the same tensor: only dx is returned (dbias
+    empty) and the caller uses dx for both.
     """
     layout = _bias_layout(grad.shape, bias)
+    if bias_added and layout == "full":
+        raise ValueError("bias_act_bwd: bias_added needs a bias broadcast over rows")
     empty = grad.new_empty(0)
     if layout == "full":
         need_dx = need_dx or need_dbias
@@ -672,6 +677,8 @@ def bias_act_bwd(
         rows_per_program = cfg.BLOCK_M
         groups = cdiv(gr.n_rows, cfg.BLOCK_M)
         partial = empty
+    if bias_added:
+        br = None  # the activation's input is x itself
     views = [v for v in (gr, xr, br, dxr) if v is not None]
     grid = (groups * cdiv(gr.n_cols, cfg.BLOCK_N),)
     _bias_act_bwd_kernel[grid](
@@ -801,12 +808,13 @@ def _bias_act_backward_op(
     activation: str,
     need_dx: bool,
     need_dbias: bool,
+    bias_added: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return bias_act_bwd(grad, x, bias, mask, activation, need_dx, need_dbias)
+    return bias_act_bwd(grad, x, bias, mask, activation, need_dx, need_dbias, bias_added)
 
 
 @_bias_act_backward_op.register_fake
-def _(grad, x, bias, mask, activation, need_dx, need_dbias):
+def _(grad, x, bias, mask, activation, need_dx, need_dbias, bias_added):
     layout = _bias_layout(grad.shape, bias)
     empty = grad.new_empty(0)
     if layout == "full":
@@ -882,16 +890,16 @@ class BiasActFunction(torch.autograd.Function):
             dbias = None
             if need_dbias:
                 if ctx.bias_is_row:
-                    _, dbias = op(grad, None, bias, None, "none", False, True)
+                    _, dbias = op(grad, None, bias, None, "none", False, True, False)
                 else:
                     dbias = grad
             return (grad if need_dx else None), dbias, None
         if ctx.activation == "relu":
             mask, bias = ctx.saved_tensors
-            dx, dbias = op(grad, None, bias, mask, "relu", need_dx, need_dbias)
+            dx, dbias = op(grad, None, bias, mask, "relu", need_dx, need_dbias, False)
         else:
             x, bias = ctx.saved_tensors
-            dx, dbias = op(grad, x, bias, None, ctx.activation, need_dx, need_dbias)
+            dx, dbias = op(grad, x, bias, None, ctx.activation, need_dx, need_dbias, False)
         if need_dbias and not ctx.bias_is_row:
             dbias = dx  # d(x + b) is the same tensor for both operands
         return (dx if need_dx else None), (dbias if need_dbias else None), None

@@ -19,9 +19,11 @@ deterministic pass sums the partial tiles and applies the epilogue (``split_k_fo
 
 The epilogue is shared by all paths: per-tensor or per-row/column scales (FP8, INT8),
 bias, activation (``tritonkit.ops.elementwise._act``), residual add, and, for ``linear``'s
-backward pass, the pre-bias product ``P = x @ W^T`` kept in the output dtype. The backward
-pass then computes ``dZ = dY * act'(P + b)`` and the bias gradient in one read of ``dY`` and
-``P`` (the elementwise family's ``bias_act_backward`` kernel), because both weight and input
+backward pass, the pre-activation ``Z = x @ W^T + b`` rounded once to the output dtype (not
+the pre-bias product: adding the bias to a rounded product again in the backward can flip the
+sign of a small Z whose product and bias cancel, and relu's gradient with it). The backward
+pass then computes ``dZ = dY * act'(Z)`` and the bias gradient in one read of ``dY`` and
+``Z`` (the elementwise family's ``bias_act_backward`` kernel), because both weight and input
 gradients consume ``dZ``: fusing ``act'`` into their GEMMs would compute it twice and take the
 operand off the TMA path.
 
@@ -213,7 +215,7 @@ def _epilogue(
     scale_b_ptr,  # fp32 scale(s) of B
     bias_ptr,  # [N] bias
     res_ptr,  # [M, N] residual
-    z_ptr,  # [M, N] output for the pre-bias product
+    z_ptr,  # [M, N] output for the pre-activation (after the bias)
     stride_sa,  # elements between per-row scales of A
     stride_sb,  # elements between per-column scales of B
     stride_bias,
@@ -229,7 +231,7 @@ def _epilogue(
     HAS_RES: tl.constexpr,
     STORE_Z: tl.constexpr,
 ):
-    """((acc * scale_a * scale_b) [-> z] + bias) -> act -> + residual, in fp32."""
+    """((acc * scale_a * scale_b) + bias [-> z]) -> act -> + residual, in fp32."""
     if FLOAT_OUT:
         acc = acc.to(tl.float32)
     if SCALE_A == 1:
@@ -240,12 +242,12 @@ def _epilogue(
         acc = acc * tl.load(scale_b_ptr)
     elif SCALE_B == 2:
         acc = acc * tl.load(scale_b_ptr + rn * stride_sb, mask=rn < N, other=0.0)[None, :]
-    if STORE_Z:
-        z_ptrs = z_ptr + rm[:, None] * stride_zm + rn[None, :] * stride_zn
-        tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rn * stride_bias, mask=rn < N, other=0.0)
         acc = acc + bias.to(tl.float32)[None, :]
+    if STORE_Z:
+        z_ptrs = z_ptr + rm[:, None] * stride_zm + rn[None, :] * stride_zn
+        tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
     acc = _act(acc, ACT)
     if HAS_RES:
         res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :] * stride_rn, mask=mask)
@@ -451,7 +453,7 @@ def _matmul_kernel(
     scale_b_ptr,  # fp32 scale(s) of B (SCALE_B)
     bias_ptr,  # [N] bias (HAS_BIAS)
     res_ptr,  # [M, N] residual added after the activation (HAS_RES)
-    z_ptr,  # [M, N] pre-bias product for linear's backward pass (STORE_Z)
+    z_ptr,  # [M, N] pre-activation for linear's backward pass (STORE_Z)
     M,  # rows of A and C
     N,  # columns of B and C
     K,  # columns of A, rows of B
@@ -866,7 +868,7 @@ class _Epilogue:
     bias: torch.Tensor | None = None
     activation: str = "none"
     residual: torch.Tensor | None = None  # [M, N]
-    z: torch.Tensor | None = None  # [M, N] output of the pre-bias product
+    z: torch.Tensor | None = None  # [M, N] output of the pre-activation x @ W^T + b
 
 
 _NO_EPILOGUE = _Epilogue()
@@ -1254,7 +1256,8 @@ def linear_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``act(x @ weight^T + bias) + residual`` for 2-D ``x``; returns ``(y, z)``.
 
-    ``z`` is the pre-bias product ``x @ weight^T`` in x's dtype when ``save_z``, else empty.
+    ``z`` is the pre-activation ``x @ weight^T + bias`` in x's dtype when ``save_z``, else
+    empty.
     """
     m, k = x.shape
     n = weight.shape[0]
@@ -1481,8 +1484,9 @@ class MatmulFunction(torch.autograd.Function):
 class LinearFunction(torch.autograd.Function):
     """``act(x @ W^T + b) + residual`` with the bias, activation and residual in the epilogue.
 
-    Backward: dZ = dY * act'(P + b) and db = sum(dZ) in one pass over dY and the saved pre-bias
-    product P (elementwise family's kernel); dX = dZ @ W; dW = dZ^T @ X; d(residual) = dY.
+    Backward: dZ = dY * act'(Z) and db = sum(dZ) in one pass over dY and the saved
+    pre-activation Z = x @ W^T + b (elementwise family's kernel); dX = dZ @ W; dW = dZ^T @ X;
+    d(residual) = dY.
     """
 
     @staticmethod
@@ -1513,11 +1517,11 @@ class LinearFunction(torch.autograd.Function):
         op = torch.ops.tritonkit.bias_act_backward
         db = None
         if ctx.activation != "none":
-            dz, db = op(g, z, bias, None, ctx.activation, True, need_b)
+            dz, db = op(g, z, bias, None, ctx.activation, True, need_b, True)
         else:
             dz = g
             if need_b:
-                _, db = op(g, None, bias, None, "none", False, True)
+                _, db = op(g, None, bias, None, "none", False, True, False)
         dx = _mm(dz, weight).view(ctx.x_shape) if need_x else None
         dw = _mm(dz.t(), x2) if need_w else None
         dr = grad if need_r else None
@@ -1611,8 +1615,9 @@ def linear(
     """``act(F.linear(x, weight, bias)) + residual`` in one GEMM, with autograd.
 
     The bias, the activation and the residual add run in the GEMM's epilogue: the product
-    never makes a round trip through memory. The backward pass keeps the pre-bias product
-    (only when an activation needs it) and computes dX, dW and the bias gradient.
+    never makes a round trip through memory. The backward pass keeps the pre-activation
+    ``x @ W^T + b`` (only when an activation needs it) and computes dX, dW and the bias
+    gradient.
 
     Args:
         x: float32, float16 or bfloat16 tensor of shape ``(..., in_features)``.

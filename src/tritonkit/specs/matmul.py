@@ -208,7 +208,7 @@ def _linear_bytes(inputs, mode, activation=None):
     out = (x.numel() // x.shape[-1]) * w.shape[0] * x.element_size()
     residual = nbytes(inputs[3]) if len(inputs) > 3 else 0
     # fwd: read x, W, bias (and the residual), write y. With an activation, training also
-    # writes the pre-bias product for the backward pass, which reads it with dY, x and W and
+    # writes the pre-activation for the backward pass, which reads it with dY, x and W and
     # writes dX, dW and dbias (the residual's gradient is dY itself).
     fwd = nbytes(x, w, bias) + residual + out
     saved = out if activation is not None else 0
