@@ -131,14 +131,15 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     n = _nbytes(x)
     if shape[-1] <= S.MAX_FUSED_COLS:
         configs = _grid(ELEMS_PER_THREAD=[32, 16, 8], TILE_ELEMS=[4096, 8192])
-    else:  # looped: chunk size, warps (elements per thread), programs per SM, prefetch
+    else:  # looped: elements per thread and programs per SM, the same pair for both passes
+        # (each pass reads its own constants), so each pass's default is among the candidates
         configs = [
             {**c, "LOOP_ELEMS_PER_THREAD_BWD": c["LOOP_ELEMS_PER_THREAD_FWD"],
              "LOOP_PROGRAMS_PER_SM_BWD": c["LOOP_PROGRAMS_PER_SM_FWD"]}
             for c in _grid(
                 LOOP_BLOCK_N=[16384],
-                LOOP_ELEMS_PER_THREAD_FWD=[32],
-                LOOP_PROGRAMS_PER_SM_FWD=[3, 4, 6],
+                LOOP_ELEMS_PER_THREAD_FWD=[16, 32],
+                LOOP_PROGRAMS_PER_SM_FWD=[2, 4],
                 LOOP_PREFETCH_FWD=[False],
                 LOOP_PREFETCH_BWD=[True],
             )
