@@ -11,6 +11,7 @@ GPU run. Each case is a kernel with its argument types and constexprs:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -111,6 +112,9 @@ def _norm_fwd(rms: bool, looped: bool, block_n: int) -> dict:
         "LOOPED": looped,
         "PREFETCH": False,
         "LOOP_PREFETCH": looped,
+        "LOOP_STATS": 1 if rms else 0,
+        "KEEP": "",
+        "DROP": "",
         "EVEN_N": not looped,
         "OUTER": False,
         "ONE_TILE": not looped,
@@ -160,6 +164,13 @@ def cases() -> dict[str, tuple]:
         out[f"{name}_fwd looped 16384/{warps}w"] = (
             N._norm_fwd_kernel, BF16, _norm_fwd(rms, True, 16384), warps,
         )  # fmt: skip
+        for stats, evict, ept in itertools.product((0, 1), (False, True), (16, 32)):
+            flags = _norm_fwd(rms, True, 16384) | {"LOOP_STATS": stats}
+            if evict:
+                flags |= {"KEEP": "evict_last", "DROP": "evict_first"}
+            out[f"{name}_fwd looped stats {stats} evict {evict:d} {ept}/thread"] = (
+                N._norm_fwd_kernel, BF16, flags, 16384 // 32 // ept,
+            )  # fmt: skip
         out[f"{name}_fwd 4096/8w"] = (N._norm_fwd_kernel, BF16, _norm_fwd(rms, False, 4096), 8)
         out[f"{name}_bwd 2x4096/16w"] = (N._norm_bwd_kernel, BF16, _norm_bwd(rms, 4096, 2), 16)
     out["softmax_fwd looped 16384/16w"] = (

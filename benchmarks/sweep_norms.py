@@ -159,15 +159,21 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
     if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
         # Elements per thread: LayerNorm's looped chunks take ELEMS_PER_THREAD, RMSNorm's
         # LOOP_ELEMS_PER_THREAD_RMS; both set alike here.
+        # Each knob set alike for both norms (ops/norm.py: the plain name is LayerNorm's).
         fwd_configs = [
-            {**c, "LOOP_ELEMS_PER_THREAD_RMS": c["ELEMS_PER_THREAD"]}
+            {**c, "LOOP_ELEMS_PER_THREAD_RMS": c["ELEMS_PER_THREAD"],
+             "LOOP_PROGRAMS_PER_SM_RMS": c["LOOP_PROGRAMS_PER_SM"],
+             "LOOP_PREFETCH_RMS": c["LOOP_PREFETCH"], "LOOP_STATS_LN": c["LOOP_STATS_RMS"],
+             "LOOP_ROWS_LN": c["LOOP_ROWS_RMS"]}
             for c in _grid(
-                LOOP_BLOCK_N=[16384],
                 ELEMS_PER_THREAD=[16, 32],
                 LOOP_PROGRAMS_PER_SM=[2, 4],
-                LOOP_PREFETCH=[True],
+                LOOP_PREFETCH=[True, False],
+                LOOP_STATS_RMS=[1, 0],
+                LOOP_ROWS_RMS=[1, 2],
+                LOOP_EVICT=[True, False],
             )
-        ]
+        ]  # fmt: skip
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [

@@ -25,11 +25,22 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
-@pytest.fixture(params=[True, False], ids=["prefetch", "no-prefetch"])
+@pytest.fixture(
+    params=[(True, 1, False, 1), (False, 1, True, 2), (True, 0, True, 2), (False, 0, False, 1)],
+    ids=lambda p: f"prefetch={p[0]}-stats={p[1]}-evict={p[2]}-rows={p[3]}",
+)
 def looped(monkeypatch, request):
-    """Rows wider than 32 take the looped forward (loading the next chunk ahead or not) and the
+    """Rows wider than 32 take the looped forward (loading the next chunk ahead or not;
+    statistics per lane or per chunk; L2 hints or not; one or two rows per tile) and the
     two-kernel backward."""
-    monkeypatch.setattr(N, "LOOP_PREFETCH", request.param)
+    prefetch, stats, evict, rows = request.param
+    for suffix in ("_LN", "_RMS"):
+        monkeypatch.setattr(N, "LOOP_ROWS" + suffix, rows)
+    monkeypatch.setattr(N, "LOOP_PREFETCH", prefetch)
+    monkeypatch.setattr(N, "LOOP_PREFETCH_RMS", prefetch)
+    monkeypatch.setattr(N, "LOOP_STATS_RMS", stats)
+    monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
+    monkeypatch.setattr(N, "LOOP_EVICT", evict)
     monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
     monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
     monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
@@ -150,10 +161,11 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
         torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("wide", [None, 0, 1], ids=["in-registers", "chunks", "lanes"])
 def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
-    if wide:
+    if wide is not None:  # looped, statistics merged per chunk or summed per lane
+        monkeypatch.setattr(N, "LOOP_STATS_LN", wide)
         monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
         monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
         monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 512)
@@ -172,6 +184,26 @@ def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     y, h = add_layer_norm(x, r, w, b)
     ref = F.layer_norm(h.double(), (1000,), w.double(), b.double())
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("stats", [0, 1], ids=["chunks", "lanes"])
+def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, device, monkeypatch):
+    """Looped rows whose first element or first chunk sits far from the rest (a step of 1e4,
+    one outlier of 1e4 in front): the per-lane sums are shifted by the first chunk's mean, whose
+    distance from the row's mean the variance bounds, so the variance keeps its digits (shifted
+    by the first element alone, the outlier row's variance loses about 1e-2 of itself)."""
+    monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
+    monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
+    monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
+    x = torch.randn(3, 16384, device=device)
+    x[0, :256] += 1e4
+    x[1, 0] = 1e4  # the row's variance is ~1e8 / 16384: E[(x - x[0])^2] is 16384 times that
+    x[2] = 1e4 + x[2] * 1e-2
+    y = layer_norm(x, (16384,))
+    ref = F.layer_norm(x.double(), (16384,))
+    # The outlier row's floor is the rounding of x - 1e4 (ulp 1e-3) over its std of ~78:
+    # F.layer_norm in fp32 is off by 1e-5 to 2e-5 there too (and by 1e-2 on the third row).
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=6e-5)
 
 
 def test_weight_gradients_are_deterministic(device):

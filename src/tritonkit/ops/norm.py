@@ -41,6 +41,7 @@ from tritonkit._utils import (
     check_operand,
     check_same_shape,
     check_tensor,
+    next_power_of_2,
     sm_count,
 )
 from tritonkit.ops.elementwise import _colsum_kernel
@@ -49,6 +50,7 @@ from tritonkit.ops.softmax import (
     RowLayout,
     _chunk,
     _col_ids,
+    _evict_kwargs,
     _n_steps,
     _reverse_start,
     _tile_rows,
@@ -71,16 +73,30 @@ TILE_ELEMS = 4096  # short rows share a tile of up to this many elements
 ADJACENT_ROWS = 64  # rows per tile when rows are adjacent in memory (a transposed input)
 ELEMS_PER_THREAD = 16
 MAX_WARPS = 32
-LOOP_PROGRAMS_PER_SM = 2  # looped forward: bounds the rows in flight between the two sweeps
-# Looped forward: issue the next chunk's loads before working on the current one, and (RMSNorm)
-# 32 elements per thread. H200 sweep (benchmarks/NOTES.md, run 14), (4096, 65536) bf16:
-# rms_norm 3308 GB/s (3163 at 16 per thread; 2806 without prefetch), layer_norm 2821 at 16
-# (2633 at 32; 2484 without prefetch).
+# Looped forward (rows wider than MAX_FUSED_COLS), each knob for LayerNorm (plain name) and
+# RMSNorm (_RMS): programs per SM (each keeps a row in flight between its two sweeps, in L2);
+# issuing the next chunk's loads before working on the current one (LOOP_PREFETCH); elements
+# per thread; rows per tile (chunks of LOOP_BLOCK_N / rows columns, so that each weight and bias
+# chunk loaded serves several rows); the statistics (LOOP_STATS: 1 per lane, reduced once per
+# row: RMSNorm's sum of squares, LayerNorm's sums of the values shifted by the first chunk's
+# mean; 0 per chunk: RMSNorm's sum, LayerNorm's Chan merge); and softmax's L2 hints (the first
+# sweep's loads evict_last, the second's loads and stores evict_first). H200 sweep (run 22,
+# benchmarks/NOTES.md), (4096, 65536) bf16, same-shape copy 4207 GB/s:
+# - rms_norm 3689-3697 GB/s (88%): a sum per chunk, hints, no prefetch, 32 per thread, 4 per SM,
+#   one row per tile (3404 with the run-14 recipe: per lane, prefetch, no hints, 2 per SM; 3151-
+#   3190 at two rows per tile);
+# - layer_norm 3058 (73%): per lane, hints, prefetch, 16 per thread, 2 per SM, two rows per tile
+#   (2857 with Chan's merge per chunk and one row, the run-14 recipe; 2899 per lane, one row).
+LOOP_PROGRAMS_PER_SM = 2
+LOOP_PROGRAMS_PER_SM_RMS = 4
 LOOP_PREFETCH = True
-LOOP_ELEMS_PER_THREAD_RMS = 32
-# Softmax's L2 eviction hints for the two sweeps (LOOP_EVICT_*) did not help the looped norm
-# forward: H200 sweep (run 20), (4096, 65536) bf16: rms_norm 3329 GB/s with, 3318 without;
-# layer_norm 2744 with, 2838 without. It takes none.
+LOOP_PREFETCH_RMS = False
+LOOP_ELEMS_PER_THREAD_RMS = 32  # LayerNorm: ELEMS_PER_THREAD
+LOOP_ROWS_LN = 2
+LOOP_ROWS_RMS = 1
+LOOP_STATS_LN = 1
+LOOP_STATS_RMS = 0
+LOOP_EVICT = True
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
 # current one (FWD_PREFETCH). H200 sweep (benchmarks/NOTES.md, run 9), (16384, 4096) bf16:
@@ -220,15 +236,16 @@ def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.conste
 @triton.jit
 def _chunk_raw(
     x_rows, r_rows, start, cols, n_cols, stride_xn, stride_rn, row_mask,
-    HAS_RESIDUAL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr,
 ):  # fmt: skip
     """Columns [start, start + BLOCK_N) of a tile of rows of x (and the residual) as stored,
-    0 where masked (a start at or past n_cols loads nothing). Converted by ``_raw_sum`` where
-    used, so that a prefetched chunk's loads do not stall the warp before it is needed."""
-    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, "")
+    0 where masked (a start at or past n_cols loads nothing), with the L2 policy EVICT ("" for
+    none). Converted by ``_raw_sum`` where used, so that a prefetched chunk's loads do not stall
+    the warp before it is needed."""
+    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, EVICT)
     r = x
     if HAS_RESIDUAL:
-        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, "")
+        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, EVICT)
     return x, r
 
 
@@ -297,6 +314,10 @@ def _norm_fwd_kernel(
     LOOPED: tl.constexpr,  # the row spans several BLOCK_N chunks: statistics, then output
     PREFETCH: tl.constexpr,  # rows in registers: load the next tile before computing this one
     LOOP_PREFETCH: tl.constexpr,  # looped: load the next chunk before reducing this one
+    LOOP_STATS: tl.constexpr,  # looped statistics: 0 per chunk (LayerNorm: Chan's merge), 1 per
+    # lane (RMSNorm: sum of squares; LayerNorm: sums shifted by the first chunk's mean)
+    KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
+    DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     OUTER: tl.constexpr,  # more than one outer index
     ONE_TILE: tl.constexpr,  # one tile per program
@@ -331,24 +352,47 @@ def _norm_fwd_kernel(
             if not IS_RMS:
                 # Each row's first element, as stored: the backward shifts by the same value.
                 shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
-            if IS_RMS:
-                acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-            else:
-                mean = tl.zeros([BLOCK_R], tl.float32)
-                m2 = tl.zeros([BLOCK_R], tl.float32)
+            acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)  # per lane: sum of squares / deviations
+            acc2 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)  # per lane: squared deviations
+            ssq = tl.zeros([BLOCK_R], tl.float32)  # RMSNorm per chunk: sum of squares so far
+            mean = tl.zeros([BLOCK_R], tl.float32)
+            m2 = tl.zeros([BLOCK_R], tl.float32)
+            first = 0
             # With LOOP_PREFETCH each chunk's loads are issued before the previous chunk is
             # reduced, in both sweeps: two chunks in flight per program instead of one.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL
-                )
-            for start in range(0, n_cols, BLOCK_N):
+                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+                    KEEP,
+                )  # fmt: skip
+            if not IS_RMS and LOOP_STATS == 1:
+                # LayerNorm per lane: the first chunk's mean c (one reduction) shifts every
+                # value, so that the sums of d = x - shift - c and d^2 need no reduction until
+                # the end, and var = E[d^2] - E[d]^2 cancels little: the first chunk's mean is
+                # within sqrt(n / BLOCK_N) standard deviations of the row's (its squared distance
+                # times BLOCK_N is part of the row's sum of squared deviations).
+                loaded = _chunk_raw(
+                    x_rows, r_rows, LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn, stride_rn,
+                    row_mask, HAS_RESIDUAL, KEEP,
+                )  # fmt: skip
+                if LOOP_PREFETCH:
+                    xr, rr = xr_next, rr_next
+                    xr_next, rr_next = loaded
+                else:
+                    xr, rr = loaded
+                mask = row_mask[:, None] & (cols < n_cols)[None, :]
+                xs = tl.where(mask, _raw_sum(xr, rr, HAS_RESIDUAL) - shift[:, None], 0.0)
+                mean = tl.sum(xs, axis=1) / tl.minimum(n_cols, BLOCK_N)
+                acc = tl.where(mask, xs - mean[:, None], 0.0)
+                acc2 = acc * acc
+                first = BLOCK_N
+            for start in range(first, n_cols, BLOCK_N):
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 # One load per iteration: this chunk, or with LOOP_PREFETCH the next one.
                 loaded = _chunk_raw(
                     x_rows, r_rows, start + LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn,
-                    stride_rn, row_mask, HAS_RESIDUAL,
+                    stride_rn, row_mask, HAS_RESIDUAL, KEEP,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -357,7 +401,14 @@ def _norm_fwd_kernel(
                     xr, rr = loaded
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if IS_RMS:
-                    acc += x * x
+                    if LOOP_STATS == 1:
+                        acc += x * x
+                    else:
+                        ssq += tl.sum(x * x, axis=1)
+                elif LOOP_STATS == 1:
+                    d = tl.where(mask, (x - shift[:, None]) - mean[:, None], 0.0)
+                    acc += d
+                    acc2 += d * d
                 else:
                     # Chan's merge of (count, mean, M2) of the rows so far with this chunk's,
                     # each chunk's own by two passes over registers.
@@ -369,6 +420,10 @@ def _norm_fwd_kernel(
                     delta = mean_b - mean
                     mean += delta * (n_b / (n_a + n_b))
                     m2 += tl.sum(d * d, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
+            if not IS_RMS and LOOP_STATS == 1:
+                d_mean = tl.sum(acc, axis=1) / n_cols
+                m2 = tl.sum(acc2, axis=1) - d_mean * d_mean * n_cols
+                mean += d_mean
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # Last chunk first: the chunks read last by the first sweep are still in L2. Its
             # load is issued before the statistics are reduced, which it does not need.
@@ -383,18 +438,22 @@ def _norm_fwd_kernel(
                     stride_rn,
                     row_mask,
                     HAS_RESIDUAL,
+                    DROP,
                 )
             if IS_RMS:
-                rstd = tl.math.rsqrt(tl.sum(acc, axis=1) / n_cols + eps)
+                if LOOP_STATS == 1:
+                    ssq = tl.sum(acc, axis=1)
+                rstd = tl.math.rsqrt(ssq / n_cols + eps)
             else:
-                rstd = tl.math.rsqrt(m2 / n_cols + eps)
+                # E[d^2] - E[d]^2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
+                rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / n_cols + eps)
             for k in range(0, n_chunks):
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 loaded = _chunk_raw(
                     x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
-                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL, DROP,
                 )  # fmt: skip
                 if LOOP_PREFETCH:
                     xr, rr = xr_next, rr_next
@@ -420,6 +479,7 @@ def _norm_fwd_kernel(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
                     mask=mask,
+                    eviction_policy=DROP,
                 )
         else:
             mask = row_mask[:, None] & col_mask[None, :]
@@ -789,9 +849,8 @@ def norm_fwd(
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
     cfg = norm_config(layout, x.device, rms)
-    if cfg.LOOPED and rms:
-        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, LOOP_ELEMS_PER_THREAD_RMS, MAX_WARPS)
-        cfg = dataclasses.replace(cfg, num_warps=warps)
+    if cfg.LOOPED:
+        cfg = _looped_fwd_config(cfg, layout, x.device, rms)
     sx, *rest = layout.strides
     if residual is not None:
         sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]
@@ -826,7 +885,9 @@ def norm_fwd(
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH and cfg.programs < cfg.n_tiles,  # a next tile to fetch
-        LOOP_PREFETCH=cfg.LOOPED and LOOP_PREFETCH,
+        LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
+        LOOP_STATS=LOOP_STATS_RMS if rms else LOOP_STATS_LN,
+        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         ONE_TILE=cfg.programs == cfg.n_tiles,
         OUTER=layout.n_outer > 1,
@@ -836,6 +897,29 @@ def norm_fwd(
         num_warps=cfg.num_warps,
     )
     return y, h, mean, rstd
+
+
+def _looped_fwd_config(
+    cfg: RowConfig, layout: RowLayout, device: torch.device, rms: bool
+) -> RowConfig:
+    """The looped forward's own rows per tile, warps and programs per SM (LOOP_*_RMS / _LN)."""
+    rows = LOOP_ROWS_RMS if rms else LOOP_ROWS_LN
+    per_sm = LOOP_PROGRAMS_PER_SM_RMS if rms else LOOP_PROGRAMS_PER_SM
+    if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
+        # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
+        # loaded serves them all.
+        block_r = min(rows, next_power_of_2(layout.n_inner))
+        n_iblocks = cdiv(layout.n_inner, block_r)
+        cfg = dataclasses.replace(
+            cfg, BLOCK_R=block_r, BLOCK_N=cfg.BLOCK_N // block_r, n_iblocks=n_iblocks,
+            n_tiles=layout.n_outer * n_iblocks,
+        )  # fmt: skip
+    per_thread = LOOP_ELEMS_PER_THREAD_RMS if rms else ELEMS_PER_THREAD
+    return dataclasses.replace(
+        cfg,
+        programs=max(1, min(cfg.n_tiles, per_sm * sm_count(device))),
+        num_warps=_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS),
+    )
 
 
 def _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms, count=True):
