@@ -10,10 +10,13 @@ saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. Layer
 on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value of
 an fp32 row (and of any looped row) is first shifted by the row's first element, which makes
 the subtraction of nearby values exact, the mean is that of the shifted values, and the
-variance is that of the deviations from it (two passes over registers; chunks merged with
-Chan's formula on the looped path), never E[x^2] - E[x]^2. The saved "mean" is the shifted
-mean, and the backward shifts again by the same first element. 16-bit rows in registers skip
-the shift (``_shifts``): their own rounding dwarfs what it saves.
+variance is that of the deviations from it (two passes over registers). A looped row is
+shifted a second time, by its first chunk's mean, and sums its values and squares per lane
+(LOOP_STATS_LN 1): that mean is within sqrt(n / chunk) standard deviations of the row's, so
+E[d^2] - E[d]^2 loses at most a few bits (chunks merged with Chan's formula with LOOP_STATS_LN
+0). The saved "mean" is the mean after the first-element shift, and the backward shifts again
+by the same first element. 16-bit rows in registers skip the shift (``_shifts``): their own
+rounding dwarfs what it saves.
 
 Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
 per program, each program walking a group of rows; a second pass sums the partials in a fixed
@@ -152,7 +155,7 @@ EVEN_N = True
 def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
     """Whether LayerNorm shifts each row by its first element (forward and backward agree).
 
-    Always for float32 and for looped rows (whose chunks are merged with Chan's formula): a
+    Always for float32 and for looped rows (whose statistics are merged across chunks): a
     mean of 1e4 + N(0, 1) values in fp32 is off by ~1e-3 unshifted, an error in every output.
     A 16-bit input cannot hold such rows to that precision (bf16 steps by 64 at 1e4), so its
     rows in registers skip the shift unless LN_SHIFT_16BIT.
