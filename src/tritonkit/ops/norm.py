@@ -253,6 +253,24 @@ def _chunk_raw(
 
 
 @triton.jit
+def _chunk_step(
+    x_rows, r_rows, load_start, cols, n_cols, stride_xn, stride_rn, row_mask, xr_next, rr_next,
+    HAS_RESIDUAL: tl.constexpr, EVICT: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """One step of a sweep over chunks: loads the chunk at ``load_start`` and returns the chunk
+    to work on (x and residual as stored) and the pending one. With PREFETCH the chunk to work
+    on is the one loaded a step earlier (``xr_next``, ``rr_next``) and the new load is pending,
+    so that two chunks are in flight; without, it is the new load."""
+    x, r = _chunk_raw(
+        x_rows, r_rows, load_start, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
+        EVICT,
+    )  # fmt: skip
+    if PREFETCH:
+        x, r, xr_next, rr_next = xr_next, rr_next, x, r
+    return x, r, xr_next, rr_next
+
+
+@triton.jit
 def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
@@ -362,27 +380,22 @@ def _norm_fwd_kernel(
             m2 = tl.zeros([BLOCK_R], tl.float32)
             first = 0
             # With LOOP_PREFETCH each chunk's loads are issued before the previous chunk is
-            # reduced, in both sweeps: two chunks in flight per program instead of one.
-            if LOOP_PREFETCH:
-                xr_next, rr_next = _chunk_raw(
-                    x_rows, r_rows, 0, cols, n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL,
-                    KEEP,
-                )  # fmt: skip
+            # reduced, in both sweeps: two chunks in flight per program instead of one (without
+            # it, the pending chunk starts past the row: nothing is loaded).
+            xr_next, rr_next = _chunk_raw(
+                x_rows, r_rows, (1 - LOOP_PREFETCH) * n_cols, cols, n_cols, stride_xn, stride_rn,
+                row_mask, HAS_RESIDUAL, KEEP,
+            )  # fmt: skip
             if not IS_RMS and LOOP_STATS == 1:
                 # LayerNorm per lane: the first chunk's mean c (one reduction) shifts every
                 # value, so that the sums of d = x - shift - c and d^2 need no reduction until
                 # the end, and var = E[d^2] - E[d]^2 cancels little: the first chunk's mean is
                 # within sqrt(n / BLOCK_N) standard deviations of the row's (its squared distance
                 # times BLOCK_N is part of the row's sum of squared deviations).
-                loaded = _chunk_raw(
+                xr, rr, xr_next, rr_next = _chunk_step(
                     x_rows, r_rows, LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn, stride_rn,
-                    row_mask, HAS_RESIDUAL, KEEP,
+                    row_mask, xr_next, rr_next, HAS_RESIDUAL, KEEP, LOOP_PREFETCH,
                 )  # fmt: skip
-                if LOOP_PREFETCH:
-                    xr, rr = xr_next, rr_next
-                    xr_next, rr_next = loaded
-                else:
-                    xr, rr = loaded
                 mask = row_mask[:, None] & (cols < n_cols)[None, :]
                 xs = tl.where(mask, _raw_sum(xr, rr, HAS_RESIDUAL) - shift[:, None], 0.0)
                 mean = tl.sum(xs, axis=1) / tl.minimum(n_cols, BLOCK_N)
@@ -393,15 +406,10 @@ def _norm_fwd_kernel(
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 # One load per iteration: this chunk, or with LOOP_PREFETCH the next one.
-                loaded = _chunk_raw(
+                xr, rr, xr_next, rr_next = _chunk_step(
                     x_rows, r_rows, start + LOOP_PREFETCH * BLOCK_N, cols, n_cols, stride_xn,
-                    stride_rn, row_mask, HAS_RESIDUAL, KEEP,
+                    stride_rn, row_mask, xr_next, rr_next, HAS_RESIDUAL, KEEP, LOOP_PREFETCH,
                 )  # fmt: skip
-                if LOOP_PREFETCH:
-                    xr, rr = xr_next, rr_next
-                    xr_next, rr_next = loaded
-                else:
-                    xr, rr = loaded
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if IS_RMS:
                     if LOOP_STATS == 1:
@@ -432,17 +440,9 @@ def _norm_fwd_kernel(
             # load is issued before the statistics are reduced, which it does not need.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    x_rows,
-                    r_rows,
-                    _reverse_start(0, n_chunks, BLOCK_N),
-                    cols,
-                    n_cols,
-                    stride_xn,
-                    stride_rn,
-                    row_mask,
-                    HAS_RESIDUAL,
-                    DROP,
-                )
+                    x_rows, r_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols, stride_xn,
+                    stride_rn, row_mask, HAS_RESIDUAL, DROP,
+                )  # fmt: skip
             if IS_RMS:
                 if LOOP_STATS == 1:
                     ssq = tl.sum(acc, axis=1)
@@ -454,15 +454,11 @@ def _norm_fwd_kernel(
                 start = _reverse_start(k, n_chunks, BLOCK_N)
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                loaded = _chunk_raw(
+                xr, rr, xr_next, rr_next = _chunk_step(
                     x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
-                    n_cols, stride_xn, stride_rn, row_mask, HAS_RESIDUAL, DROP,
+                    n_cols, stride_xn, stride_rn, row_mask, xr_next, rr_next, HAS_RESIDUAL, DROP,
+                    LOOP_PREFETCH,
                 )  # fmt: skip
-                if LOOP_PREFETCH:
-                    xr, rr = xr_next, rr_next
-                    xr_next, rr_next = loaded
-                else:
-                    xr, rr = loaded
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if HAS_RESIDUAL:
                     tl.store(
