@@ -228,3 +228,22 @@ def test_interpreter_skip_is_reported_never_passed(monkeypatch):
     results = check_spec(s, seed=0)
     assert len(results) == 1
     assert results[0].skipped == "a known interpreter bug" and not results[0].passed
+
+
+def test_max_ratio_bounds_the_relative_error_against_pytorchs():
+    """A tolerance with max_ratio also fails an output whose relative L2 error exceeds that
+    multiple of PyTorch's own, even when every element is within atol + rtol."""
+    from tritonkit.harness.check import compare
+    from tritonkit.harness.spec import Tolerance
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(256, generator=gen, dtype=torch.float64)
+    noise = torch.randn(256, generator=gen, dtype=torch.float64)
+    same = (ref + 1e-3 * noise).float()
+    ours = (ref + 2e-3 * noise).float()  # twice PyTorch's error, well within atol
+    loose = Tolerance(atol=1e-1, rtol=0.0)
+    assert compare(ours, ref, same, loose)[0]
+    passed, _, rel, torch_rel, detail = compare(ours, ref, same, Tolerance(1e-1, 0.0, 1.5))
+    assert not passed and rel / torch_rel == pytest.approx(2.0, rel=1e-3)
+    assert "relative L2 error" in detail and "1.5 x PyTorch's" in detail
+    assert compare(ours, ref, same, Tolerance(1e-1, 0.0, 2.5))[0]

@@ -281,7 +281,7 @@ def test_sixty_four_bit_offsets(monkeypatch, device):
 
 
 def test_configs_round_trip_through_the_tuning_cache():
-    for cls in ("16bit", "8bit", "tf32", "ieee"):
+    for cls in ("16bit", "8bit", "fp8", "tf32", "ieee"):
         for kind in ("autotuned", "persistent", "splitk"):
             for cfg in mm._candidates(kind, cls, tma=True, m=24, split=4):
                 assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
@@ -552,21 +552,40 @@ def test_fp8_row_major_b_is_copied_k_major(kmajor_route, device):
     _close(out, (a.double() @ b.double()) * 0.5 * sb.double())
 
 
-@pytest.mark.parametrize("promote_k", [mm.PROMOTE_PER_BLOCK, 32, mm.NEVER_PROMOTE])
-def test_fp8_promotion_policies_run(promote_k, device):
-    """Every accumulation-promotion policy the sweep times compiles and computes the product
-    (the interpreter accumulates exactly: their accuracy is measured on the GPU)."""
-    a = torch.randn(33, 70, device=device).to(torch.float8_e4m3fn)
-    b = torch.randn(20, 70, device=device).to(torch.float8_e4m3fn).t()
+@pytest.mark.parametrize(
+    "promote_k, split", [(mm.PROMOTE_PER_BLOCK, 1), (16, 1), (mm.NEVER_PROMOTE, 1), (64, 1),
+                         (96, 1), (96, 2)],
+)  # fmt: skip
+def test_fp8_promotion_policies_run(promote_k, split, device):
+    """Every accumulation-promotion policy compiles and computes the product, including the
+    hand promotion every 2 or 3 K blocks with a remainder block, and within a K split (the
+    interpreter accumulates exactly: their accuracy is measured on the GPU)."""
+    a = torch.randn(33, 230, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(20, 230, device=device).to(torch.float8_e4m3fn).t()
     one = torch.tensor(1.0, device=device)
-    cfg = MatmulConfig(16, 32, 32, persistent=True, promote_k=promote_k)
+    cfg = MatmulConfig(16, 32, 32, persistent=True, promote_k=promote_k, SPLIT_K=split)
     assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
     out = mm.scaled_matmul_fwd(a, b, one, one, None, torch.float32, config=cfg)
     _close(out, a.double() @ b.double())
-    with pytest.raises(ValueError, match=r"promote_k must be 0, -1 or in \[1, BLOCK_K = 32\]"):
+
+
+def test_fp8_promotion_must_be_a_whole_number_of_blocks(device):
+    a = torch.randn(8, 64, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(8, 64, device=device).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0, device=device)
+    with pytest.raises(
+        ValueError, match=r"promote_k must be 0, -1, in \[1, BLOCK_K = 32\] or a multiple of "
+        r"BLOCK_K, got 48",
+    ):  # fmt: skip
         mm.scaled_matmul_fwd(
-            a, b, one, one, None, torch.float32, config=MatmulConfig(16, 32, 32, promote_k=64)
+            a, b, one, one, None, torch.float32, config=MatmulConfig(16, 32, 32, promote_k=48)
         )
+
+
+def test_fp8_candidates_start_with_the_hand_promotion():
+    first = mm._candidates("persistent", mm._operand_class(torch.float8_e4m3fn), True, 8192, 1)[0]
+    assert first.promote_k > first.BLOCK_K and first.promote_k % first.BLOCK_K == 0
+    assert mm._operand_class(torch.int8) == "8bit"
 
 
 # ---- bad inputs: clear errors naming the argument ------------------------------------------------

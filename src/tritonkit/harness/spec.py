@@ -23,10 +23,13 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Elementwise bound against the float64 reference: ``|out - ref| <= atol + rtol * |ref|``."""
+    """Elementwise bound against the float64 reference: ``|out - ref| <= atol + rtol * |ref|``;
+    and, with ``max_ratio``, a relative L2 error at most that multiple of PyTorch's own (where
+    the output has enough elements for the ratio to mean something)."""
 
     atol: float
     rtol: float
+    max_ratio: float | None = None
 
 
 # Computed in float32 and rounded once, an output is within half a unit in the last place of

@@ -117,6 +117,24 @@ def _mac(a, b, acc, DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr, MAX_IMPREC
 
 
 @triton.jit
+def _mac_step(
+    a, b, acc, part, kb, DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    MAX_IMPRECISE: tl.constexpr, PROMOTE_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """K block ``kb`` (counted from the loop's first) into the accumulator: ``acc += a @ b``;
+    or, with PROMOTE_BLOCKS > 1, into the tensor cores' partial sum ``part``, which is added to
+    the fp32 ``acc`` (on the CUDA cores) and restarted after every PROMOTE_BLOCKS blocks."""
+    if PROMOTE_BLOCKS > 1:
+        part = _mac(a, b, part, DOT, INPUT_PRECISION, None)
+        if kb % PROMOTE_BLOCKS == PROMOTE_BLOCKS - 1:
+            acc += part
+            part = tl.zeros_like(part)
+    else:
+        acc = _mac(a, b, acc, DOT, INPUT_PRECISION, MAX_IMPRECISE)
+    return acc, part
+
+
+@triton.jit
 def _mainloop_ptr(
     a_ptr,  # A of this batch entry: element (m, k) at a_ptr + m * stride_am + k * stride_ak
     b_ptr,  # B of this batch entry: element (k, n) at b_ptr + k * stride_bk + n * stride_bn
@@ -134,6 +152,7 @@ def _mainloop_ptr(
     DOT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
+    PROMOTE_BLOCKS: tl.constexpr,
     EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K: no mask along K
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -158,6 +177,7 @@ def _mainloop_ptr(
     mask_n = rn < N
     a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    part = tl.zeros_like(acc)  # see _mac_step (unused unless PROMOTE_BLOCKS > 1)
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
@@ -166,9 +186,14 @@ def _mainloop_ptr(
             mask_k = (k + tl.arange(0, BLOCK_K)) < k_hi
             a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-        acc = _mac(a, b, acc, DOT, INPUT_PRECISION, MAX_IMPRECISE)
+        acc, part = _mac_step(
+            a, b, acc, part, (k - k_lo) // BLOCK_K, DOT, INPUT_PRECISION, MAX_IMPRECISE,
+            PROMOTE_BLOCKS,
+        )  # fmt: skip
         a_ptrs += step_a
         b_ptrs += step_b
+    if PROMOTE_BLOCKS > 1:
+        acc += part
     return acc
 
 
@@ -186,10 +211,12 @@ def _mainloop_tma(
     DOT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
+    PROMOTE_BLOCKS: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     # TMA copies whole blocks into shared memory and zero-fills what lies outside the tensor,
     # so no masks; the transposes are views of the shared-memory tile that wgmma reads.
+    part = tl.zeros_like(acc)  # see _mac_step (unused unless PROMOTE_BLOCKS > 1)
     for k in range(k_lo, k_hi, BLOCK_K):
         if A_T:
             a = a_desc.load([k, off_m]).T
@@ -199,7 +226,12 @@ def _mainloop_tma(
             b = b_desc.load([off_n, k]).T
         else:
             b = b_desc.load([k, off_n])
-        acc = _mac(a, b, acc, DOT, INPUT_PRECISION, MAX_IMPRECISE)
+        acc, part = _mac_step(
+            a, b, acc, part, (k - k_lo) // BLOCK_K, DOT, INPUT_PRECISION, MAX_IMPRECISE,
+            PROMOTE_BLOCKS,
+        )  # fmt: skip
+    if PROMOTE_BLOCKS > 1:
+        acc += part
     return acc
 
 
@@ -303,6 +335,7 @@ def _matmul_tile(
     DOT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
+    PROMOTE_BLOCKS: tl.constexpr,
     ACC_INT: tl.constexpr,
     EVEN_K: tl.constexpr,
     INT64: tl.constexpr,
@@ -355,6 +388,7 @@ def _matmul_tile(
             DOT,
             INPUT_PRECISION,
             MAX_IMPRECISE,
+            PROMOTE_BLOCKS,
             BLOCK_K,
         )
     else:
@@ -375,6 +409,7 @@ def _matmul_tile(
             DOT,
             INPUT_PRECISION,
             MAX_IMPRECISE,
+            PROMOTE_BLOCKS,
             EVEN_K,
             INT64,
             BLOCK_M,
@@ -492,6 +527,7 @@ def _matmul_kernel(
     DOT: tl.constexpr,  # tensor cores (tl.dot); False: the v0 CUDA-core loop
     INPUT_PRECISION: tl.constexpr,  # fp32 operands: "tf32" or "ieee"; else None
     MAX_IMPRECISE: tl.constexpr,  # fp8: K elements per partial sum before fp32 promotion
+    PROMOTE_BLOCKS: tl.constexpr,  # fp8: or K blocks per partial sum, promoted by hand (> 1)
     ACC_INT: tl.constexpr,  # int32 accumulator (int8 operands)
     EVEN_K: tl.constexpr,
     INT64: tl.constexpr,  # 64-bit offsets: some operand spans 2**31 elements or more
@@ -519,8 +555,8 @@ def _matmul_kernel(
                 stride_bk, stride_bn, stride_cb0, stride_cb1, stride_cm, stride_cn,
                 stride_sa, stride_sb, stride_bias, stride_rm, stride_rn, stride_zm, stride_zn,
                 USE_TMA, A_T, B_T, EPILOGUE_SUBTILE, SPLIT_K, DOT, INPUT_PRECISION,
-                MAX_IMPRECISE, ACC_INT, EVEN_K, INT64, FLOAT_OUT, SCALE_A, SCALE_B, HAS_BIAS,
-                ACT, HAS_RES, STORE_Z, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                MAX_IMPRECISE, PROMOTE_BLOCKS, ACC_INT, EVEN_K, INT64, FLOAT_OUT, SCALE_A,
+                SCALE_B, HAS_BIAS, ACT, HAS_RES, STORE_Z, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
             )  # fmt: skip
     else:
         _matmul_tile(
@@ -530,8 +566,8 @@ def _matmul_kernel(
             stride_bk, stride_bn, stride_cb0, stride_cb1, stride_cm, stride_cn,
             stride_sa, stride_sb, stride_bias, stride_rm, stride_rn, stride_zm, stride_zn,
             USE_TMA, A_T, B_T, EPILOGUE_SUBTILE, SPLIT_K, DOT, INPUT_PRECISION,
-            MAX_IMPRECISE, ACC_INT, EVEN_K, INT64, FLOAT_OUT, SCALE_A, SCALE_B, HAS_BIAS,
-            ACT, HAS_RES, STORE_Z, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            MAX_IMPRECISE, PROMOTE_BLOCKS, ACC_INT, EVEN_K, INT64, FLOAT_OUT, SCALE_A, SCALE_B,
+            HAS_BIAS, ACT, HAS_RES, STORE_Z, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
         )  # fmt: skip
 
 
@@ -667,28 +703,39 @@ class MatmulConfig:
 
 
 # FP8 on Hopper: wgmma adds products into its accumulator keeping only ~14 bits of the partial
-# sum. tl.dot's ``max_num_imprecise_acc`` bounds how many K elements are summed that way before
-# the partial sum is promoted into the fp32 accumulator (on the CUDA cores). ``promote_k``
-# chooses it: PROMOTE_PER_BLOCK (0) = BLOCK_K, once per K block, the accuracy of
-# torch._scaled_mm without fast accumulation, and the default; a positive value <= BLOCK_K
-# promotes more often; NEVER_PROMOTE (-1) never promotes (Triton's own sm_90 default: fast
-# accumulation, less accurate at large K). benchmarks/sweep_lowp.py times each against accuracy.
+# sum, so a long K must be summed in pieces whose partial sums are promoted into an fp32
+# accumulator (on the CUDA cores). ``promote_k`` is the piece, in K elements:
+# - PROMOTE_PER_BLOCK (0): BLOCK_K, through tl.dot's ``max_num_imprecise_acc``, which waits for
+#   the tensor cores and adds once per K block (and per 64-row wgmma);
+# - a positive value <= BLOCK_K: the same, more often;
+# - a multiple of BLOCK_K above it: by hand (_mac_step), a second accumulator tile that the
+#   tensor cores sum into and the loop adds to the first every promote_k / BLOCK_K blocks, so
+#   the tensor cores wait that much less often. Two fp32 tiles per thread: 128 x 128 at 8 warps
+#   fits (155 registers, ptxas sm_90a); 128 x 256 or 256 x 128 spill;
+# - NEVER_PROMOTE (-1): never (Triton's own sm_90 default: fast accumulation).
+# H200, 8192^3 e4m3, bf16 out, one interleaved group (benchmarks/NOTES.md, run 23), against
+# torch._scaled_mm (relative L2 error 1.66e-3 vs float64): per block 0.813x at 1.00x its error;
+# by hand every 1024 / 2048 / 4096: 0.911x / 0.935x / 0.948x at 1.05x / 1.12x / 1.28x the
+# error; never 1.03x at 1.58x. The fp8 candidates (_TILES) start with 2048.
 PROMOTE_PER_BLOCK = 0
 NEVER_PROMOTE = -1
 
 
-def _max_imprecise(cfg: MatmulConfig) -> int | None:
-    """tl.dot's ``max_num_imprecise_acc`` for an FP8 launch with ``cfg``."""
-    if cfg.promote_k == PROMOTE_PER_BLOCK:
-        return cfg.BLOCK_K
-    if cfg.promote_k == NEVER_PROMOTE:
-        return None
-    if not 0 < cfg.promote_k <= cfg.BLOCK_K:
-        raise ValueError(
-            f"MatmulConfig.promote_k must be {PROMOTE_PER_BLOCK}, {NEVER_PROMOTE} or in "
-            f"[1, BLOCK_K = {cfg.BLOCK_K}], got {cfg.promote_k}"
-        )
-    return cfg.promote_k
+def _promotion(cfg: MatmulConfig) -> tuple[int | None, int]:
+    """(tl.dot's ``max_num_imprecise_acc``, K blocks per promotion by hand) of an FP8 launch."""
+    p, bk = cfg.promote_k, cfg.BLOCK_K
+    if p == PROMOTE_PER_BLOCK:
+        return bk, 1
+    if p == NEVER_PROMOTE:
+        return None, 1
+    if 0 < p <= bk:
+        return p, 1
+    if p > bk and p % bk == 0:
+        return None, p // bk
+    raise ValueError(
+        f"MatmulConfig.promote_k must be {PROMOTE_PER_BLOCK}, {NEVER_PROMOTE}, in [1, BLOCK_K = "
+        f"{bk}] or a multiple of BLOCK_K, got {p}"
+    )
 
 
 def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, **kw) -> MatmulConfig:
@@ -716,6 +763,12 @@ def _fixed_config(name: str, elem: int) -> MatmulConfig:
 # the interpreter). Few on purpose: first-time tuning of one shape compiles each candidate.
 # Hopper: 128 x 256 x 64 with 8 warps (two warp groups, each a 64 x 256 wgmma) is the usual
 # best for 16-bit operands; 8-bit operands want BLOCK_K = 128 (128-byte rows for TMA).
+_TILES_8BIT = (
+    _cfg(128, 256, 128, 8, 3),
+    _cfg(128, 128, 128, 8, 4),
+    _cfg(256, 128, 128, 8, 3),
+    _cfg(128, 128, 128, 4, 3),  # fits 163 KB (A100) even with an int32 output tile
+)
 _TILES: dict[str, tuple[MatmulConfig, ...]] = {
     "16bit": (
         _cfg(128, 256, 64, 8, 3),
@@ -723,12 +776,10 @@ _TILES: dict[str, tuple[MatmulConfig, ...]] = {
         _cfg(256, 128, 64, 8, 3),
         _cfg(128, 128, 64, 4, 4),
     ),
-    "8bit": (
-        _cfg(128, 256, 128, 8, 3),
-        _cfg(128, 128, 128, 8, 4),
-        _cfg(256, 128, 128, 8, 3),
-        _cfg(128, 128, 128, 4, 3),  # fits 163 KB (A100) even with an int32 output tile
-    ),
+    "8bit": _TILES_8BIT,
+    # FP8: the hand promotion's tile first (see PROMOTE_PER_BLOCK), then INT8's tiles, which
+    # promote once per K block.
+    "fp8": (_cfg(128, 128, 128, 8, 4, promote_k=2048), *_TILES_8BIT),
     "tf32": (
         _cfg(128, 128, 32, 8, 3),
         _cfg(128, 256, 32, 8, 3),
@@ -751,6 +802,7 @@ _TMA_EXTRAS: dict[str, tuple[MatmulConfig, ...]] = {
         _cfg(128, 256, 64, 8, 3, warp_specialize=True),
     ),
     "8bit": (_cfg(128, 256, 128, 8, 4, subtile=True),),
+    "fp8": (_cfg(128, 256, 128, 8, 4, subtile=True),),
 }
 _GROUP_M = 8  # row blocks per group of the grouped tile order (L2 reuse of B's columns)
 
@@ -800,6 +852,8 @@ def split_k_for(m: int, n: int, k: int, n_batch: int = 1, sms: int = 132) -> int
 def _operand_class(dtype: torch.dtype) -> str:
     if dtype == torch.float32:
         return "tf32" if _tf32_enabled() else "ieee"
+    if dtype in FP8_DTYPES:
+        return "fp8"
     if dtype.itemsize == 1:
         return "8bit"
     return "16bit"
@@ -809,7 +863,7 @@ def _candidates(kind: str, cls: str, tma: bool, m: int, split: int) -> list[Matm
     """The configs tuning times for one problem class; the first is the untimed default."""
     if kind == "splitk":
         bm = _splitk_block_m(m)
-        bk = 32 if cls in ("tf32", "ieee") else (128 if cls == "8bit" else 64)
+        bk = 32 if cls in ("tf32", "ieee") else (128 if cls in ("8bit", "fp8") else 64)
         return [
             _cfg(bm, _SPLITK_BLOCK_N, bk, 4, 4, SPLIT_K=split),
             _cfg(bm, 64, bk, 4, 4, SPLIT_K=split),
@@ -1077,7 +1131,7 @@ def _launch(p: _Problem, epi: _Epilogue, cfg: MatmulConfig) -> None:
         precision = "tf32" if _tf32_enabled() else "ieee"
     else:
         precision = None
-    fp8 = a.dtype in FP8_DTYPES
+    max_imprecise, promote_blocks = _promotion(cfg) if a.dtype in FP8_DTYPES else (None, 1)
     n_sms = sm_count(device)
     total = p.n_batch * cdiv(p.m, cfg.BLOCK_M) * cdiv(p.n, cfg.BLOCK_N) * split
     grid = (min(n_sms, total),) if cfg.persistent else (total,)
@@ -1122,7 +1176,10 @@ def _launch(p: _Problem, epi: _Epilogue, cfg: MatmulConfig) -> None:
         *epi_strides,
         PERSISTENT=cfg.persistent,
         NUM_SMS=n_sms,
-        FLATTEN=not cfg.warp_specialize,
+        # Flattening the tile and K loops (one software pipeline across tiles) gains with one
+        # accumulator; with the hand promotion's branch it lost 22% (run 23: 0.675x vs 0.863x
+        # _scaled_mm, promoting every 16 blocks).
+        FLATTEN=not cfg.warp_specialize and promote_blocks == 1,
         WARP_SPECIALIZE=cfg.warp_specialize and cfg.persistent,
         USE_TMA=use_tma,
         A_T=a_t,
@@ -1131,9 +1188,9 @@ def _launch(p: _Problem, epi: _Epilogue, cfg: MatmulConfig) -> None:
         SPLIT_K=split,
         DOT=cfg.dot,
         INPUT_PRECISION=precision,
-        # fp8 on Hopper: promote the tensor cores' partial sums to fp32 (by default once per K
-        # block, as cuBLAS does without fast accumulation); see PROMOTE_PER_BLOCK.
-        MAX_IMPRECISE=_max_imprecise(cfg) if fp8 else None,
+        # fp8 on Hopper: promote the tensor cores' partial sums to fp32; see PROMOTE_PER_BLOCK.
+        MAX_IMPRECISE=max_imprecise,
+        PROMOTE_BLOCKS=promote_blocks,
         ACC_INT=acc_int,
         EVEN_K=p.k % cfg.BLOCK_K == 0,
         INT64=int64,
@@ -1666,8 +1723,12 @@ def scaled_matmul(
 ) -> torch.Tensor:
     """FP8 GEMM with ``torch._scaled_mm`` semantics: ``(a @ b) * scale_a * scale_b + bias``.
 
-    Accumulation is float32 (the tensor cores' partial sums are promoted to fp32 once per K
-    block, as ``torch._scaled_mm`` without fast accumulation). Any layout is accepted; the
+    Accumulation is float32: the tensor cores sum products in their own ~14-bit accumulator and
+    the kernel promotes those partial sums to fp32 every 2048 K elements with the default tile
+    (once per K block with the others the tuner may pick). At 8192^3 on an H200 that is a
+    relative error of 1.12x ``torch._scaled_mm``'s (which promotes more often) at 0.92x its
+    speed; promoting once per K block matches its error at 0.80x (``MatmulConfig.promote_k``;
+    benchmarks/NOTES.md, run 23). Any layout is accepted; the
     fastest is the one ``torch._scaled_mm`` requires: a row-major, b column-major. On Hopper,
     a large problem with another layout first copies the operand into a K-major scratch buffer
     (``K * N`` bytes for b, ``M * K`` for a, per call; see ``kmajor_copies``).

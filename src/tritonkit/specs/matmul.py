@@ -56,11 +56,17 @@ MATMUL_GRAD_TOLERANCE = {
     torch.bfloat16: Tolerance(atol=8e-2, rtol=2.0**-6),
 }
 # FP8 and INT8 GEMMs write bfloat16: one unit in its last place. FP8 on Hopper keeps partial
-# sums of one K block in the tensor cores' ~14-bit accumulator before promoting them to fp32:
-# at K = 8192 that costs up to ~1e-3 on unit-variance outputs.
+# sums in the tensor cores' ~14-bit accumulator, which truncates, between promotions to fp32
+# (ops/matmul.py, PROMOTE_PER_BLOCK): the error of an output grows with the K elements summed
+# between promotions, and is largest relative to outputs near zero. H200, 8192^3 e4m3 with
+# unit-variance outputs (benchmarks/NOTES.md, run 23), worst |out - ref| over 2 seeds: once per
+# K block (128) 0.0016 (what torch._scaled_mm gets), every 512 0.0025, 2048 (the default tile)
+# 0.0086, 4096 0.016. The atol covers 2048; the issue's criterion is the relative L2 error at
+# most 1.5x PyTorch's (max_ratio; its float32 product rounded once has the error of
+# torch._scaled_mm, 1.66e-3 here; every 2048: 1.12x).
 LOW_PRECISION_TOLERANCE = {
-    torch.float8_e4m3fn: Tolerance(atol=2e-3, rtol=2.0**-7),
-    torch.float8_e5m2: Tolerance(atol=2e-3, rtol=2.0**-7),
+    torch.float8_e4m3fn: Tolerance(atol=1.2e-2, rtol=2.0**-7, max_ratio=1.5),
+    torch.float8_e5m2: Tolerance(atol=1.2e-2, rtol=2.0**-7, max_ratio=1.5),
     torch.int8: Tolerance(atol=1e-4, rtol=2.0**-7),
 }
 
