@@ -11,7 +11,9 @@
    over the shared memory are skipped), persistent TMA, the current promotion (fp32 once
    per BLOCK_K). Stage 2, each tile at its best stage count: the other policies of
    ``tl.dot``'s ``max_num_imprecise_acc`` (never promote: Triton's sm_90 default; promote
-   every 64 or 32 K elements), one program per tile instead of persistent (TMA), warp
+   every 64 or 32 K elements) and the promotion by hand every 8, 16 or 32 K blocks (128x128
+   tiles; ``MatmulConfig.promote_k`` above BLOCK_K), one program per tile instead of
+   persistent (TMA), warp
    specialization for the two best, the pointer path (no TMA) for the best. Each stage is
    timed in one interleaved group with ``torch._scaled_mm`` (and its ``use_fast_accum=True``;
    stage 1 also with tritonkit's current default, autotuned), so each ratio is two figures
@@ -222,7 +224,8 @@ def _stage1_configs(tiles=TILES, stage_counts=STAGES) -> list:
 
 def _stage2_configs(ranked: list) -> list:
     """Variations of each tile's best stage count, most telling first (the budget may cut the
-    tail): no promotion; promotion every 64 / 32 K elements; one program per tile (TMA);
+    tail): no promotion; promotion every 64 / 32 K elements, or by hand every 8 / 16 / 32 K
+    blocks (128 x 128 tiles); one program per tile (TMA);
     warp specialization for the two best; the pointer path (no TMA) for the best."""
     from tritonkit.ops import matmul as mm
 
@@ -233,6 +236,14 @@ def _stage2_configs(ranked: list) -> list:
     out = [dataclasses.replace(c, promote_k=mm.NEVER_PROMOTE) for c in best]
     out += [
         dataclasses.replace(c, promote_k=p) for p in (128, 64, 32) for c in best if p < c.BLOCK_K
+    ]
+    # promotion by hand every 8-32 K blocks: two fp32 tiles per thread, which fit at 128 x 128
+    # with 8 warps only (larger tiles spill)
+    out += [
+        dataclasses.replace(c, promote_k=blocks * c.BLOCK_K)
+        for blocks in (8, 16, 32)
+        for c in best
+        if c.BLOCK_M * c.BLOCK_N <= 128 * 128 and c.num_warps == 8
     ]
     out += [dataclasses.replace(c, persistent=False) for c in best]
     for cfg in best[:2]:
@@ -385,8 +396,8 @@ def _decisions(res: dict) -> list[str]:
             )
             if default and top["x_scaled_mm"] > 1.02 * default["x_scaled_mm"]:
                 lines.append(
-                    "  -> make it FP8's default: first FP8 candidate in ops/matmul.py (the 8-bit "
-                    "tiles are shared with INT8: split them if INT8 prefers others), its promote_k"
+                    "  -> make it FP8's default: first candidate of _TILES['fp8'] in "
+                    "ops/matmul.py, with its promote_k"
                 )
             else:
                 lines.append("  -> keep the current default")
