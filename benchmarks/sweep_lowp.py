@@ -13,8 +13,8 @@
    ``tl.dot``'s ``max_num_imprecise_acc`` (never promote: Triton's sm_90 default; promote
    every 64 or 32 K elements) and the promotion by hand every 8, 16 or 32 K blocks (128x128
    tiles; ``MatmulConfig.promote_k`` above BLOCK_K), one program per tile instead of
-   persistent (TMA), warp
-   specialization for the two best, the pointer path (no TMA) for the best. Each stage is
+   persistent (TMA), warp specialization for the two best, the pointer path (no TMA) for the
+   best. Each stage is
    timed in one interleaved group with ``torch._scaled_mm`` (and its ``use_fast_accum=True``;
    stage 1 also with tritonkit's current default, autotuned), so each ratio is two figures
    from the same run.
@@ -225,8 +225,8 @@ def _stage1_configs(tiles=TILES, stage_counts=STAGES) -> list:
 def _stage2_configs(ranked: list) -> list:
     """Variations of each tile's best stage count, most telling first (the budget may cut the
     tail): no promotion; promotion every 64 / 32 K elements, or by hand every 8 / 16 / 32 K
-    blocks (128 x 128 tiles); one program per tile (TMA);
-    warp specialization for the two best; the pointer path (no TMA) for the best."""
+    blocks (128 x 128 tiles); one program per tile (TMA); warp specialization for the two
+    best; the pointer path (no TMA) for the best."""
     from tritonkit.ops import matmul as mm
 
     per_tile: dict[tuple[int, int, int], object] = {}

@@ -149,6 +149,7 @@ def _mainloop_ptr(
     stride_bk,
     stride_bn,
     acc,  # accumulator tile [BLOCK_M, BLOCK_N], fp32 or int32
+    part,  # the tensor cores' partial sum, when PROMOTE_BLOCKS > 1 (see _mac_step)
     DOT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     MAX_IMPRECISE: tl.constexpr,
@@ -177,7 +178,6 @@ def _mainloop_ptr(
     mask_n = rn < N
     a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
-    part = tl.zeros_like(acc)  # see _mac_step (unused unless PROMOTE_BLOCKS > 1)
     for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
@@ -192,9 +192,7 @@ def _mainloop_ptr(
         )  # fmt: skip
         a_ptrs += step_a
         b_ptrs += step_b
-    if PROMOTE_BLOCKS > 1:
-        acc += part
-    return acc
+    return acc, part
 
 
 @triton.jit
@@ -206,6 +204,7 @@ def _mainloop_tma(
     k_lo,
     k_hi,
     acc,
+    part,  # the tensor cores' partial sum, when PROMOTE_BLOCKS > 1 (see _mac_step)
     A_T: tl.constexpr,  # A is stored M-major (unit stride along M)
     B_T: tl.constexpr,  # B is stored K-major (unit stride along K), like nn.Linear's weight
     DOT: tl.constexpr,
@@ -216,7 +215,6 @@ def _mainloop_tma(
 ):
     # TMA copies whole blocks into shared memory and zero-fills what lies outside the tensor,
     # so no masks; the transposes are views of the shared-memory tile that wgmma reads.
-    part = tl.zeros_like(acc)  # see _mac_step (unused unless PROMOTE_BLOCKS > 1)
     for k in range(k_lo, k_hi, BLOCK_K):
         if A_T:
             a = a_desc.load([k, off_m]).T
@@ -230,9 +228,7 @@ def _mainloop_tma(
             a, b, acc, part, (k - k_lo) // BLOCK_K, DOT, INPUT_PRECISION, MAX_IMPRECISE,
             PROMOTE_BLOCKS,
         )  # fmt: skip
-    if PROMOTE_BLOCKS > 1:
-        acc += part
-    return acc
+    return acc, part
 
 
 @triton.jit
@@ -374,8 +370,9 @@ def _matmul_tile(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    part = tl.zeros_like(acc)  # see _mac_step (unused unless PROMOTE_BLOCKS > 1)
     if USE_TMA:
-        acc = _mainloop_tma(
+        acc, part = _mainloop_tma(
             a_desc,
             b_desc,
             off_m,
@@ -383,6 +380,7 @@ def _matmul_tile(
             k_lo,
             k_hi,
             acc,
+            part,
             A_T,
             B_T,
             DOT,
@@ -392,7 +390,7 @@ def _matmul_tile(
             BLOCK_K,
         )
     else:
-        acc = _mainloop_ptr(
+        acc, part = _mainloop_ptr(
             a_ptr + b0 * stride_ab0 + b1 * stride_ab1,
             b_ptr + b0 * stride_bb0 + b1 * stride_bb1,
             off_m,
@@ -406,6 +404,7 @@ def _matmul_tile(
             stride_bk,
             stride_bn,
             acc,
+            part,
             DOT,
             INPUT_PRECISION,
             MAX_IMPRECISE,
@@ -416,6 +415,8 @@ def _matmul_tile(
             BLOCK_N,
             BLOCK_K,
         )
+    if PROMOTE_BLOCKS > 1:
+        acc += part  # the blocks after the last promotion
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     if INT64:
@@ -796,13 +797,14 @@ _TILES: dict[str, tuple[MatmulConfig, ...]] = {
 }
 # Only where TMA stores the output: a half-tile epilogue buys a 4th stage, and producer /
 # consumer warp groups (flatten must then be off on Hopper).
+_TMA_EXTRAS_8BIT = (_cfg(128, 256, 128, 8, 4, subtile=True),)
 _TMA_EXTRAS: dict[str, tuple[MatmulConfig, ...]] = {
     "16bit": (
         _cfg(128, 256, 64, 8, 4, subtile=True),
         _cfg(128, 256, 64, 8, 3, warp_specialize=True),
     ),
-    "8bit": (_cfg(128, 256, 128, 8, 4, subtile=True),),
-    "fp8": (_cfg(128, 256, 128, 8, 4, subtile=True),),
+    "8bit": _TMA_EXTRAS_8BIT,
+    "fp8": _TMA_EXTRAS_8BIT,
 }
 _GROUP_M = 8  # row blocks per group of the grouped tile order (L2 reuse of B's columns)
 
