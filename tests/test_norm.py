@@ -26,14 +26,20 @@ def test_check_engine_passes(name, device):
 
 
 @pytest.fixture(
-    params=[(True, 1, False, 1), (False, 1, True, 2), (True, 0, True, 2), (False, 0, False, 1)],
-    ids=lambda p: f"prefetch={p[0]}-stats={p[1]}-evict={p[2]}-rows={p[3]}",
+    params=[
+        (True, 1, False, 1, True),
+        (False, 1, True, 2, False),
+        (True, 0, True, 2, True),
+        (False, 0, False, 1, False),
+    ],
+    ids=lambda p: f"prefetch={p[0]}-stats={p[1]}-evict={p[2]}-rows={p[3]}-sumfirst={p[4]}",
 )
 def looped(monkeypatch, request):
     """Rows wider than 32 take the looped forward (loading the next chunk ahead or not;
-    statistics per lane or per chunk; L2 hints or not; one or two rows per tile) and the
-    two-kernel backward."""
-    prefetch, stats, evict, rows = request.param
+    statistics per lane or per chunk; L2 hints or not; one or two rows per tile; a residual
+    sum stored by the first sweep and read back, or not) and the two-kernel backward."""
+    prefetch, stats, evict, rows, sum_first = request.param
+    monkeypatch.setattr(N, "LOOP_SUM_FIRST", sum_first)
     for suffix in ("_LN", "_RMS"):
         monkeypatch.setattr(N, "LOOP_ROWS" + suffix, rows)
     monkeypatch.setattr(N, "LOOP_PREFETCH", prefetch)

@@ -414,6 +414,15 @@ _VECTOR_BYTES = 16
 # Activations that cost more arithmetic (GELU, SiLU) give each thread two vectors: more
 # independent work in flight (bf16 GELU 3088 -> 3633 GB/s, SiLU 3925 -> 4111).
 _HEAVY_VECTORS = 2
+# The backward passes (dy and x in, dx out; the GLUs' five tensors), by (activation, element
+# size): one vector for SiLU and for fp32, two for GELU in 16 bits, whose derivative is heavier.
+# H200 sweep (run 25, benchmarks/NOTES.md), (16384, 8192), ms at one vector vs two: silu bf16
+# 0.1836 / 0.1840, fp32 0.3660 / 0.3674; swiglu bf16 0.3097 / 0.3117, fp32 0.6202 / 0.6255;
+# gelu fp32 0.3673 / 0.3688; gelu bf16 0.1938 / 0.1882, gelu_tanh bf16 0.1924 / 0.1840.
+_BWD_VECTORS: dict[tuple[str, int], int] = {
+    ("gelu", 2): 2,
+    ("gelu_tanh", 2): 2,
+}
 # GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (_gelu_q16) instead of
 # _gelu_parts. False restores the old path (the sweep times both); float32 always uses the old.
 _GELU_PHI16 = True
@@ -494,6 +503,10 @@ class TileConfig:
 
 def _vectors(activation: str) -> int:
     return 1 if activation in ("none", "relu") else _HEAVY_VECTORS
+
+
+def _bwd_vectors(activation: str, elem_size: int) -> int:
+    return _BWD_VECTORS.get((activation, elem_size), 1)
 
 
 def _phi16(activation: str, out: torch.Tensor) -> bool:
@@ -673,7 +686,7 @@ def bias_act_bwd(
         )
         partial = torch.empty((groups, gr.n_cols), dtype=torch.float32, device=grad.device)
     else:
-        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, _vectors(activation))
+        cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, _bwd_vectors(activation, elem))
         rows_per_program = cfg.BLOCK_M
         groups = cdiv(gr.n_rows, cfg.BLOCK_M)
         partial = empty
@@ -754,7 +767,8 @@ def glu_bwd(
     (dyr, gr, ur), (dgr, dur) = elementwise_rows([grad, gate, up], n_outputs=2)
     if gate.numel() == 0:
         return dgr.tensor, dur.tensor
-    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, gate.element_size(), _HEAVY_VECTORS)
+    elem = gate.element_size()
+    cfg = TileConfig.for_rows(gr.n_rows, gr.n_cols, elem, _bwd_vectors(activation, elem))
     _glu_bwd_kernel[cfg.grid(gr.n_rows, gr.n_cols)](
         dyr.tensor,
         gr.tensor,

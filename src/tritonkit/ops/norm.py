@@ -94,7 +94,19 @@ LOOP_PROGRAMS_PER_SM = 2
 LOOP_PROGRAMS_PER_SM_RMS = 4
 LOOP_PREFETCH = True
 LOOP_PREFETCH_RMS = False
-LOOP_ELEMS_PER_THREAD_RMS = 32  # LayerNorm: ELEMS_PER_THREAD
+LOOP_ELEMS_PER_THREAD_RMS = 32  # LayerNorm: ELEMS_PER_THREAD, or LOOP_ELEMS_PER_THREAD_LN_WIDE
+# The looped forward of fp32 rows with a residual (8 bytes loaded per element): elements per
+# thread, LayerNorm and RMSNorm, the chunks narrowed to fit MAX_WARPS. LayerNorm's per-lane sums
+# and prefetched chunk spill at ELEMS_PER_THREAD (212 bytes, ptxas for sm_90a,
+# benchmarks/spill_audit.py). H200 (run 24), add_layer_norm (4096, 65536) fp32: 1.478 ms at 8,
+# 1.782 at 16; add_rms_norm 1.342 at 16, 1.509 at 32. Halving did not pay with 4 bytes per
+# element (layer_norm fp32 0.783 vs 0.684 ms; add_layer_norm bf16 1.038 vs 0.705).
+LOOP_ELEMS_PER_THREAD_LN_WIDE = 8
+LOOP_ELEMS_PER_THREAD_RMS_WIDE = 16
+# Looped forward of fp32 rows with a residual: the first sweep stores h = x + residual (an
+# output anyway) and the second reads h instead of x and the residual. A row of both is 512 KiB
+# at 65536 columns, more than L2 keeps for every program between the sweeps.
+LOOP_SUM_FIRST = True
 LOOP_ROWS_LN = 2
 LOOP_ROWS_RMS = 1
 LOOP_STATS_LN = 1
@@ -143,6 +155,9 @@ BWD_REDUCE_ROWS_LN = 2  # LayerNorm
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
+# Wide rows' first backward pass (the row sums), elements per thread for fp32 rows: dy and x
+# at ELEMS_PER_THREAD spill (layer_norm (4096, 65536) fp32: 260 bytes, benchmarks/spill_audit.py).
+BWD_SUMS_ELEMS_PER_THREAD_FP32 = 8
 COLSUM_BLOCK = (32, 128)  # (rows, columns) of the deterministic partial-sum reduction
 # LayerNorm of 16-bit rows in registers: shift by the first element too (see _shifts). H200
 # sweep (run 16), (16384, 4096) bf16, without: forward 3483 GB/s (3442 with), backward 2633
@@ -338,6 +353,9 @@ def _norm_fwd_kernel(
     LOOP_STATS: tl.constexpr,  # looped statistics: 0 per chunk (LayerNorm: Chan's merge), 1 per
     # lane (RMSNorm: sum of squares; LayerNorm: sums shifted by the first chunk's mean)
     KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
+    SUM_FIRST: tl.constexpr,  # looped with a residual: the first sweep stores h = x + residual
+    # and the second reads h back (half the bytes of x and residual); fp32 only, where h holds
+    # the sum exactly
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     OUTER: tl.constexpr,  # more than one outer index
@@ -397,7 +415,15 @@ def _norm_fwd_kernel(
                     row_mask, xr_next, rr_next, HAS_RESIDUAL, KEEP, LOOP_PREFETCH,
                 )  # fmt: skip
                 mask = row_mask[:, None] & (cols < n_cols)[None, :]
-                xs = tl.where(mask, _raw_sum(xr, rr, HAS_RESIDUAL) - shift[:, None], 0.0)
+                x = _raw_sum(xr, rr, HAS_RESIDUAL)
+                if SUM_FIRST:
+                    tl.store(
+                        h_rows[:, None] + cols[None, :] * stride_hn,
+                        x.to(h_ptr.dtype.element_ty),
+                        mask=mask,
+                        eviction_policy=KEEP,
+                    )
+                xs = tl.where(mask, x - shift[:, None], 0.0)
                 mean = tl.sum(xs, axis=1) / tl.minimum(n_cols, BLOCK_N)
                 acc = tl.where(mask, xs - mean[:, None], 0.0)
                 acc2 = acc * acc
@@ -411,6 +437,13 @@ def _norm_fwd_kernel(
                     stride_rn, row_mask, xr_next, rr_next, HAS_RESIDUAL, KEEP, LOOP_PREFETCH,
                 )  # fmt: skip
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
+                if SUM_FIRST:
+                    tl.store(
+                        h_rows[:, None] + c[None, :] * stride_hn,
+                        x.to(h_ptr.dtype.element_ty),
+                        mask=mask,
+                        eviction_policy=KEEP,
+                    )
                 if IS_RMS:
                     if LOOP_STATS == 1:
                         acc += x * x
@@ -436,12 +469,17 @@ def _norm_fwd_kernel(
                 m2 = tl.sum(acc2, axis=1) - d_mean * d_mean * n_cols
                 mean += d_mean
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
+            # The second sweep's source: x (and the residual), or h stored by the first sweep.
+            src_rows, src_stride, src_res = x_rows, stride_xn, HAS_RESIDUAL
+            if SUM_FIRST:
+                src_rows, src_stride, src_res = h_rows, stride_hn, False
+                tl.debug_barrier()  # h written by other threads of the program is visible
             # Last chunk first: the chunks read last by the first sweep are still in L2. Its
             # load is issued before the statistics are reduced, which it does not need.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    x_rows, r_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols, stride_xn,
-                    stride_rn, row_mask, HAS_RESIDUAL, DROP,
+                    src_rows, r_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
+                    src_stride, stride_rn, row_mask, src_res, DROP,
                 )  # fmt: skip
             if IS_RMS:
                 if LOOP_STATS == 1:
@@ -455,12 +493,12 @@ def _norm_fwd_kernel(
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 xr, rr, xr_next, rr_next = _chunk_step(
-                    x_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
-                    n_cols, stride_xn, stride_rn, row_mask, xr_next, rr_next, HAS_RESIDUAL, DROP,
+                    src_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
+                    n_cols, src_stride, stride_rn, row_mask, xr_next, rr_next, src_res, DROP,
                     LOOP_PREFETCH,
                 )  # fmt: skip
-                x = _raw_sum(xr, rr, HAS_RESIDUAL)
-                if HAS_RESIDUAL:
+                x = _raw_sum(xr, rr, src_res)
+                if HAS_RESIDUAL and not SUM_FIRST:
                     tl.store(
                         h_rows[:, None] + c[None, :] * stride_hn,
                         x.to(h_ptr.dtype.element_ty),
@@ -849,7 +887,9 @@ def norm_fwd(
     b, stride_b = _vector(bias, layout.n_cols)
     cfg = norm_config(layout, x.device, rms)
     if cfg.LOOPED:
-        cfg = _looped_fwd_config(cfg, layout, x.device, rms)
+        load_bytes = x.element_size() * (2 if residual is not None else 1)
+        cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes)
+    sum_first = LOOP_SUM_FIRST and cfg.LOOPED and residual is not None and x.dtype == torch.float32
     sx, *rest = layout.strides
     if residual is not None:
         sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]
@@ -887,6 +927,7 @@ def norm_fwd(
         LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
         LOOP_STATS=LOOP_STATS_RMS if rms else LOOP_STATS_LN,
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        SUM_FIRST=sum_first,
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         ONE_TILE=cfg.programs == cfg.n_tiles,
         OUTER=layout.n_outer > 1,
@@ -899,9 +940,10 @@ def norm_fwd(
 
 
 def _looped_fwd_config(
-    cfg: RowConfig, layout: RowLayout, device: torch.device, rms: bool
+    cfg: RowConfig, layout: RowLayout, device: torch.device, rms: bool, load_bytes: int
 ) -> RowConfig:
-    """The looped forward's own rows per tile, warps and programs per SM (LOOP_*_RMS / _LN)."""
+    """The looped forward's own rows per tile, warps and programs per SM (LOOP_*_RMS / _LN);
+    ``load_bytes``: bytes each element of a row loads (x, and the residual)."""
     rows = LOOP_ROWS_RMS if rms else LOOP_ROWS_LN
     per_sm = LOOP_PROGRAMS_PER_SM_RMS if rms else LOOP_PROGRAMS_PER_SM
     if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
@@ -913,11 +955,17 @@ def _looped_fwd_config(
             cfg, BLOCK_R=block_r, BLOCK_N=cfg.BLOCK_N // block_r, n_iblocks=n_iblocks,
             n_tiles=layout.n_outer * n_iblocks,
         )  # fmt: skip
-    per_thread = LOOP_ELEMS_PER_THREAD_RMS if rms else ELEMS_PER_THREAD
+    wide = load_bytes >= 8  # fp32 x and residual
+    if rms:
+        per_thread = LOOP_ELEMS_PER_THREAD_RMS_WIDE if wide else LOOP_ELEMS_PER_THREAD_RMS
+    else:
+        per_thread = LOOP_ELEMS_PER_THREAD_LN_WIDE if wide else ELEMS_PER_THREAD
+    block_n = min(cfg.BLOCK_N, pow2_floor(per_thread * 32 * MAX_WARPS // cfg.BLOCK_R))
     return dataclasses.replace(
         cfg,
+        BLOCK_N=block_n,
         programs=max(1, min(cfg.n_tiles, per_sm * sm_count(device))),
-        num_warps=_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS),
+        num_warps=_warps(cfg.BLOCK_R * block_n, per_thread, MAX_WARPS),
     )
 
 
@@ -980,6 +1028,11 @@ def norm_bwd(
     if cfg.LOOPED:
         c1 = torch.empty_like(rstd)
         c2 = torch.empty_like(rstd) if not rms else c1
+        sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
+        if xh.element_size() > 2:
+            per_thread = BWD_SUMS_ELEMS_PER_THREAD_FP32
+            sums_n = min(sums_n, pow2_floor(per_thread * 32 * MAX_WARPS // cfg.BLOCK_R))
+            sums_warps = _warps(cfg.BLOCK_R * sums_n, per_thread, MAX_WARPS)
         _norm_bwd_sums_kernel[(cfg.programs,)](
             gt,
             xt,
@@ -1003,8 +1056,8 @@ def norm_bwd(
             OUTER=layout.n_outer > 1,
             INT64=layout.needs_int64(),
             BLOCK_R=cfg.BLOCK_R,
-            BLOCK_N=cfg.BLOCK_N,
-            num_warps=cfg.num_warps,
+            BLOCK_N=sums_n,
+            num_warps=sums_warps,
         )
     dw_part, db_part = (
         torch.empty((groups, layout.n_cols), dtype=torch.float32, device=grad.device)
