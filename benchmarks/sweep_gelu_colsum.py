@@ -9,13 +9,13 @@
             the dtype on x and on every finite 16-bit input (65536 bit patterns).
 (b) colsum  the bias gradient of add(x, y), y (8192,) broadcast over x (16384, 8192): the
             column sum of grad, bf16 (fp32 for reference), by elementwise.bias_act_bwd with
-            each RowSumConfig candidate set as ``elementwise._ROW_SUMS[("sum", elem)]`` for the
+            each ColumnSumConfig candidate set as ``elementwise._COLUMN_SUMS[elem]`` for the
             call, beside grad.sum(0) eager, torch.compile(lambda g: g.sum(0)) and
             torch.clone(grad). bytes = numel * elem_size (grad read once; the fp32 partial rows,
-            groups x 8192 x 4 bytes, are not counted). "% copy" = GB/s over the clone's GB/s.
+            splits x 8192 x 4 bytes, are not counted). "% copy" = GB/s over the clone's GB/s.
             Each result is compared with the float64 sum; the first pass's registers, spills,
-            shared memory and the programs per SM they allow are reported beside the target
-            (a target above what fits runs in more than one wave).
+            shared memory and the programs per SM they allow are reported beside the programs
+            launched.
 
 Timing: tritonkit.harness.timing.time_interleaved: CUDA events, L2 flushed before every
 sample, the candidates of a group interleaved round by round, median of 20-60 samples. Every
@@ -64,53 +64,33 @@ def _elapsed() -> float:
 # ---- candidates ----------------------------------------------------------------------------
 
 
-def row_sum_candidates(elem_size: int) -> list:
-    """RowSumConfig candidates for the plain column sum, the current default first.
-
-    In flight per SM (if the target fits): programs_per_sm * warps * 32 threads * rows * 16 B.
-    The default (8 warps, 2 rows, 4 per SM) keeps 32 KiB in flight; an H200 needs about
-    4.3 TB/s x ~0.8 us / 132 SMs ~ 26 KiB per SM at full speed, so the default is marginal.
-    Registers of the first pass (ptxas for sm_90, bf16, with the per-iteration row sum): 32 at
-    2-4 rows, 50 at 8, 86 at 16; at 8 warps x 4 programs the limit is 64.
-    """
+def column_sum_candidates(elem_size: int) -> list:
+    """ColumnSumConfig candidates for the plain column sum, the current default first: tiles of
+    (rows, columns) at some warps, in some row splits (torch.compile's own split reduction for
+    this shape: 8 x 64 tiles, 4 warps, 16 splits)."""
     from tritonkit.ops import elementwise as E
 
-    R = E.RowSumConfig
-    default = E._ROW_SUMS[("sum", elem_size)]
-    if elem_size == 4:
-        cands = [
-            R(warps=8, rows=8, programs_per_sm=4),
-            R(warps=4, rows=8, programs_per_sm=8),
-            R(warps=8, rows=4, programs_per_sm=4, stages=2),
-            R(warps=8, rows=8, programs_per_sm=4, final_block=(128, 32)),
-        ]
-    else:
-        cands = [
-            R(warps=8, rows=4, programs_per_sm=4),  # 64 KiB in flight per SM
-            R(warps=8, rows=8, programs_per_sm=4),  # 128 KiB
-            R(warps=4, rows=8, programs_per_sm=8),  # 128 KiB, 1024 threads in 8 programs
-            R(warps=4, rows=4, programs_per_sm=8),  # 64 KiB
-            R(warps=4, rows=8, programs_per_sm=4),  # 64 KiB, 512 threads
-            R(warps=8, rows=16, programs_per_sm=2),  # 128 KiB, 512 threads, 86 registers
-            R(warps=4, rows=16, programs_per_sm=4),  # 128 KiB, 512 threads
-            R(warps=2, rows=16, programs_per_sm=8),  # 128 KiB, half the partial rows
-            R(warps=8, rows=8, programs_per_sm=2),  # 64 KiB, half the partial rows
-            # the loop's loads through shared memory (cp.async), stages-1 iterations ahead
-            R(warps=8, rows=2, programs_per_sm=4, stages=3),
-            R(warps=8, rows=4, programs_per_sm=4, stages=2),
-            R(warps=4, rows=4, programs_per_sm=8, stages=2),
-            # the second pass over the partial rows (128 of them at 8 rows x 4 per SM)
-            R(warps=8, rows=8, programs_per_sm=4, final_block=(128, 32)),
-            R(warps=8, rows=8, programs_per_sm=4, final_block=(64, 64)),
-            R(warps=8, rows=8, programs_per_sm=4, final_block=(128, 64), final_warps=8),
-        ]
+    C = E.ColumnSumConfig
+    default = E._COLUMN_SUMS[elem_size]
+    cands = [
+        C(block_m=8, block_n=64, warps=4, splits=16),
+        C(block_m=8, block_n=64, warps=4, splits=16, evict=""),
+        C(block_m=4, block_n=64, warps=4, splits=16),
+        C(block_m=16, block_n=64, warps=4, splits=16),
+        C(block_m=8, block_n=32, warps=4, splits=16),
+        C(block_m=8, block_n=128, warps=4, splits=16),
+        C(block_m=8, block_n=64, warps=8, splits=16),
+        C(block_m=8, block_n=64, warps=4, splits=8),
+        C(block_m=8, block_n=64, warps=4, splits=32),
+        C(block_m=8, block_n=64, warps=4, splits=16, final_block=(16, 64)),
+    ]
     return [default] + [c for c in cands if c != default]
 
 
 def _label(cfg) -> str:
-    s = f"w{cfg.warps} r{cfg.rows} p{cfg.programs_per_sm}"
-    if cfg.stages > 1:
-        s += f" s{cfg.stages}"
+    s = f"r{cfg.block_m} c{cfg.block_n} w{cfg.warps} s{cfg.splits}"
+    if cfg.evict != "evict_first":
+        s += " keep"
     m, n = cfg.final_block
     return s + f" f{m}x{n}w{cfg.final_warps}"
 
@@ -320,12 +300,11 @@ class Run:
             self.rows.append(row)
 
     def colsum(self, dtype: torch.dtype) -> None:
-        from tritonkit._utils import sm_count
         from tritonkit.ops import elementwise as E
 
         elem = torch.empty((), dtype=dtype).element_size()
         group = f"colsum {str(dtype).removeprefix('torch.')}"
-        cfgs = row_sum_candidates(elem)
+        cfgs = column_sum_candidates(elem)
         if not self.fits_budget(group, len(cfgs) + 1, 1):
             return
         gen = torch.Generator(device=self.device).manual_seed(0)
@@ -333,12 +312,12 @@ class Run:
         b = torch.randn(self.shape[-1], generator=gen, device=self.device).to(dtype)
         nbytes = g.numel() * g.element_size()
         compiled = self.compiled(lambda t: t.sum(0))
-        key = ("sum", elem)
-        default = E._ROW_SUMS[key]
+        key = elem
+        default = E._COLUMN_SUMS[key]
 
         def ours(cfg) -> Callable[[], torch.Tensor]:
             def run():
-                E._ROW_SUMS[key] = cfg  # read by the launcher at every call
+                E._COLUMN_SUMS[key] = cfg  # read by the launcher at every call
                 return E.bias_act_bwd(g, None, b, None, "none", False, True)[1]
 
             return run
@@ -361,9 +340,8 @@ class Run:
             del outs
             times = _time(fns, self.device)
         finally:
-            E._ROW_SUMS[key] = default
-        sms = sm_count(self.device)
-        n_rows, n_cols = g.shape
+            E._COLUMN_SUMS[key] = default
+        n_cols = g.shape[1]
         copy = times.get("copy torch.clone", {}).get("ms")
         for name, t in times.items():
             gb = _gbps(nbytes, t["ms"])
@@ -376,20 +354,14 @@ class Run:
             row["max_abs_err"] = errs.get(name)
             cfg = by_name.get(name)
             if cfg is not None:
-                tile, rpp, groups = E.row_sum_launch(n_rows, n_cols, elem, cfg, sms)
-                want = {"ACT": 0, "BIAS_PARTIALS": True, "STORE_DX": False}
-                want.update(BLOCK_M=tile.BLOCK_M, BLOCK_N=tile.BLOCK_N, STAGES=cfg.stages)
-                info = _kernel_info(E._bias_act_bwd_kernel, want, tile.num_warps)
+                want = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "EVICT": cfg.evict}
+                info = _kernel_info(E._colsum_split_kernel, want, cfg.warps)
                 row.update(
                     config=dataclasses.asdict(cfg),
                     default=cfg == default,
-                    tile=[tile.BLOCK_M, tile.BLOCK_N, tile.num_warps],
-                    rows_per_program=rpp,
-                    groups=groups,
-                    programs=groups * math.ceil(n_cols / tile.BLOCK_N),
-                    slots=cfg.programs_per_sm * sms,
+                    programs=cfg.splits * math.ceil(n_cols / cfg.block_n),
                     kernel=info,
-                    programs_per_sm_fit=_programs_that_fit(info, tile.num_warps, self.device),
+                    programs_per_sm_fit=_programs_that_fit(info, cfg.warps, self.device),
                 )
             self.rows.append(row)
 
@@ -412,7 +384,7 @@ def print_table(rows: list[dict], skipped: list[dict]) -> None:
         if group.startswith("gelu"):
             print(head + f" {'max|err|':>9} {'ulp>1':>6} {'1ulp%':>6} {'all16:ulp>1':>11}")
         else:
-            print(head + f" {'max|err|':>9} {'regs':>5} {'fit/p':>6} {'groups':>6}")
+            print(head + f" {'max|err|':>9} {'regs':>5} {'fit':>6} {'progs':>6}")
         for r in timed:
             line = (
                 f"{r['candidate'] + (' *' if r.get('default') else ''):34} {r['ms']:8.4f}"
@@ -429,11 +401,9 @@ def print_table(rows: list[dict], skipped: list[dict]) -> None:
             else:
                 k = r.get("kernel") or {}
                 fit = r.get("programs_per_sm_fit")
-                target = (r.get("config") or {}).get("programs_per_sm")
                 line += (
                     f" {_fmt(r.get('max_abs_err'), '.2e', 9)} {_fmt(k.get('regs'), 'd', 5)}"
-                    f" {(f'{fit}/{target}' if fit is not None else '-'):>6}"
-                    f" {_fmt(r.get('groups'), 'd', 6)}"
+                    f" {_fmt(fit, 'd', 6)} {_fmt(r.get('programs'), 'd', 6)}"
                 )
             print(line)
         for r in rows:
@@ -442,7 +412,8 @@ def print_table(rows: list[dict], skipped: list[dict]) -> None:
     for s in skipped:
         print(f"skipped {s['group']} {s.get('candidate', '')}: {s['why']}")
     print("\n(* = current default; %copy: GB/s over torch.clone's in the same group; xcomp:")
-    print(" torch.compile's time over this one's; fit/p: programs per SM that fit / target)")
+    print(" torch.compile's time over this one's; fit: first-pass programs per SM that fit;")
+    print(" progs: first-pass programs launched)")
 
 
 def main() -> None:

@@ -260,14 +260,41 @@ ROW_SUM_CONFIGS = [
     E.RowSumConfig(warps=4, rows=8, programs_per_sm=8, final_block=(128, 32), final_warps=8),
     E.RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3, final_block=(8, 256)),
 ]
+SHAPES = [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)]
 
 
 @pytest.mark.parametrize("cfg", ROW_SUM_CONFIGS, ids=lambda c: f"w{c.warps}r{c.rows}")
-@pytest.mark.parametrize("shape", [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)])
-def test_add_broadcast_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
-    """Every config the sweep may choose sums every row once: odd shapes, fp32 and bf16."""
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bias_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
+    """bias_act's bias gradient (summed beside dx) under every row-sum config the sweep may
+    choose: every row summed once, at odd shapes, fp32 and bf16."""
     for key in list(E._ROW_SUMS):
         monkeypatch.setitem(E._ROW_SUMS, key, cfg)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        b = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
+        g = torch.randn(shape, device=device, dtype=dtype)
+        (db,) = torch.autograd.grad(tritonkit.bias_act(x, b, "relu"), b, g)
+        on = (x.double() + b.detach().double()) > 0  # relu's mask, ties aside
+        ref = (g.double() * on).reshape(-1, shape[-1]).sum(0)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: x + b rounded before the mask
+        torch.testing.assert_close(db.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
+
+
+COLUMN_SUM_CONFIGS = [
+    E.ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
+    E.ColumnSumConfig(block_m=4, block_n=32, warps=2, splits=3, evict="", final_block=(2, 64)),
+    E.ColumnSumConfig(block_m=16, block_n=128, warps=8, splits=64, final_block=(32, 32)),
+]
+
+
+@pytest.mark.parametrize("cfg", COLUMN_SUM_CONFIGS, ids=lambda c: f"r{c.block_m}s{c.splits}")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_broadcast_gradient_under_column_sum_configs(cfg, shape, device, monkeypatch):
+    """add's broadcast gradient (a plain column sum) under column-sum configs: more splits than
+    rows, rows not a multiple of the tile, columns not a multiple of the block; fp32 and bf16."""
+    for key in list(E._COLUMN_SUMS):
+        monkeypatch.setitem(E._COLUMN_SUMS, key, cfg)
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(shape, device=device, dtype=dtype)
         y = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
@@ -278,25 +305,16 @@ def test_add_broadcast_gradient_under_row_sum_configs(cfg, shape, device, monkey
         torch.testing.assert_close(dy.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
 
 
-def test_sweep_row_sum_candidates_fill_an_h200_in_one_wave():
-    """benchmarks/sweep_gelu_colsum.py's candidates at its shape on 132 SMs: rows in-thread,
-    every row in one group, 90-100% of the target programs (one wave where they fit)."""
+def test_sweep_column_sum_candidates_start_with_the_default():
+    """benchmarks/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
     path = Path(__file__).parents[1] / "benchmarks" / "sweep_gelu_colsum.py"
     spec = importlib.util.spec_from_file_location("sweep_gelu_colsum", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    n_rows, n_cols = sweep.SHAPE
     for elem in (2, 4):
-        cands = sweep.row_sum_candidates(elem)
-        assert cands[0] == E._ROW_SUMS[("sum", elem)]
-        assert len({sweep._label(c) for c in cands}) == len(cands)
-        for cfg in cands:
-            tile, rows_per_program, groups = E.row_sum_launch(n_rows, n_cols, elem, cfg, 132)
-            threads = 32 * tile.num_warps
-            assert tile.BLOCK_N // threads * elem == 16  # one 16-byte vector of each row
-            assert (groups - 1) * rows_per_program < n_rows <= groups * rows_per_program
-            slots = cfg.programs_per_sm * 132
-            assert 0.9 * slots <= groups * (n_cols // tile.BLOCK_N) <= slots
+        cands = sweep.column_sum_candidates(elem)
+        assert cands[0] == E._COLUMN_SUMS[elem]
+        assert len({sweep._label(c) for c in cands}) == len(cands) == len(set(cands))
 
 
 # ---- modules ---------------------------------------------------------------------------------

@@ -344,6 +344,39 @@ def _colsum_kernel(
 
 
 @triton.jit
+def _colsum_split_kernel(
+    x_ptr,  # rows to sum, unit column stride
+    partial_ptr,  # fp32 [splits, n_cols]: one partial row per row split
+    n_rows,
+    n_cols,
+    rows_per_split,  # a multiple of BLOCK_M
+    stride_xm,
+    EVICT: tl.constexpr,  # L2 policy of the loads ("" or "evict_first": read once)
+    INT64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # First pass of a plain column sum: program (column block, row split) keeps a tile of
+    # per-lane sums and reduces it across its rows once, after the loop (small tiles, many
+    # programs in flight: the split reduction torch.compile generates for this sum).
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    if INT64:
+        pid_n = pid_n.to(tl.int64)
+        pid_s = pid_s.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_start = pid_s * rows_per_split
+    for r in range(0, rows_per_split, BLOCK_M):
+        rows = row_start + r + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        ptrs = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+        acc += tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    tl.store(partial_ptr + pid_s * n_cols + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+@triton.jit
 def _glu_fwd_kernel(
     gate_ptr,  # gate rows
     up_ptr,  # up rows
@@ -450,20 +483,39 @@ class RowSumConfig:
     final_warps: int = 4
 
 
-# By (kind, element size). "act": the pass also computes dx or an activation's gradient (bias_act
-# backward); "sum": a plain column sum (add's broadcast gradient, bias_act without activation).
-# "act" chosen by benchmarks/sweep_elementwise.py (run 5, mean of bias_relu, bias_gelu and add
-# broadcast): 8 KiB (bf16) / 16 KiB (fp32) per iteration. "sum" by benchmarks/sweep_gelu_colsum.py
-# (H200, run 15, grad (16384, 8192)): bf16 8 rows per iteration and a (128, 64) second pass at
-# 8 warps, 0.0773 ms vs torch.compile 0.0770 and the old (2 rows) 0.0826; fp32 8 rows, (128, 32)
-# second pass, 0.1347 ms vs compile 0.1388 and the old (4 rows) 0.1386.
+# By (kind, element size); "act": the pass also computes dx or an activation's gradient
+# (bias_act's backward). Chosen by benchmarks/sweep_elementwise.py (run 5, mean of bias_relu,
+# bias_gelu and add broadcast): 8 KiB (bf16) / 16 KiB (fp32) per iteration. A plain column sum
+# takes ColumnSumConfig.
 _ROW_SUMS: dict[tuple[str, int], RowSumConfig] = {
     ("act", 2): RowSumConfig(warps=8, rows=2, programs_per_sm=4),
     ("act", 4): RowSumConfig(warps=8, rows=4, programs_per_sm=4),
-    ("sum", 2): RowSumConfig(
-        warps=8, rows=8, programs_per_sm=4, final_block=(128, 64), final_warps=8
-    ),
-    ("sum", 4): RowSumConfig(warps=8, rows=8, programs_per_sm=4, final_block=(128, 32)),
+}
+
+
+@dataclass(frozen=True)
+class ColumnSumConfig:
+    """A plain column sum (add's broadcast gradient, bias_act's without an activation or dx):
+    programs of (column block, row split), each summing its rows into a tile of per-lane sums
+    reduced once after the loop (_colsum_split_kernel), then the splits' partial rows summed in
+    a fixed order (_colsum_kernel)."""
+
+    block_m: int  # rows per loop iteration
+    block_n: int  # columns per program
+    warps: int
+    splits: int  # row splits: partial rows
+    evict: str = "evict_first"  # the rows are read once
+    final_block: tuple[int, int] = (16, 128)  # second pass: partial rows x columns per program
+    final_warps: int = 4
+
+
+# By element size. H200 (benchmarks/NOTES.md, run 30), grad (16384, 8192) bf16: 0.0674 ms with
+# 8 x 64 tiles at 4 warps (4 elements per thread) in 16 splits, torch.compile 0.0680 (its own
+# split reduction has this shape), the in-thread row sums of _bias_act_bwd_kernel 0.0690;
+# 16-row tiles 0.0699, 32 splits 0.0689, 8 splits 0.0681.
+_COLUMN_SUMS: dict[int, ColumnSumConfig] = {
+    2: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
+    4: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
 }
 
 
@@ -540,6 +592,35 @@ def _needs_int64(*views: Rows) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+
+
+def column_sum(rows: Rows, out: torch.Tensor) -> None:
+    """out[j] = sum over the rows of ``rows`` of column j, in fp32, rounded once to out's dtype.
+
+    Deterministic: each split's partial row is summed in a fixed order, then the splits."""
+    cs = _COLUMN_SUMS[rows.tensor.element_size()]
+    splits = max(1, min(cs.splits, cdiv(rows.n_rows, cs.block_m)))
+    rows_per_split = cdiv(cdiv(rows.n_rows, splits), cs.block_m) * cs.block_m
+    splits = cdiv(rows.n_rows, rows_per_split)
+    partial = torch.empty((splits, rows.n_cols), dtype=torch.float32, device=out.device)
+    _colsum_split_kernel[(cdiv(rows.n_cols, cs.block_n), splits)](
+        rows.tensor,
+        partial,
+        rows.n_rows,
+        rows.n_cols,
+        rows_per_split,
+        rows.stride_row,
+        EVICT=cs.evict,
+        INT64=_needs_int64(rows),
+        BLOCK_M=cs.block_m,
+        BLOCK_N=cs.block_n,
+        num_warps=cs.warps,
+    )
+    block_m, block_n = cs.final_block
+    _colsum_kernel[(cdiv(rows.n_cols, block_n),)](
+        partial, out, splits, rows.n_cols, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=cs.final_warps,
+    )  # fmt: skip
 
 
 def _bias_layout(shape: torch.Size, bias: torch.Tensor | None) -> str:
@@ -679,7 +760,10 @@ def bias_act_bwd(
         return dx, dbias
 
     elem = grad.element_size()
-    rs = _ROW_SUMS[("sum" if activation == "none" and not need_dx else "act", elem)]
+    if row_partials and activation == "none" and not need_dx:  # a plain column sum
+        column_sum(gr, dbias)
+        return dx, dbias
+    rs = _ROW_SUMS[("act", elem)]
     if row_partials:
         cfg, rows_per_program, groups = row_sum_launch(
             gr.n_rows, gr.n_cols, elem, rs, sm_count(grad.device)
