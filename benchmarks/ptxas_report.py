@@ -115,6 +115,7 @@ def _norm_fwd(rms: bool, looped: bool, block_n: int) -> dict:
         "LOOP_STATS": 1 if rms else 0,
         "KEEP": "",
         "DROP": "",
+        "REREAD": not looped,
         "SUM_FIRST": False,
         "EVEN_N": not looped,
         "OUTER": False,

@@ -64,6 +64,21 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
     )
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("reread", [True, False], ids=["reread", "in-registers"])
+def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypatch):
+    """Rows in registers: the output pass re-reading the row (FWD_REREAD) or keeping it, at a
+    power-of-2 width and a padded one, one and several rows per tile."""
+    monkeypatch.setattr(N, "FWD_REREAD", reread)
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(5, 64), (3, 70), (2, 3, 9)],
+        dtypes=[torch.float32, torch.bfloat16, torch.float16],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("shift", [True, False], ids=["shift", "no-shift"])
 @pytest.mark.parametrize("even", [True, False], ids=["even", "masked"])

@@ -125,6 +125,17 @@ LOOP_EVICT = True
 # rms_norm 3936 (3745 persistent; Liger 3967). Loading the weight and bias after the row
 # instead of before it made no difference once the loop was gone.
 FUSED_ELEMS_PER_THREAD = 16
+# Rows in registers without a residual: the output pass re-reads the row (an L1/L2 hit: the
+# first read evict_last, the second evict_first, the weight and bias evict_last) instead of
+# keeping it live across the reductions, as torch.compile's kernels do; elements per thread by
+# (RMSNorm, element size), and no re-read where the key is missing. H200 (runs 33-34,
+# benchmarks/NOTES.md), ms re-read / kept, bf16: rms_norm (16384, 4096) 0.0635 / 0.0637, (8192,
+# 8192) 0.0637 / 0.0661, (4096, 16384) 0.0670 / 0.0925, (16384, 5120) 0.0920 / 0.0991;
+# layer_norm (65536, 1024) 0.0643 / 0.0752, (8192, 8192) 0.0734 / 0.0866, (16384, 5120) 0.1235
+# / 0.1393, (16384, 4096) 0.0693 / 0.0694, (4096, 16384) 0.1132 / 0.1073. fp32: rms_norm
+# (16384, 4096) 0.1248 / 0.1286; layer_norm 0.1638 / 0.1280 (kept in registers).
+FWD_REREAD = True
+FWD_REREAD_ELEMS_PER_THREAD = {(False, 2): 32, (True, 2): 16, (True, 4): 8}
 FWD_PROGRAMS_PER_SM = 0  # LayerNorm
 FWD_PROGRAMS_PER_SM_RMS = 0
 FWD_PREFETCH = True
@@ -179,9 +190,14 @@ def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
 
 
 def norm_config(
-    layout: RowLayout, device: torch.device, rms: bool = False, tile_elems: int = TILE_ELEMS
+    layout: RowLayout,
+    device: torch.device,
+    rms: bool = False,
+    tile_elems: int = TILE_ELEMS,
+    elems_per_thread: int | None = None,
 ) -> RowConfig:
-    """The norm family's row config (forward; the backward's tiles with _bwd_tile_elems)."""
+    """The norm family's row config (forward; the backward's tiles with _bwd_tile_elems).
+    ``elems_per_thread``: rows in registers, per thread (default FUSED_ELEMS_PER_THREAD)."""
     cfg = row_config(
         layout,
         device,
@@ -199,7 +215,8 @@ def norm_config(
         per_sm = FWD_PROGRAMS_PER_SM_RMS if rms else FWD_PROGRAMS_PER_SM
         if per_sm > 0:
             programs = min(cfg.n_tiles, per_sm * sm_count(device))
-        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, FUSED_ELEMS_PER_THREAD, MAX_WARPS)
+        per_thread = elems_per_thread or FUSED_ELEMS_PER_THREAD
+        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
 
@@ -239,9 +256,12 @@ def _raw_sum(x, r, HAS_RESIDUAL: tl.constexpr):
 
 
 @triton.jit
-def _load_sum(x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr = False):
-    """x, or x + residual, in fp32 (rounded to x's dtype first when ROUND); 0 where masked."""
-    x = tl.load(x_ptrs, mask=mask, other=0.0)
+def _load_sum(
+    x_ptrs, r_ptrs, mask, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr, EVICT: tl.constexpr
+):  # fmt: skip
+    """x, or x + residual, in fp32 (rounded to x's dtype first when ROUND); 0 where masked.
+    EVICT: the L2 policy of x's load."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=EVICT)
     r = x
     if HAS_RESIDUAL:
         r = tl.load(r_ptrs, mask=mask, other=0.0)
@@ -290,11 +310,11 @@ def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
     SHIFT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, INT64: tl.constexpr,
-    OUTER: tl.constexpr,
+    OUTER: tl.constexpr, EVICT: tl.constexpr,
 ):  # fmt: skip
     """(x or x + residual in fp32, LayerNorm's shift) of row tile ``tile``; the shift is each
     row's first element as stored (the backward shifts by the same value). Nothing is read past
-    the last tile."""
+    the last tile. EVICT: the L2 policy of x's load."""
     o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
     row_mask = row_mask & (tile < n_tiles)
     x_rows = x_ptr + o * stride_xo + i * stride_xi
@@ -304,10 +324,12 @@ def _fwd_tile_load(
         r_rows[:, None] + cols[None, :] * stride_rn,
         row_mask[:, None] & col_mask[None, :],
         HAS_RESIDUAL,
+        False,
+        EVICT,
     )
     shift = tl.zeros([BLOCK_R], tl.float32)
     if SHIFT:
-        shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
+        shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, True, "")
     return x, shift
 
 
@@ -353,6 +375,7 @@ def _norm_fwd_kernel(
     LOOP_STATS: tl.constexpr,  # looped statistics: 0 per chunk (LayerNorm: Chan's merge), 1 per
     # lane (RMSNorm: sum of squares; LayerNorm: sums shifted by the first chunk's mean)
     KEEP: tl.constexpr,  # looped: L2 policy of the first sweep's loads ("" or "evict_last")
+    REREAD: tl.constexpr,  # rows in registers, no residual: the output pass re-reads the row
     SUM_FIRST: tl.constexpr,  # looped with a residual: the first sweep stores h = x + residual
     # and the second reads h back (half the bytes of x and residual); fp32 only, where h holds
     # the sum exactly
@@ -367,16 +390,20 @@ def _norm_fwd_kernel(
     cols = _col_ids(BLOCK_N, INT64)
     if not LOOPED:  # the affine parameters are loaded once per program
         col_mask = cols < n_cols
+        # With REREAD the weight and bias stay in L2 while the rows stream through it.
+        AFFINE: tl.constexpr = "evict_last" if REREAD else ""
         if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols * stride_w, mask=col_mask).to(tl.float32)
+            w = tl.load(w_ptr + cols * stride_w, mask=col_mask, eviction_policy=AFFINE)
+            w = w.to(tl.float32)
         if HAS_BIAS:
-            b = tl.load(b_ptr + cols * stride_b, mask=col_mask).to(tl.float32)
+            b = tl.load(b_ptr + cols * stride_b, mask=col_mask, eviction_policy=AFFINE)
+            b = b.to(tl.float32)
     n_programs = tl.num_programs(0)
     if PREFETCH and not LOOPED:
         x_next, shift_next = _fwd_tile_load(
             tl.program_id(0), n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
             stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-            SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER,
+            SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER, "evict_last" if REREAD else "",
         )  # fmt: skip
     # A grid-stride walk; a constant trip count of 1 with ONE_TILE (see softmax's kernels).
     for step in range(0, _n_steps(n_tiles, ONE_TILE)):
@@ -390,7 +417,7 @@ def _norm_fwd_kernel(
         if LOOPED:
             if not IS_RMS:
                 # Each row's first element, as stored: the backward shifts by the same value.
-                shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, ROUND=True)
+                shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, True, "")
             acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)  # per lane: sum of squares / deviations
             acc2 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)  # per lane: squared deviations
             ssq = tl.zeros([BLOCK_R], tl.float32)  # RMSNorm per chunk: sum of squares so far
@@ -525,7 +552,7 @@ def _norm_fwd_kernel(
             loaded = _fwd_tile_load(
                 tile + PREFETCH * n_programs, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols,
                 col_mask, stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
-                SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER,
+                SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER, "evict_last" if REREAD else "",
             )  # fmt: skip
             if PREFETCH:
                 x, shift = x_next, shift_next
@@ -540,7 +567,6 @@ def _norm_fwd_kernel(
                 )
             if IS_RMS:
                 rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
-                y = x * rstd[:, None]
             else:
                 if EVEN_N:  # no padding columns: masked rows are not stored, no selects
                     xs = x - shift[:, None]
@@ -551,6 +577,16 @@ def _norm_fwd_kernel(
                     mean = tl.sum(xs, axis=1) / n_cols
                     d = tl.where(mask, xs - mean[:, None], 0.0)
                 rstd = tl.math.rsqrt(tl.sum(d * d, axis=1) / n_cols + eps)
+            if REREAD:  # the row again, from L1 or L2, instead of holding it across the sums
+                x = _load_sum(
+                    x_rows[:, None] + cols[None, :] * stride_xn, x_rows, mask, False, False,
+                    "evict_first",
+                )  # fmt: skip
+                if not IS_RMS:
+                    d = (x - shift[:, None]) - mean[:, None]
+            if IS_RMS:
+                y = x * rstd[:, None]
+            else:
                 y = d * rstd[:, None]
             if HAS_WEIGHT:
                 y *= w[None, :]
@@ -885,7 +921,11 @@ def norm_fwd(
     rt = inputs[1] if residual is not None else xt
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
-    cfg = norm_config(layout, x.device, rms)
+    per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
+    reread = FWD_REREAD and residual is None and per_thread is not None
+    per_thread = per_thread if reread else None
+    cfg = norm_config(layout, x.device, rms, elems_per_thread=per_thread)
+    reread = reread and not cfg.LOOPED
     if cfg.LOOPED:
         load_bytes = x.element_size() * (2 if residual is not None else 1)
         cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes)
@@ -927,6 +967,7 @@ def norm_fwd(
         LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
         LOOP_STATS=LOOP_STATS_RMS if rms else LOOP_STATS_LN,
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        REREAD=reread,
         SUM_FIRST=sum_first,
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
         ONE_TILE=cfg.programs == cfg.n_tiles,
