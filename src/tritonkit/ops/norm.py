@@ -306,6 +306,17 @@ def _chunk_step(
 
 
 @triton.jit
+def _store_chunk(rows, c, stride_n, values, mask, EVICT: tl.constexpr):
+    """Store ``values`` (a tile of rows x chunk columns ``c``) in the rows' dtype."""
+    tl.store(
+        rows[:, None] + c[None, :] * stride_n,
+        values.to(rows.dtype.element_ty),
+        mask=mask,
+        eviction_policy=EVICT,
+    )
+
+
+@triton.jit
 def _fwd_tile_load(
     tile, n_tiles, n_inner, n_iblocks, x_ptr, r_ptr, cols, col_mask,
     stride_xo, stride_xn, stride_xi, stride_ro, stride_rn, stride_ri,
@@ -444,12 +455,7 @@ def _norm_fwd_kernel(
                 mask = row_mask[:, None] & (cols < n_cols)[None, :]
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if SUM_FIRST:
-                    tl.store(
-                        h_rows[:, None] + cols[None, :] * stride_hn,
-                        x.to(h_ptr.dtype.element_ty),
-                        mask=mask,
-                        eviction_policy=KEEP,
-                    )
+                    _store_chunk(h_rows, cols, stride_hn, x, mask, KEEP)
                 xs = tl.where(mask, x - shift[:, None], 0.0)
                 mean = tl.sum(xs, axis=1) / tl.minimum(n_cols, BLOCK_N)
                 acc = tl.where(mask, xs - mean[:, None], 0.0)
@@ -465,12 +471,7 @@ def _norm_fwd_kernel(
                 )  # fmt: skip
                 x = _raw_sum(xr, rr, HAS_RESIDUAL)
                 if SUM_FIRST:
-                    tl.store(
-                        h_rows[:, None] + c[None, :] * stride_hn,
-                        x.to(h_ptr.dtype.element_ty),
-                        mask=mask,
-                        eviction_policy=KEEP,
-                    )
+                    _store_chunk(h_rows, c, stride_hn, x, mask, KEEP)
                 if IS_RMS:
                     if LOOP_STATS == 1:
                         acc += x * x
