@@ -221,6 +221,13 @@ def norm_config(
     return cfg
 
 
+def _fit_chunk(block_r: int, block_n: int, per_thread: int) -> tuple[int, int]:
+    """(BLOCK_N, warps) of a tile of ``block_r`` rows: at most ``block_n`` columns, narrowed so
+    that ``per_thread`` elements per thread fit MAX_WARPS."""
+    block_n = min(block_n, pow2_floor(per_thread * 32 * MAX_WARPS // block_r))
+    return block_n, _warps(block_r * block_n, per_thread, MAX_WARPS)
+
+
 def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
     """Elements per backward row tile: BWD_TILE_ELEMS, or fewer to read at most BWD_TILE_BYTES."""
     return min(BWD_TILE_ELEMS, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
@@ -527,11 +534,7 @@ def _norm_fwd_kernel(
                 )  # fmt: skip
                 x = _raw_sum(xr, rr, src_res)
                 if HAS_RESIDUAL and not SUM_FIRST:
-                    tl.store(
-                        h_rows[:, None] + c[None, :] * stride_hn,
-                        x.to(h_ptr.dtype.element_ty),
-                        mask=mask,
-                    )
+                    _store_chunk(h_rows, c, stride_hn, x, mask, "")
                 if IS_RMS:
                     y = x * rstd[:, None]
                 else:
@@ -540,12 +543,7 @@ def _norm_fwd_kernel(
                     y *= tl.load(w_ptr + c * stride_w, mask=c < n_cols).to(tl.float32)[None, :]
                 if HAS_BIAS:
                     y += tl.load(b_ptr + c * stride_b, mask=c < n_cols).to(tl.float32)[None, :]
-                tl.store(
-                    y_rows[:, None] + c[None, :] * stride_yn,
-                    y.to(y_ptr.dtype.element_ty),
-                    mask=mask,
-                    eviction_policy=DROP,
-                )
+                _store_chunk(y_rows, c, stride_yn, y, mask, DROP)
         else:
             mask = row_mask[:, None] & col_mask[None, :]
             # With PREFETCH the next tile's loads are issued before this tile's reductions, so
@@ -561,11 +559,7 @@ def _norm_fwd_kernel(
             else:
                 x, shift = loaded
             if HAS_RESIDUAL:
-                tl.store(
-                    h_rows[:, None] + cols[None, :] * stride_hn,
-                    x.to(h_ptr.dtype.element_ty),
-                    mask=mask,
-                )
+                _store_chunk(h_rows, cols, stride_hn, x, mask, "")
             if IS_RMS:
                 rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
             else:
@@ -593,9 +587,7 @@ def _norm_fwd_kernel(
                 y *= w[None, :]
             if HAS_BIAS:
                 y += b[None, :]
-            tl.store(
-                y_rows[:, None] + cols[None, :] * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask
-            )
+            _store_chunk(y_rows, cols, stride_yn, y, mask, "")
         if not IS_RMS:
             tl.store(mean_ptr + s_offs, mean, mask=row_mask)
         tl.store(rstd_ptr + s_offs, rstd, mask=row_mask)
@@ -922,11 +914,11 @@ def norm_fwd(
     rt = inputs[1] if residual is not None else xt
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
-    per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
-    reread = FWD_REREAD and residual is None and per_thread is not None
-    per_thread = per_thread if reread else None
-    cfg = norm_config(layout, x.device, rms, elems_per_thread=per_thread)
-    reread = reread and not cfg.LOOPED
+    reread_per_thread = None  # the re-read forward's elements per thread, where it applies
+    if FWD_REREAD and residual is None:
+        reread_per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
+    cfg = norm_config(layout, x.device, rms, elems_per_thread=reread_per_thread)
+    reread = reread_per_thread is not None and not cfg.LOOPED
     if cfg.LOOPED:
         load_bytes = x.element_size() * (2 if residual is not None else 1)
         cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes)
@@ -1002,12 +994,12 @@ def _looped_fwd_config(
         per_thread = LOOP_ELEMS_PER_THREAD_RMS_WIDE if wide else LOOP_ELEMS_PER_THREAD_RMS
     else:
         per_thread = LOOP_ELEMS_PER_THREAD_LN_WIDE if wide else ELEMS_PER_THREAD
-    block_n = min(cfg.BLOCK_N, pow2_floor(per_thread * 32 * MAX_WARPS // cfg.BLOCK_R))
+    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread)
     return dataclasses.replace(
         cfg,
         BLOCK_N=block_n,
         programs=max(1, min(cfg.n_tiles, per_sm * sm_count(device))),
-        num_warps=_warps(cfg.BLOCK_R * block_n, per_thread, MAX_WARPS),
+        num_warps=warps,
     )
 
 
@@ -1072,9 +1064,7 @@ def norm_bwd(
         c2 = torch.empty_like(rstd) if not rms else c1
         sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
         if xh.element_size() > 2:
-            per_thread = BWD_SUMS_ELEMS_PER_THREAD_FP32
-            sums_n = min(sums_n, pow2_floor(per_thread * 32 * MAX_WARPS // cfg.BLOCK_R))
-            sums_warps = _warps(cfg.BLOCK_R * sums_n, per_thread, MAX_WARPS)
+            sums_n, sums_warps = _fit_chunk(cfg.BLOCK_R, sums_n, BWD_SUMS_ELEMS_PER_THREAD_FP32)
         _norm_bwd_sums_kernel[(cfg.programs,)](
             gt,
             xt,
