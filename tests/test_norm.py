@@ -96,6 +96,49 @@ def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, de
     )
 
 
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("stages", [None, 2, 4], ids=lambda s: f"stages={s}")
+def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
+    """Rows in registers: the backward walks its row tiles through the compiler's pipeline
+    (BWD_STAGES) or the hand prefetch (None); one program walks every tile of small ones."""
+    monkeypatch.setattr(N, "BWD_STAGES", stages)
+    monkeypatch.setattr(N, "BWD_STAGES_LN", stages)
+    monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)
+    monkeypatch.setattr(N, "sm_count", lambda device: 1)
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(37, 64), (9, 70)],
+        dtypes=[torch.float32, torch.bfloat16],
+        cases=("random", "transpose", "grad"),
+    )
+
+
+def test_backward_pipeline_depth_fits_shared_memory():
+    """LayerNorm goes deeper on small tiles; no depth puts more than BWD_STAGES_SMEM bytes of
+    tiles in flight; a tile too large for two stages falls back to the hand prefetch."""
+
+    def depth(rows, cols, dtype, n_tensors, rms):
+        cfg = N.RowConfig(rows, cols, False, 16, 1, 1, 1)
+        return N._bwd_stages(cfg, [torch.empty(0, dtype=dtype)] * n_tensors, rms)
+
+    assert depth(2, 4096, torch.bfloat16, 2, rms=False) == N.BWD_STAGES_LN
+    assert depth(2, 4096, torch.bfloat16, 2, rms=True) == N.BWD_STAGES
+    assert depth(2, 4096, torch.bfloat16, 3, rms=False) == N.BWD_STAGES
+    assert depth(1, 16384, torch.float32, 2, rms=False) == 2
+    assert depth(1, 32768, torch.float32, 2, rms=True) is None
+    for cols, dtype, n in [
+        (4096, torch.float32, 2),
+        (8192, torch.float32, 3),
+        (1024, torch.float16, 2),
+    ]:
+        for rms in (False, True):
+            stages = depth(2, cols, dtype, n, rms)
+            assert (
+                stages is None or (stages - 1) * 2 * cols * dtype.itemsize * n <= N.BWD_STAGES_SMEM
+            )
+
+
 # ---- weight and bias optional: the same engine on specs that are not registered -----------
 
 

@@ -149,6 +149,23 @@ BWD_PROGRAMS_PER_SM = 1  # RMSNorm
 BWD_PROGRAMS_PER_SM_LN = 1  # LayerNorm
 BWD_ELEMS_PER_THREAD = 16
 BWD_PREFETCH = True
+# Backward of rows in registers: the compiler's software pipeline over each program's row tiles
+# (tl.range's num_stages: a tile's loads go to shared memory by cp.async, STAGES - 1 tiles in
+# flight) instead of the hand prefetch into registers, which holds one tile and costs registers;
+# None: the hand prefetch (BWD_PREFETCH), as for wide rows, where the pipeline lost (run 38:
+# layer_norm (4096, 65536) 0.72-1.49 ms vs 0.689). The depth is capped so that the tiles in
+# flight take at most BWD_STAGES_SMEM bytes (an H100/H200 program may take 227 KiB). LayerNorm
+# goes one tile deeper where its tiles are at most BWD_DEEP_TILE_BYTES (16-bit dy and x, two
+# rows of 4096). H200 sweeps (runs 38-39, benchmarks/NOTES.md), ms, bf16 (16384, 4096), one
+# program per SM: layer_norm 0.1142 at 4 (0.1216 at 3; hand prefetch 0.1334), rms_norm 0.1073 at
+# 3 (0.1094 at 4; 0.1089); at 3 / 4 / hand: add_layer_norm bf16 0.1446 / 0.1533 / 0.1632,
+# layer_norm fp32 (8192, 8192) 0.2142 / 0.2180 / 0.3291, rms_norm bf16 (4096, 16384) 0.1772 /
+# 0.1770 / 0.2296. The hand prefetch stays ahead by 1-5% on fp32 rows of 1024-8192 (rms_norm
+# (16384, 4096) 0.2032 vs 0.2004, layer_norm 0.2166 vs 0.2083).
+BWD_STAGES = 3
+BWD_STAGES_LN = 4  # LayerNorm, tiles of at most BWD_DEEP_TILE_BYTES
+BWD_DEEP_TILE_BYTES = 32768
+BWD_STAGES_SMEM = 196608
 # Backward tiles: elements per tile, at most BWD_TILE_BYTES of the row tensors read per tile (dy
 # and x, and the residual's gradient for the fused forms). Rows of 4096 take two rows per tile,
 # so each prefetch brings twice the bytes, except fp32 rows with a residual gradient (two of
@@ -231,6 +248,18 @@ def _fit_chunk(block_r: int, block_n: int, per_thread: int) -> tuple[int, int]:
 def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
     """Elements per backward row tile: BWD_TILE_ELEMS, or fewer to read at most BWD_TILE_BYTES."""
     return min(BWD_TILE_ELEMS, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
+
+
+def _bwd_stages(cfg: RowConfig, inputs: Sequence[torch.Tensor], rms: bool) -> int | None:
+    """Pipeline depth of the backward over row tiles (BWD_STAGES): None for no pipeline, or a
+    depth whose STAGES - 1 tiles of the row tensors fit in BWD_STAGES_SMEM bytes."""
+    tile_bytes = cfg.BLOCK_R * cfg.BLOCK_N * sum(t.element_size() for t in inputs)
+    deep = not rms and tile_bytes <= BWD_DEEP_TILE_BYTES
+    stages = BWD_STAGES_LN if deep else BWD_STAGES
+    if stages is None:
+        return None
+    stages = min(stages, 1 + BWD_STAGES_SMEM // tile_bytes)
+    return stages if stages >= 2 else None
 
 
 def _bwd_grid(
@@ -767,6 +796,8 @@ def _norm_bwd_kernel(
     SUMS_GIVEN: tl.constexpr,  # wide rows: one column block here, row sums from the first pass
     PREFETCH: tl.constexpr,  # load the next tile before computing this one
     REDUCE_TILES: tl.constexpr,  # partial sums summed over each tile's rows as it goes
+    STAGES: tl.constexpr,  # the compiler's software pipeline over row tiles (cp.async into
+    # shared memory, STAGES - 1 tiles in flight); None: not pipelined
     OUTER: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -799,7 +830,7 @@ def _norm_bwd_kernel(
             stride_ro, stride_rn, stride_ri, stride_so, stride_si, IS_RMS, SHIFT, HAS_DRES,
             BLOCK_R, INT64, OUTER,
         )  # fmt: skip
-    for tile in range(pid_g, n_tiles, n_groups):
+    for tile in tl.range(pid_g, n_tiles, n_groups, num_stages=STAGES):
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         s_offs = o * stride_so + i * stride_si
         mask = row_mask[:, None] & col_mask[None, :]
@@ -1057,6 +1088,7 @@ def norm_bwd(
     cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
+    stages = None if cfg.LOOPED else _bwd_stages(cfg, inputs, rms)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
@@ -1127,8 +1159,9 @@ def norm_bwd(
         WEIGHT_GRAD=dw is not None,
         BIAS_GRAD=db is not None,
         SUMS_GIVEN=cfg.LOOPED,
-        PREFETCH=BWD_PREFETCH,
+        PREFETCH=BWD_PREFETCH and stages is None,
         REDUCE_TILES=1 < cfg.BLOCK_R <= reduce_rows,  # one-row tiles: the same sum either way
+        STAGES=stages,
         OUTER=layout.n_outer > 1,
         INT64=layout.needs_int64(),
         BLOCK_R=cfg.BLOCK_R,
