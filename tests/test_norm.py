@@ -79,6 +79,39 @@ def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypat
     )
 
 
+class _LaunchSpy:
+    """Wraps a kernel; records the STAGES constexpr of every launch, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.stages = kernel, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            self.stages.append(kwargs.get("STAGES"))
+            return launch(*args, **kwargs)
+
+        return run
+
+
+def test_pipelined_layer_norm_forward_passes_the_check_engine(device, monkeypatch):
+    """LayerNorm rows of FWD_PIPELINE_COLS or more: one program walks every row tile through
+    the compiler's pipeline (lowered here so that small rows take it)."""
+    spy = _LaunchSpy(N._norm_fwd_kernel)
+    monkeypatch.setattr(N, "_norm_fwd_kernel", spy)
+    monkeypatch.setattr(N, "FWD_PIPELINE_COLS", 16)
+    monkeypatch.setattr(N, "sm_count", lambda device: 1)
+    assert_spec_passes(
+        "layer_norm",
+        device,
+        shapes=[(5, 64), (3, 70), (2, 3, 9)],
+        dtypes=[torch.float32, torch.bfloat16, torch.float16],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+    assert N.FWD_PIPELINE_STAGES in spy.stages
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("shift", [True, False], ids=["shift", "no-shift"])
 @pytest.mark.parametrize("even", [True, False], ids=["even", "masked"])

@@ -139,6 +139,17 @@ FWD_REREAD_ELEMS_PER_THREAD = {(False, 2): 32, (True, 2): 16, (True, 4): 8}
 FWD_PROGRAMS_PER_SM = 0  # LayerNorm
 FWD_PROGRAMS_PER_SM_RMS = 0
 FWD_PREFETCH = True
+# Forward of LayerNorm rows in registers of FWD_PIPELINE_COLS columns or more (a row tile of
+# 8193-16384), without a residual: one program per SM walks the row tiles through the
+# compiler's software pipeline (tl.range's num_stages: cp.async into shared memory) at 32
+# elements per thread, instead of one 32-warp program per row. H200 (run 42, benchmarks/NOTES.md),
+# ms, against one program per row: (4096, 16384) bf16 0.0688 vs 0.1140 (torch.compile 0.0689),
+# fp16 0.0699 vs 0.1095, fp32 0.1388 vs 0.1450; (2048, 16384) bf16 0.0372 vs 0.0598. Not at
+# 8192 (layer_norm (8192, 8192) bf16 0.0786 vs 0.0733) nor for RMSNorm (rms_norm (4096, 16384)
+# bf16 0.0679 vs 0.0663 re-read).
+FWD_PIPELINE_COLS = 16384
+FWD_PIPELINE_STAGES = 3
+FWD_PIPELINE_ELEMS_PER_THREAD = 32
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
 # the current one. At 8 warps the kernel takes 166-216 registers per thread (ptxas, sm_90a):
@@ -427,6 +438,8 @@ def _norm_fwd_kernel(
     # and the second reads h back (half the bytes of x and residual); fp32 only, where h holds
     # the sum exactly
     DROP: tl.constexpr,  # looped: L2 policy of the second sweep ("" or "evict_first")
+    STAGES: tl.constexpr,  # rows in registers: the compiler's software pipeline over the
+    # program's row tiles (cp.async into shared memory); None: not pipelined
     EVEN_N: tl.constexpr,  # rows in registers: n_cols == BLOCK_N
     OUTER: tl.constexpr,  # more than one outer index
     ONE_TILE: tl.constexpr,  # one tile per program
@@ -453,7 +466,7 @@ def _norm_fwd_kernel(
             SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER, "evict_last" if REREAD else "",
         )  # fmt: skip
     # A grid-stride walk; a constant trip count of 1 with ONE_TILE (see softmax's kernels).
-    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+    for step in tl.range(0, _n_steps(n_tiles, ONE_TILE), num_stages=STAGES):
         tile = tl.program_id(0) + step * n_programs
         o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
@@ -949,7 +962,13 @@ def norm_fwd(
     if FWD_REREAD and residual is None:
         reread_per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
     cfg = norm_config(layout, x.device, rms, elems_per_thread=reread_per_thread)
-    reread = reread_per_thread is not None and not cfg.LOOPED
+    stages = None
+    pipelined = not rms and residual is None and FWD_PIPELINE_STAGES is not None
+    if pipelined and not cfg.LOOPED and cfg.BLOCK_N >= FWD_PIPELINE_COLS:
+        stages = FWD_PIPELINE_STAGES
+        cfg = norm_config(layout, x.device, rms, elems_per_thread=FWD_PIPELINE_ELEMS_PER_THREAD)
+        cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sm_count(x.device)))
+    reread = reread_per_thread is not None and not cfg.LOOPED and stages is None
     if cfg.LOOPED:
         load_bytes = x.element_size() * (2 if residual is not None else 1)
         cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes)
@@ -987,10 +1006,11 @@ def norm_fwd(
         HAS_WEIGHT=w is not None,
         HAS_BIAS=b is not None,
         LOOPED=cfg.LOOPED,
-        PREFETCH=FWD_PREFETCH and cfg.programs < cfg.n_tiles,  # a next tile to fetch
+        PREFETCH=FWD_PREFETCH and stages is None and cfg.programs < cfg.n_tiles,  # a next tile
         LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
         LOOP_STATS=LOOP_STATS_RMS if rms else LOOP_STATS_LN,
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        STAGES=stages,
         REREAD=reread,
         SUM_FIRST=sum_first,
         EVEN_N=EVEN_N and layout.n_cols == cfg.BLOCK_N,
