@@ -64,6 +64,20 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
     )
 
 
+def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device, monkeypatch):
+    """16-bit rows with a residual take their own looped recipe (LOOP_*_LN_RES16)."""
+    monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
+    monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
+    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
+    assert_spec_passes(
+        "add_layer_norm",
+        device,
+        shapes=[(3, 70), (2, 40)],
+        dtypes=[torch.bfloat16, torch.float16],
+        cases=("random", "transpose", "specials", "grad"),
+    )
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("reread", [True, False], ids=["reread", "in-registers"])
 def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypatch):

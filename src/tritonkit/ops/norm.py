@@ -111,6 +111,12 @@ LOOP_ROWS_LN = 2
 LOOP_ROWS_RMS = 1
 LOOP_STATS_LN = 1
 LOOP_STATS_RMS = 0
+# The looped LayerNorm forward of 16-bit rows with a residual: one row per tile and Chan's merge
+# per chunk (the per-lane sums beside x and the residual spill: 16 bytes, spill_audit.py). H200
+# (run 45), add_layer_norm (4096, 65536) bf16: 0.630 ms (two rows, per lane 0.717; torch.compile
+# 0.680).
+LOOP_ROWS_LN_RES16 = 1
+LOOP_STATS_LN_RES16 = 0
 LOOP_EVICT = True
 # Forward of rows in registers: programs per SM walking row tiles, so that each loads the weight
 # and bias once, not once per row; each issues the next tile's loads before reducing the
@@ -969,9 +975,10 @@ def norm_fwd(
         cfg = norm_config(layout, x.device, rms, elems_per_thread=FWD_PIPELINE_ELEMS_PER_THREAD)
         cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sm_count(x.device)))
     reread = reread_per_thread is not None and not cfg.LOOPED and stages is None
+    res16 = residual is not None and x.element_size() == 2  # 16-bit rows with a residual
     if cfg.LOOPED:
         load_bytes = x.element_size() * (2 if residual is not None else 1)
-        cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes)
+        cfg = _looped_fwd_config(cfg, layout, x.device, rms, load_bytes, res16)
     sum_first = LOOP_SUM_FIRST and cfg.LOOPED and residual is not None and x.dtype == torch.float32
     sx, *rest = layout.strides
     if residual is not None:
@@ -1008,7 +1015,7 @@ def norm_fwd(
         LOOPED=cfg.LOOPED,
         PREFETCH=FWD_PREFETCH and stages is None and cfg.programs < cfg.n_tiles,  # a next tile
         LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
-        LOOP_STATS=LOOP_STATS_RMS if rms else LOOP_STATS_LN,
+        LOOP_STATS=LOOP_STATS_RMS if rms else (LOOP_STATS_LN_RES16 if res16 else LOOP_STATS_LN),
         **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         STAGES=stages,
         REREAD=reread,
@@ -1025,11 +1032,17 @@ def norm_fwd(
 
 
 def _looped_fwd_config(
-    cfg: RowConfig, layout: RowLayout, device: torch.device, rms: bool, load_bytes: int
+    cfg: RowConfig,
+    layout: RowLayout,
+    device: torch.device,
+    rms: bool,
+    load_bytes: int,
+    res16: bool,
 ) -> RowConfig:
     """The looped forward's own rows per tile, warps and programs per SM (LOOP_*_RMS / _LN);
-    ``load_bytes``: bytes each element of a row loads (x, and the residual)."""
-    rows = LOOP_ROWS_RMS if rms else LOOP_ROWS_LN
+    ``load_bytes``: bytes each element of a row loads (x, and the residual); ``res16``: 16-bit
+    rows with a residual."""
+    rows = LOOP_ROWS_RMS if rms else (LOOP_ROWS_LN_RES16 if res16 else LOOP_ROWS_LN)
     per_sm = LOOP_PROGRAMS_PER_SM_RMS if rms else LOOP_PROGRAMS_PER_SM
     if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
         # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
