@@ -116,6 +116,7 @@ def _norm_fwd(rms: bool, looped: bool, block_n: int) -> dict:
         "KEEP": "",
         "DROP": "",
         "REREAD": not looped,
+        "STAGES": None,
         "SUM_FIRST": False,
         "EVEN_N": not looped,
         "OUTER": False,
@@ -147,8 +148,9 @@ def _norm_bwd(rms: bool, block_n: int, block_r: int) -> dict:
         "WEIGHT_GRAD": True,
         "BIAS_GRAD": not rms,
         "SUMS_GIVEN": False,
-        "PREFETCH": True,
+        "PREFETCH": False,  # the compiler's pipeline instead (norm.BWD_STAGES)
         "REDUCE_TILES": block_r > 1 and not rms,
+        "STAGES": N.BWD_STAGES if rms else N.BWD_STAGES_LN,
         "OUTER": False,
         "INT64": False,
         "BLOCK_R": block_r,
