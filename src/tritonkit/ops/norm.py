@@ -14,15 +14,19 @@ variance is that of the deviations from it (two passes over registers). A looped
 shifted a second time, by its first chunk's mean, and sums its values and squares per lane
 (LOOP_STATS_LN 1): that mean is within sqrt(n / chunk) standard deviations of the row's, so
 E[d^2] - E[d]^2 loses at most a few bits (chunks merged with Chan's formula with LOOP_STATS_LN
-0). The saved "mean" is the mean after the first-element shift, and the backward shifts again
-by the same first element. 16-bit rows in registers skip the shift (``_shifts``): their own
-rounding dwarfs what it saves.
+0; also for 16-bit rows with a residual). The saved "mean" is the mean after the first-element
+shift, and the backward shifts again by the same first element. 16-bit rows in registers skip
+the shift (``_shifts``): their own rounding dwarfs what it saves. LayerNorm rows in registers
+of 8193-16384 columns are walked one program per SM through the compiler's software pipeline
+(``FWD_PIPELINE_*``); narrower rows take one program per row tile.
 
 Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
 per program, each program walking a group of rows; a second pass sums the partials in a fixed
-order, so the result is deterministic. Rows wider than ``MAX_FUSED_COLS`` first get their two
-row sums (sum(w * dy * xhat), sum(w * dy)) from a looped pass, then a column-block pass
-computes dx and the partial sums.
+order, so the result is deterministic. Rows in registers reach each program through the
+compiler's software pipeline (``BWD_STAGES``: tiles loaded into shared memory ahead by
+cp.async). Rows wider than ``MAX_FUSED_COLS`` first get their two row sums
+(sum(w * dy * xhat), sum(w * dy)) from a looped pass, then a column-block pass computes dx and
+the partial sums, with the next tile's loads issued by hand before each tile's work.
 
 The fused residual forms return ``(norm(x + residual), x + residual)``: the sum is normalized in
 fp32 before it is rounded and stored (the unfused eager code normalizes the rounded sum, one
