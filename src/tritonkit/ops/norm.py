@@ -204,6 +204,12 @@ BWD_REDUCE_ROWS_LN = 2  # LayerNorm
 # its programs per SM.
 WIDE_BWD_BLOCK_N = 4096
 WIDE_BWD_PROGRAMS_PER_SM = 2
+# Wide rows, RMSNorm: both passes through the compiler's pipeline (the row-sum pass over its
+# chunks, the dx pass over its row tiles), STAGES deep; None: the hand prefetch. H200 (run 38),
+# rms_norm (4096, 65536) bf16: 0.6435 ms at 3 and 3 (hand prefetch 0.6941). LayerNorm lost with
+# it (0.724 ms at best against 0.689), so it keeps the hand prefetch.
+WIDE_SUMS_STAGES_RMS = 3
+WIDE_BWD_STAGES_RMS = 3
 # Wide rows' first backward pass (the row sums), elements per thread for fp32 rows: dy and x
 # at ELEMS_PER_THREAD spill (layer_norm (4096, 65536) fp32: 260 bytes, benchmarks/spill_audit.py).
 BWD_SUMS_ELEMS_PER_THREAD_FP32 = 8
@@ -711,6 +717,7 @@ def _norm_bwd_sums_kernel(
     IS_RMS: tl.constexpr,
     SHIFT: tl.constexpr,  # LayerNorm rows shifted by their first element (see _shifts)
     HAS_WEIGHT: tl.constexpr,
+    STAGES: tl.constexpr,  # the compiler's software pipeline over the chunks; None: none
     OUTER: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -725,7 +732,7 @@ def _norm_bwd_sums_kernel(
         s_offs = o * stride_so + i * stride_si
         acc1 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
         acc2 = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
             c = start + cols
             mask = row_mask[:, None] & (c < n_cols)[None, :]
             dy = tl.load(dy_rows[:, None] + c[None, :] * stride_dyn, mask=mask, other=0.0)
@@ -1125,7 +1132,10 @@ def norm_bwd(
     cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
-    stages = None if cfg.LOOPED else _bwd_stages(cfg, inputs, rms)
+    if cfg.LOOPED:
+        stages = WIDE_BWD_STAGES_RMS if rms else None
+    else:
+        stages = _bwd_stages(cfg, inputs, rms)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
@@ -1154,6 +1164,7 @@ def norm_bwd(
             IS_RMS=rms,
             SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
             HAS_WEIGHT=w is not None,
+            STAGES=WIDE_SUMS_STAGES_RMS if rms else None,
             OUTER=layout.n_outer > 1,
             INT64=layout.needs_int64(),
             BLOCK_R=cfg.BLOCK_R,
