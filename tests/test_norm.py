@@ -186,6 +186,18 @@ def test_backward_pipeline_depth_fits_shared_memory():
             )
 
 
+def test_pipeline_depth_follows_the_device_shared_memory(monkeypatch):
+    """On a GPU with less shared memory per program (Ada: 99 KiB) the pipelines get shallower,
+    and none is used where two stages do not fit."""
+    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: 99 * 1024)
+    cpu = torch.device("cpu")
+    assert N._depth(4, 32768, cpu) == 3
+    assert N._depth(3, 65536, cpu) == 2
+    assert N._depth(3, 131072, cpu) is None
+    assert N._depth(None, 1024, cpu) is None
+    assert N._depth(4, 8192, cpu, budget=16384) == 3
+
+
 # ---- weight and bias optional: the same engine on specs that are not registered -----------
 
 

@@ -49,6 +49,7 @@ from tritonkit._utils import (
     check_same_shape,
     check_tensor,
     next_power_of_2,
+    shared_memory_per_block,
     sm_count,
 )
 from tritonkit.ops.elementwise import _colsum_kernel
@@ -187,6 +188,9 @@ BWD_STAGES = 3
 BWD_STAGES_LN = 4  # LayerNorm, tiles of at most BWD_DEEP_TILE_BYTES
 BWD_DEEP_TILE_BYTES = 32768
 BWD_STAGES_SMEM = 196608
+# Every pipeline of the family leaves this many bytes of the device's shared memory per program
+# free (reductions' scratch; the LayerNorm backward at 4 stages takes 3 tiles + 312 bytes).
+PIPELINE_SMEM_SLACK = 8192
 # Backward tiles: elements per tile, at most BWD_TILE_BYTES of the row tensors read per tile (dy
 # and x, and the residual's gradient for the fused forms). Rows of 4096 take two rows per tile,
 # so each prefetch brings twice the bytes, except fp32 rows with a residual gradient (two of
@@ -277,16 +281,26 @@ def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
     return min(BWD_TILE_ELEMS, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
 
 
+def _depth(
+    stages: int | None, stage_bytes: int, device: torch.device, budget: int = 1 << 30
+) -> int | None:
+    """A software-pipeline depth for loads of ``stage_bytes`` per iteration: at most ``stages``,
+    with its STAGES - 1 buffers within ``budget`` bytes and within the device's shared memory
+    (less PIPELINE_SMEM_SLACK); None (no pipeline) when not even two stages fit."""
+    if stages is None:
+        return None
+    limit = min(budget, shared_memory_per_block(device) - PIPELINE_SMEM_SLACK)
+    stages = min(stages, 1 + limit // stage_bytes)
+    return stages if stages >= 2 else None
+
+
 def _bwd_stages(cfg: RowConfig, inputs: Sequence[torch.Tensor], rms: bool) -> int | None:
     """Pipeline depth of the backward over row tiles (BWD_STAGES): None for no pipeline, or a
     depth whose STAGES - 1 tiles of the row tensors fit in BWD_STAGES_SMEM bytes."""
     tile_bytes = cfg.BLOCK_R * cfg.BLOCK_N * sum(t.element_size() for t in inputs)
     deep = not rms and tile_bytes <= BWD_DEEP_TILE_BYTES
     stages = BWD_STAGES_LN if deep else BWD_STAGES
-    if stages is None:
-        return None
-    stages = min(stages, 1 + BWD_STAGES_SMEM // tile_bytes)
-    return stages if stages >= 2 else None
+    return _depth(stages, tile_bytes, inputs[0].device, BWD_STAGES_SMEM)
 
 
 def _bwd_grid(
@@ -980,9 +994,10 @@ def norm_fwd(
         reread_per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
     cfg = norm_config(layout, x.device, rms, elems_per_thread=reread_per_thread)
     stages = None
-    pipelined = not rms and residual is None and FWD_PIPELINE_STAGES is not None
-    if pipelined and not cfg.LOOPED and cfg.BLOCK_N >= FWD_PIPELINE_COLS:
-        stages = FWD_PIPELINE_STAGES
+    if not rms and residual is None and not cfg.LOOPED and cfg.BLOCK_N >= FWD_PIPELINE_COLS:
+        stage_bytes = cfg.BLOCK_R * cfg.BLOCK_N * x.element_size()
+        stages = _depth(FWD_PIPELINE_STAGES, stage_bytes, x.device)
+    if stages is not None:
         cfg = norm_config(layout, x.device, rms, elems_per_thread=FWD_PIPELINE_ELEMS_PER_THREAD)
         cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sm_count(x.device)))
     reread = reread_per_thread is not None and not cfg.LOOPED and stages is None
@@ -1132,8 +1147,9 @@ def norm_bwd(
     cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
-    if cfg.LOOPED:
-        stages = WIDE_BWD_STAGES_RMS if rms else None
+    if cfg.LOOPED:  # the dx pass's tiles: one row tile by block_n columns of each row tensor
+        tile_bytes = cfg.BLOCK_R * block_n * sum(t.element_size() for t in inputs)
+        stages = _depth(WIDE_BWD_STAGES_RMS if rms else None, tile_bytes, grad.device)
     else:
         stages = _bwd_stages(cfg, inputs, rms)
     stat_mean = rstd if rms else mean
@@ -1144,6 +1160,10 @@ def norm_bwd(
         sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
         if xh.element_size() > 2:
             sums_n, sums_warps = _fit_chunk(cfg.BLOCK_R, sums_n, BWD_SUMS_ELEMS_PER_THREAD_FP32)
+        # Each chunk loads dy, x and the weight.
+        chunk_bytes = cfg.BLOCK_R * sums_n * (gt.element_size() + xt.element_size())
+        chunk_bytes += sums_n * (w.element_size() if w is not None else 0)
+        sums_stages = _depth(WIDE_SUMS_STAGES_RMS if rms else None, chunk_bytes, grad.device)
         _norm_bwd_sums_kernel[(cfg.programs,)](
             gt,
             xt,
@@ -1164,7 +1184,7 @@ def norm_bwd(
             IS_RMS=rms,
             SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
             HAS_WEIGHT=w is not None,
-            STAGES=WIDE_SUMS_STAGES_RMS if rms else None,
+            STAGES=sums_stages,
             OUTER=layout.n_outer > 1,
             INT64=layout.needs_int64(),
             BLOCK_R=cfg.BLOCK_R,
