@@ -161,13 +161,16 @@ def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
     )
 
 
-def test_backward_pipeline_depth_fits_shared_memory():
-    """LayerNorm goes deeper on small tiles; no depth puts more than BWD_STAGES_SMEM bytes of
-    tiles in flight; a tile too large for two stages falls back to the hand prefetch."""
+def test_backward_pipeline_depth_fits_shared_memory(monkeypatch):
+    """On an H100/H200 (227 KiB per program): LayerNorm goes deeper on small tiles; no depth
+    puts more tiles in flight than the shared memory holds; a tile too large for two stages
+    falls back to the hand prefetch; wide rows pipeline RMSNorm's dx pass only."""
+    limit = 227 * 1024
+    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: limit)
 
-    def depth(rows, cols, dtype, n_tensors, rms):
-        cfg = N.RowConfig(rows, cols, False, 16, 1, 1, 1)
-        return N._bwd_stages(cfg, [torch.empty(0, dtype=dtype)] * n_tensors, rms)
+    def depth(rows, cols, dtype, n_tensors, rms, looped=False):
+        cfg = N.RowConfig(rows, cols, looped, 16, 1, 1, 1)
+        return N._bwd_stages(cfg, cols, [torch.empty(0, dtype=dtype)] * n_tensors, rms)
 
     assert depth(2, 4096, torch.bfloat16, 2, rms=False) == N.BWD_STAGES_LN
     assert depth(2, 4096, torch.bfloat16, 2, rms=True) == N.BWD_STAGES
@@ -181,9 +184,10 @@ def test_backward_pipeline_depth_fits_shared_memory():
     ]:
         for rms in (False, True):
             stages = depth(2, cols, dtype, n, rms)
-            assert (
-                stages is None or (stages - 1) * 2 * cols * dtype.itemsize * n <= N.BWD_STAGES_SMEM
-            )
+            in_flight = (stages - 1) * 2 * cols * dtype.itemsize * n if stages else 0
+            assert in_flight <= limit - N.PIPELINE_SMEM_SLACK
+    assert depth(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == N.WIDE_BWD_STAGES_RMS
+    assert depth(1, 4096, torch.bfloat16, 2, rms=False, looped=True) is None
 
 
 def test_pipeline_depth_follows_the_device_shared_memory(monkeypatch):
@@ -195,7 +199,8 @@ def test_pipeline_depth_follows_the_device_shared_memory(monkeypatch):
     assert N._depth(3, 65536, cpu) == 2
     assert N._depth(3, 131072, cpu) is None
     assert N._depth(None, 1024, cpu) is None
-    assert N._depth(4, 8192, cpu, budget=16384) == 3
+    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: 16384 + N.PIPELINE_SMEM_SLACK)
+    assert N._depth(4, 8192, cpu) == 3
 
 
 # ---- weight and bias optional: the same engine on specs that are not registered -----------

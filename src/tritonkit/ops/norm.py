@@ -174,20 +174,18 @@ BWD_PREFETCH = True
 # Backward of rows in registers: the compiler's software pipeline over each program's row tiles
 # (tl.range's num_stages: a tile's loads go to shared memory by cp.async, STAGES - 1 tiles in
 # flight) instead of the hand prefetch into registers, which holds one tile and costs registers;
-# None: the hand prefetch (BWD_PREFETCH), as for wide rows, where the pipeline lost (run 38:
-# layer_norm (4096, 65536) 0.72-1.49 ms vs 0.689). The depth is capped so that the tiles in
-# flight take at most BWD_STAGES_SMEM bytes (an H100/H200 program may take 227 KiB). LayerNorm
-# goes one tile deeper where its tiles are at most BWD_DEEP_TILE_BYTES (16-bit dy and x, two
-# rows of 4096). H200 sweeps (runs 38-39, benchmarks/NOTES.md), ms, bf16 (16384, 4096), one
-# program per SM: layer_norm 0.1142 at 4 (0.1216 at 3; hand prefetch 0.1334), rms_norm 0.1073 at
-# 3 (0.1094 at 4; 0.1089); at 3 / 4 / hand: add_layer_norm bf16 0.1446 / 0.1533 / 0.1632,
-# layer_norm fp32 (8192, 8192) 0.2142 / 0.2180 / 0.3291, rms_norm bf16 (4096, 16384) 0.1772 /
-# 0.1770 / 0.2296. The hand prefetch stays ahead by 1-5% on fp32 rows of 1024-8192 (rms_norm
-# (16384, 4096) 0.2032 vs 0.2004, layer_norm 0.2166 vs 0.2083).
+# None: the hand prefetch (BWD_PREFETCH), as for LayerNorm's wide rows (WIDE_BWD_STAGES_RMS).
+# The depth is capped by the device's shared memory (_depth). LayerNorm goes one tile deeper
+# where its tiles are at most BWD_DEEP_TILE_BYTES (16-bit dy and x, two rows of 4096). H200
+# sweeps (runs 38-39, benchmarks/NOTES.md), ms, bf16 (16384, 4096), one program per SM:
+# layer_norm 0.1142 at 4 (0.1216 at 3; hand prefetch 0.1334), rms_norm 0.1073 at 3 (0.1094 at 4;
+# 0.1089); at 3 / 4 / hand: add_layer_norm bf16 0.1446 / 0.1533 / 0.1632, layer_norm fp32 (8192,
+# 8192) 0.2142 / 0.2180 / 0.3291, rms_norm bf16 (4096, 16384) 0.1772 / 0.1770 / 0.2296. The hand
+# prefetch stays ahead by 1-5% on fp32 rows of 1024-8192 (rms_norm (16384, 4096) 0.2032 vs
+# 0.2004, layer_norm 0.2166 vs 0.2083).
 BWD_STAGES = 3
 BWD_STAGES_LN = 4  # LayerNorm, tiles of at most BWD_DEEP_TILE_BYTES
 BWD_DEEP_TILE_BYTES = 32768
-BWD_STAGES_SMEM = 196608
 # Every pipeline of the family leaves this many bytes of the device's shared memory per program
 # free (reductions' scratch; the LayerNorm backward at 4 stages takes 3 tiles + 312 bytes).
 PIPELINE_SMEM_SLACK = 8192
@@ -281,26 +279,31 @@ def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
     return min(BWD_TILE_ELEMS, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
 
 
-def _depth(
-    stages: int | None, stage_bytes: int, device: torch.device, budget: int = 1 << 30
-) -> int | None:
+def _depth(stages: int | None, stage_bytes: int, device: torch.device) -> int | None:
     """A software-pipeline depth for loads of ``stage_bytes`` per iteration: at most ``stages``,
-    with its STAGES - 1 buffers within ``budget`` bytes and within the device's shared memory
-    (less PIPELINE_SMEM_SLACK); None (no pipeline) when not even two stages fit."""
+    with its STAGES - 1 buffers within the device's shared memory per program (less
+    PIPELINE_SMEM_SLACK); None (no pipeline) when not even two stages fit."""
     if stages is None:
         return None
-    limit = min(budget, shared_memory_per_block(device) - PIPELINE_SMEM_SLACK)
+    limit = shared_memory_per_block(device) - PIPELINE_SMEM_SLACK
     stages = min(stages, 1 + limit // stage_bytes)
     return stages if stages >= 2 else None
 
 
-def _bwd_stages(cfg: RowConfig, inputs: Sequence[torch.Tensor], rms: bool) -> int | None:
-    """Pipeline depth of the backward over row tiles (BWD_STAGES): None for no pipeline, or a
-    depth whose STAGES - 1 tiles of the row tensors fit in BWD_STAGES_SMEM bytes."""
-    tile_bytes = cfg.BLOCK_R * cfg.BLOCK_N * sum(t.element_size() for t in inputs)
-    deep = not rms and tile_bytes <= BWD_DEEP_TILE_BYTES
-    stages = BWD_STAGES_LN if deep else BWD_STAGES
-    return _depth(stages, tile_bytes, inputs[0].device, BWD_STAGES_SMEM)
+def _bwd_stages(
+    cfg: RowConfig, block_n: int, inputs: Sequence[torch.Tensor], rms: bool
+) -> int | None:
+    """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
+    columns of every row tensor): BWD_STAGES (LayerNorm's small tiles BWD_STAGES_LN), wide rows
+    WIDE_BWD_STAGES_RMS; None for the hand prefetch."""
+    tile_bytes = cfg.BLOCK_R * block_n * sum(t.element_size() for t in inputs)
+    if cfg.LOOPED:
+        stages = WIDE_BWD_STAGES_RMS if rms else None
+    elif not rms and tile_bytes <= BWD_DEEP_TILE_BYTES:
+        stages = BWD_STAGES_LN
+    else:
+        stages = BWD_STAGES
+    return _depth(stages, tile_bytes, inputs[0].device)
 
 
 def _bwd_grid(
@@ -1147,11 +1150,7 @@ def norm_bwd(
     cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
-    if cfg.LOOPED:  # the dx pass's tiles: one row tile by block_n columns of each row tensor
-        tile_bytes = cfg.BLOCK_R * block_n * sum(t.element_size() for t in inputs)
-        stages = _depth(WIDE_BWD_STAGES_RMS if rms else None, tile_bytes, grad.device)
-    else:
-        stages = _bwd_stages(cfg, inputs, rms)
+    stages = _bwd_stages(cfg, block_n, inputs, rms)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
