@@ -727,3 +727,12 @@ def test_compile_traces_low_precision_ops(device):
         backend="aot_eager",
     )
     _close(fn(a, b), a.double() @ b.double())
+
+
+def test_tuning_key_classes():
+    """M and N: multiples of 256 up to 8192 (the tile count decides the best tile there),
+    powers of 2 above; sizes of one class share a tuned config."""
+    assert [mm._size_class(x) for x in (1, 256, 257, 3000, 3072, 8192)] == [
+        256, 256, 512, 3072, 3072, 8192,
+    ]  # fmt: skip
+    assert [mm._size_class(x) for x in (8193, 11008, 14336, 16385)] == [16384] * 3 + [32768]

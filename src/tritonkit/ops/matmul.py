@@ -1233,6 +1233,21 @@ def _dtype_key(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# Tuning-key granularity of M and N. Up to _FINE_KEY_LIMIT, sizes in one power-of-2 bucket
+# differ in tile count, hence in how full the last wave of tiles is, which decides between
+# 128- and 256-wide tiles: 3072 x 3072 x 4096 ran 0.77x cuBLAS with the 128 x 256 tiles tuned
+# on 4096^3, 0.84x with its own 128 x 128 (benchmarks/NOTES.md, run 55). Multiples of 256 give
+# every candidate tile the same count within a class. Above the limit every config fills many
+# waves, and power-of-2 buckets keep the number of tunings small.
+_KEY_STEP = 256
+_FINE_KEY_LIMIT = 8192
+
+
+def _size_class(x: int) -> int:
+    """M or N as the autotuning key holds it."""
+    return cdiv(x, _KEY_STEP) * _KEY_STEP if x <= _FINE_KEY_LIMIT else next_power_of_2(x)
+
+
 def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConfig:
     """The best config of ``kind`` for this problem class, from the autotune cache or timed now."""
     a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
@@ -1241,8 +1256,8 @@ def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConf
     a_t, b_t = _layout_flags(p)
     key = {
         "kind": kind,
-        "m": next_power_of_2(p.m),
-        "n": next_power_of_2(p.n),
+        "m": _size_class(p.m),
+        "n": _size_class(p.n),
         "k": next_power_of_2(p.k),
         "batched": p.n_batch > 1,
         "a": _dtype_key(a.dtype),
