@@ -14,8 +14,9 @@ variance is that of the deviations from it (two passes over registers). A looped
 shifted a second time, by its first chunk's mean, and sums its values and squares per lane
 (LOOP_STATS_LN 1): that mean is within sqrt(n / chunk) standard deviations of the row's, so
 E[d^2] - E[d]^2 loses at most a few bits (chunks merged with Chan's formula with LOOP_STATS_LN
-0; also for 16-bit rows with a residual). The saved "mean" is the mean after the first-element
-shift, and the backward shifts again by the same first element. 16-bit rows in registers skip
+0, also for 16-bit rows with a residual, their means taken relative to the first chunk's).
+The saved "mean" is the mean after the first-element shift, and the backward shifts again by
+the same first element. 16-bit rows in registers skip
 the shift (``_shifts``): their own rounding dwarfs what it saves. LayerNorm rows in registers
 of 8193-16384 columns are walked one program per SM through the compiler's software pipeline
 (``FWD_PIPELINE_*``); narrower rows take one program per row tile.
@@ -516,6 +517,7 @@ def _norm_fwd_kernel(
             ssq = tl.zeros([BLOCK_R], tl.float32)  # RMSNorm per chunk: sum of squares so far
             mean = tl.zeros([BLOCK_R], tl.float32)
             m2 = tl.zeros([BLOCK_R], tl.float32)
+            frame = tl.zeros([BLOCK_R], tl.float32)  # Chan's merge: the first chunk's mean
             first = 0
             # With LOOP_PREFETCH each chunk's loads are issued before the previous chunk is
             # reduced, in both sweeps: two chunks in flight per program instead of one (without
@@ -565,19 +567,26 @@ def _norm_fwd_kernel(
                     acc2 += d * d
                 else:
                     # Chan's merge of (count, mean, M2) of the rows so far with this chunk's,
-                    # each chunk's own by two passes over registers.
+                    # each chunk's own by two passes over registers. The means are taken
+                    # relative to the first chunk's: a running mean far from 0 (a row whose
+                    # first element, the shift, is an outlier) would round at every merge.
                     n_a = start * 1.0
                     n_b = tl.minimum(n_cols - start, BLOCK_N) * 1.0
-                    xs = tl.where(mask, x - shift[:, None], 0.0)
+                    xs = tl.where(mask, (x - shift[:, None]) - frame[:, None], 0.0)
                     mean_b = tl.sum(xs, axis=1) / n_b
                     d = tl.where(mask, xs - mean_b[:, None], 0.0)
                     delta = mean_b - mean
                     mean += delta * (n_b / (n_a + n_b))
                     m2 += tl.sum(d * d, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
+                    if start == 0:
+                        frame = mean
+                        mean = tl.zeros_like(mean)
             if not IS_RMS and LOOP_STATS == 1:
                 d_mean = tl.sum(acc, axis=1) / n_cols
                 m2 = tl.sum(acc2, axis=1) - d_mean * d_mean * n_cols
                 mean += d_mean
+            elif not IS_RMS:
+                mean += frame
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # The second sweep's source: x (and the residual), or h stored by the first sweep.
             src_rows, src_stride, src_res = x_rows, stride_xn, HAS_RESIDUAL
