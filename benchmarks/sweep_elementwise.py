@@ -103,7 +103,8 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
         rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
     E._TILE_BYTES, E._HEAVY_VECTORS = defaults["_TILE_BYTES"], defaults["_HEAVY_VECTORS"]
 
-    sums = ["bias_relu bwd", "bias_gelu bwd", "add bcast bwd"]
+    # add's broadcast gradient is a plain column sum (ColumnSumConfig, sweep_gelu_colsum.py).
+    sums = ["bias_relu bwd", "bias_gelu bwd"]
     for warps, rows_, per_sm in itertools.product((4, 8), (2, 4, 8), (4, 8)):
         cfg = E.RowSumConfig(warps=warps, rows=rows_, programs_per_sm=per_sm)
         E._ROW_SUMS = {k: cfg for k in defaults["_ROW_SUMS"]}

@@ -309,13 +309,13 @@ def test_row_sum_launch_fills_an_h200_in_one_wave():
     """bias_act's row-sum configs at (16384, 8192) on 132 SMs: rows in-thread (one 16-byte
     vector of each row per thread), every row in one group, 90-100% of the target programs."""
     n_rows, n_cols = 16384, 8192
-    for (kind, elem), cfg in E._ROW_SUMS.items():
+    for elem, cfg in E._ROW_SUMS.items():
         tile, rows_per_program, groups = E.row_sum_launch(n_rows, n_cols, elem, cfg, 132)
         threads = 32 * tile.num_warps
-        assert tile.BLOCK_N // threads * elem == 16, (kind, elem)
+        assert tile.BLOCK_N // threads * elem == 16, elem
         assert (groups - 1) * rows_per_program < n_rows <= groups * rows_per_program
         slots = cfg.programs_per_sm * 132
-        assert 0.9 * slots <= groups * (n_cols // tile.BLOCK_N) <= slots, (kind, elem)
+        assert 0.9 * slots <= groups * (n_cols // tile.BLOCK_N) <= slots, elem
 
 
 def test_sweep_column_sum_candidates_start_with_the_default():

@@ -483,13 +483,13 @@ class RowSumConfig:
     final_warps: int = 4
 
 
-# By (kind, element size); "act": the pass also computes dx or an activation's gradient
-# (bias_act's backward). Chosen by benchmarks/sweep_elementwise.py (run 5, mean of bias_relu,
-# bias_gelu and add broadcast): 8 KiB (bf16) / 16 KiB (fp32) per iteration. A plain column sum
-# takes ColumnSumConfig.
-_ROW_SUMS: dict[tuple[str, int], RowSumConfig] = {
-    ("act", 2): RowSumConfig(warps=8, rows=2, programs_per_sm=4),
-    ("act", 4): RowSumConfig(warps=8, rows=4, programs_per_sm=4),
+# By element size: the bias gradient summed beside dx or an activation's gradient (bias_act's
+# backward). Chosen by benchmarks/sweep_elementwise.py (run 5, mean of bias_relu, bias_gelu and
+# add broadcast): 8 KiB (bf16) / 16 KiB (fp32) per iteration. A plain column sum takes
+# ColumnSumConfig.
+_ROW_SUMS: dict[int, RowSumConfig] = {
+    2: RowSumConfig(warps=8, rows=2, programs_per_sm=4),
+    4: RowSumConfig(warps=8, rows=4, programs_per_sm=4),
 }
 
 
@@ -763,7 +763,7 @@ def bias_act_bwd(
     if row_partials and activation == "none" and not need_dx:  # a plain column sum
         column_sum(gr, dbias)
         return dx, dbias
-    rs = _ROW_SUMS[("act", elem)]
+    rs = _ROW_SUMS[elem]
     if row_partials:
         cfg, rows_per_program, groups = row_sum_launch(
             gr.n_rows, gr.n_cols, elem, rs, sm_count(grad.device)

@@ -17,9 +17,9 @@ E[d^2] - E[d]^2 loses at most a few bits (chunks merged with Chan's formula with
 0, also for 16-bit rows with a residual, their means taken relative to the first chunk's).
 The saved "mean" is the mean after the first-element shift, and the backward shifts again by
 the same first element. 16-bit rows in registers skip the shift (``_shifts``): their own
-rounding dwarfs what it saves. LayerNorm rows in registers
-of 8193-16384 columns are walked one program per SM through the compiler's software pipeline
-(``FWD_PIPELINE_*``); narrower rows take one program per row tile.
+rounding dwarfs what it saves. LayerNorm rows in registers of 8193-16384 columns are walked
+one program per SM through the compiler's software pipeline (``FWD_PIPELINE_*``); narrower
+rows take one program per row tile.
 
 Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
 per program, each program walking a group of rows; a second pass sums the partials in a fixed
