@@ -493,3 +493,58 @@ def test_compile_fullgraph_traces(name, device):
             assert a is None
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+MIXED_CASES = {  # (function, float64 reference, indices of the inputs (x, r, w, b) used)
+    "layer_norm": (
+        lambda x, r, w, b: layer_norm(x, (40,), w, b),
+        lambda x, r, w, b: F.layer_norm(x, (40,), w, b),
+        (0, 2, 3),
+    ),
+    "rms_norm": (
+        lambda x, r, w, b: rms_norm(x, (40,), w),
+        lambda x, r, w, b: _rms_formula(x, w),
+        (0, 2),
+    ),
+    "add_layer_norm": (
+        lambda x, r, w, b: add_layer_norm(x, r, w, b)[0],
+        lambda x, r, w, b: F.layer_norm(x + r, (40,), w, b),
+        (0, 1, 2, 3),
+    ),
+    "add_rms_norm": (
+        lambda x, r, w, b: add_rms_norm(x, r, w)[0],
+        lambda x, r, w, b: _rms_formula(x + r, w),
+        (0, 1, 2),
+    ),
+}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(MIXED_CASES))
+def test_float32_parameters_beside_16bit_rows(name, dtype, compiled, device):
+    """Parameters kept in float32 beside 16-bit activations, as F.layer_norm and F.rms_norm
+    accept: the output and dx in x's dtype, the parameter gradients in float32, each within a
+    16-bit rounding (relative to its largest value) of the float64 reference."""
+    fn, ref, used = MIXED_CASES[name]
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, backend=compile_backend(device))
+    gen = torch.Generator(device=device).manual_seed(fresh_seed())
+    x, r = (torch.randn(6, 40, generator=gen, device=device).to(dtype) for _ in range(2))
+    w, b = (1 + torch.randn(40, generator=gen, device=device) for _ in range(2))
+    leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    y = fn(*leaves)
+    g = torch.randn(y.shape, generator=gen, device=device).to(dtype)
+    grads = torch.autograd.grad(y, [leaves[i] for i in used], g)
+    assert y.dtype == dtype
+    assert [t.dtype for t in grads] == [dtype if i < 2 else torch.float32 for i in used]
+    wide = [t.detach().double().requires_grad_() for t in (x, r, w, b)]
+    y64 = ref(*wide)
+    grads64 = torch.autograd.grad(y64, [wide[i] for i in used], g.double())
+    # one rounding of y, dx, or of the stored x + residual that the gradients are taken at
+    ulp = torch.finfo(dtype).eps
+    for got, want in zip((y, *grads), (y64, *grads64)):
+        torch.testing.assert_close(
+            got.double(), want, rtol=0, atol=2 * ulp * want.abs().max().item()
+        )

@@ -64,14 +64,17 @@ def check_same_device(op: str, **tensors: torch.Tensor) -> None:
             )
 
 
-def check_same_dtype(op: str, **tensors: torch.Tensor) -> None:
+def check_same_dtype(op: str, also_float32: bool = False, **tensors: torch.Tensor) -> None:
+    """Every tensor in the first one's dtype (``also_float32``: the message says float32 is
+    accepted too, where the caller allows it)."""
     names = list(tensors)
     first = names[0]
     for name in names[1:]:
         if tensors[name].dtype != tensors[first].dtype:
             raise TypeError(
                 f"{op}: {name} must have the same dtype as {first} "
-                f"({str(tensors[first].dtype).removeprefix('torch.')}), "
+                f"({str(tensors[first].dtype).removeprefix('torch.')})"
+                f"{' or float32' if also_float32 else ''}, "
                 f"got {str(tensors[name].dtype).removeprefix('torch.')} "
                 "(tritonkit does not promote dtypes; cast one operand first)"
             )
@@ -97,12 +100,16 @@ def check_operand(
     shape: Sequence[int] | None = None,
     shape_name: str = "",
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    or_float32: bool = False,
 ) -> torch.Tensor:
-    """A tensor used with ``ref``: supported, on ref's device, in ref's dtype, and of ``shape``
-    when given (``shape_name`` says what that shape is, e.g. ``"(C,)"``)."""
+    """A tensor used with ``ref``: supported, on ref's device, in ref's dtype (or float32 with
+    ``or_float32``: parameters kept in float32 beside 16-bit activations, which the PyTorch
+    function accepts too), and of ``shape`` when given (``shape_name`` says what that shape is,
+    e.g. ``"(C,)"``)."""
     check_tensor(op, name, t, dtypes)
     check_same_device(op, **{ref_name: ref, name: t})
-    check_same_dtype(op, **{ref_name: ref, name: t})
+    if not (or_float32 and t.dtype == torch.float32):
+        check_same_dtype(op, **{ref_name: ref, name: t}, also_float32=or_float32)
     if shape is not None and tuple(t.shape) != tuple(shape):
         named = f"{shape_name} = " if shape_name else ""
         raise ValueError(

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonkit._autocast import autocast_dtype
 from tritonkit._utils import (
     cdiv,
     check_choice,
@@ -361,7 +362,7 @@ def _ce_grad_kernel(
 def _ce_reduce_kernel(
     loss_ptr,  # fp32 per-row losses [n_rows], contiguous
     stats_ptr,  # fp32 [2]: the mean denominator first
-    out_ptr,  # the reduced loss, a scalar in the logits' dtype
+    out_ptr,  # the reduced loss, a scalar in the loss dtype (the logits' or float32)
     n_rows,  # losses to sum
     MEAN: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -382,12 +383,13 @@ def _ce_reduce_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _outputs(logits, reduction, need_grad):
-    """(loss, per-row logsumexp (empty unless a gradient will be needed), fp32 [2] for the mean
-    denominator and the weight sum)."""
+def _outputs(logits, reduction, need_grad, float32_loss):
+    """(loss (in the logits' dtype, or float32), per-row logsumexp (empty unless a gradient will
+    be needed), fp32 [2] for the mean denominator and the weight sum)."""
     n_rows = logits.shape[0]
     shape = (n_rows,) if reduction == "none" else ()
-    loss = torch.empty(shape, dtype=logits.dtype, device=logits.device)
+    dtype = torch.float32 if float32_loss else logits.dtype
+    loss = torch.empty(shape, dtype=dtype, device=logits.device)
     f32 = {"dtype": torch.float32, "device": logits.device}
     lse = torch.empty(n_rows if need_grad else 0, **f32)
     stats = torch.empty(2, **f32)
@@ -436,13 +438,15 @@ def cross_entropy_fwd(
     reduction: str,
     label_smoothing: float,
     need_grad: bool,
+    float32_loss: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, logsumexp per row, stats) for ``logits`` (N, C), any strides.
+    """(loss, logsumexp per row, stats) for ``logits`` (N, C), any strides; the loss in the
+    logits' dtype, or float32 with ``float32_loss`` (autocast's result, the logits uncast).
 
     The last two (fp32, N and 2 elements) are what ``cross_entropy_bwd`` needs besides the
     inputs; without ``need_grad`` the logsumexps are neither allocated nor written.
     """
-    loss, lse, stats = _outputs(logits, reduction, need_grad)
+    loss, lse, stats = _outputs(logits, reduction, need_grad, float32_loss)
     n_rows, n_cols = logits.shape
     if n_rows == 0:
         if reduction != "none":
@@ -575,8 +579,10 @@ _cross_entropy_op = torch.library.custom_op("tritonkit::cross_entropy", mutates_
 
 
 @_cross_entropy_op.register_fake
-def _(logits, target, weight, ignore_index, reduction, label_smoothing, need_grad):
-    return _outputs(logits, reduction, need_grad)
+def _(
+    logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, float32_loss=False
+):
+    return _outputs(logits, reduction, need_grad, float32_loss)
 
 
 _cross_entropy_backward_op = torch.library.custom_op(
@@ -598,9 +604,11 @@ class CrossEntropyFunction(torch.autograd.Function):
     """Cross-entropy; the forward keeps the rows' logsumexps for the backward."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, need_grad):
+    def forward(
+        ctx, logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, f32
+    ):
         loss, lse, stats = torch.ops.tritonkit.cross_entropy(
-            logits, target, weight, ignore_index, reduction, label_smoothing, need_grad
+            logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, f32
         )
         if need_grad:
             ctx.save_for_backward(logits, target, weight, lse, stats)
@@ -613,7 +621,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         grad = torch.ops.tritonkit.cross_entropy_backward(
             grad_output, logits, target, weight, lse, stats, *ctx.args
         )
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -640,15 +648,20 @@ def cross_entropy(
             any strides.
         target: int64 class indices of shape (N,) (or () for 1-d input), in ``[0, C)`` or equal
             to ``ignore_index``; other values give a NaN loss.
-        weight: optional class weights of shape (C,), same dtype and device as input; no
-            gradient flows to it (it is not differentiable in PyTorch either).
+        weight: optional class weights of shape (C,), on input's device, in input's dtype or
+            float32; no gradient flows to it (it is not differentiable in PyTorch either).
         ignore_index: targets equal to it contribute no loss and no gradient, and are left out
             of the mean's denominator.
         reduction: ``"mean"`` (divided by the summed weights of non-ignored targets; NaN when
             all are ignored), ``"sum"`` or ``"none"``.
         label_smoothing: in [0, 1]; mixes the one-hot target with the uniform distribution.
+
+    Under ``torch.autocast`` the loss is float32, as ``F.cross_entropy``'s is there (PyTorch
+    casts the logits to float32 first; here they are read as they are, the arithmetic being
+    float32 anyway, and their gradient keeps their dtype, as it does under autocast).
     """
     op = "tritonkit.cross_entropy"
+    float32_loss = autocast_dtype("cross_entropy", input) == torch.float32
     check_tensor(op, "input", input)
     check_tensor(op, "target", target, dtypes=(torch.int64,))
     check_same_device(op, input=input, target=target)
@@ -669,7 +682,7 @@ def cross_entropy(
             f"{op}: input must have at least one class, got shape {tuple(input.shape)}"
         )
     if weight is not None:
-        check_operand(op, "weight", weight, "input", input, (n_cols,), "(C,)")
+        check_operand(op, "weight", weight, "input", input, (n_cols,), "(C,)", or_float32=True)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{op}: ignore_index must be an int, got {type(ignore_index).__name__}")
     check_choice(op, "reduction", reduction, REDUCTIONS)
@@ -680,17 +693,8 @@ def cross_entropy(
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     need_grad = input.requires_grad and torch.is_grad_enabled()
+    args = (weight, ignore_index, reduction, float(label_smoothing), need_grad, float32_loss)
     if input.dim() == 1:
-        loss = CrossEntropyFunction.apply(
-            input.unsqueeze(0),
-            target.unsqueeze(0),
-            weight,
-            ignore_index,
-            reduction,
-            float(label_smoothing),
-            need_grad,
-        )
+        loss = CrossEntropyFunction.apply(input.unsqueeze(0), target.unsqueeze(0), *args)
         return loss.squeeze(0) if reduction == "none" else loss
-    return CrossEntropyFunction.apply(
-        input, target, weight, ignore_index, reduction, float(label_smoothing), need_grad
-    )
+    return CrossEntropyFunction.apply(input, target, *args)

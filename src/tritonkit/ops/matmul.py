@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from tritonkit import _tuning
+from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     FLOAT_DTYPES,
     LAYOUT_COPIES,
@@ -1670,9 +1671,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             (``b.shape[0]`` for 1-D b), and the batch dimensions must broadcast.
 
     Returns:
-        ``a @ b`` in the inputs' dtype, contiguous.
+        ``a @ b`` in the inputs' dtype, contiguous. Under ``torch.autocast`` both operands
+        are first cast to the autocast dtype, as ``torch.matmul``'s are.
     """
     op = "tritonkit.matmul"
+    dtype = autocast_dtype("matmul", a)
+    if dtype is not None:
+        a, b = cast(dtype, a, b)
     check_tensor(op, "a", a)
     check_operand(op, "b", b, "a", a)
     matmul_shape(op, a.shape, b.shape)
@@ -1700,8 +1705,17 @@ def linear(
         activation: None, ``"relu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"silu"``.
         residual: optional tensor of the output's shape ``(..., out_features)``, added after
             the activation.
+
+    Under ``torch.autocast`` x, weight and bias are first cast to the autocast dtype, as
+    ``F.linear``'s are; a residual in another dtype is then added after the GEMM, with
+    PyTorch's type promotion, as ``act(F.linear(...)) + residual`` would be.
     """
     op = "tritonkit.linear"
+    dtype = autocast_dtype("linear", x)
+    if dtype is not None:
+        x, weight, bias = cast(dtype, x, weight, bias)
+        if isinstance(residual, torch.Tensor) and residual.dtype != dtype:
+            return linear(x, weight, bias, activation) + residual
     check_tensor(op, "x", x)
     check_operand(op, "weight", weight, "x", x)
     check_choice(op, "activation", activation, _LINEAR_ACTIVATIONS)

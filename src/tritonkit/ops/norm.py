@@ -43,10 +43,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     LAYOUT_COPIES,
     cdiv,
     check_operand,
+    check_same_dtype,
     check_same_shape,
     check_tensor,
     next_power_of_2,
@@ -1111,11 +1113,14 @@ def _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms, count=True):
     return plan_rows(inputs, _reduced(xh.dim(), n_dims), 1, row_inputs=stats, count=count)
 
 
-def _param_grad(xh: torch.Tensor, n_dims: int, wanted: bool) -> torch.Tensor | None:
-    """A weight or bias gradient (shaped like the normalized dims, in x's dtype), if wanted."""
+def _param_grad(
+    xh: torch.Tensor, n_dims: int, wanted: bool, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """A weight or bias gradient (shaped like the normalized dims, in the parameters' dtype),
+    if wanted."""
     if not wanted:
         return None
-    return torch.empty(xh.shape[xh.dim() - n_dims :], dtype=xh.dtype, device=xh.device)
+    return torch.empty(xh.shape[xh.dim() - n_dims :], dtype=dtype, device=xh.device)
 
 
 def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -1134,16 +1139,19 @@ def norm_bwd(
     rms: bool,
     need_dweight: bool,
     need_dbias: bool,
+    param_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dweight, dbias); dweight and dbias are empty when not asked for.
+    """(dx, dweight, dbias); dweight and dbias are empty when not asked for, else in
+    ``param_dtype`` (the weight's and bias's; None: x's).
 
     ``xh`` is the forward input (x, or the stored x + residual); ``dres`` the gradient of the
     stored sum, added to dx; ``mean`` and ``rstd`` are norm_fwd's statistics.
     """
     inputs, (dx,), _, layout = _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms)
     empty = grad.new_empty(0)
-    dw = _param_grad(xh, n_dims, need_dweight and weight is not None)
-    db = _param_grad(xh, n_dims, need_dbias)
+    param_dtype = param_dtype or xh.dtype
+    dw = _param_grad(xh, n_dims, need_dweight and weight is not None, param_dtype)
+    db = _param_grad(xh, n_dims, need_dbias, param_dtype)
     if layout is None:
         for t in (dw, db):
             if t is not None:
@@ -1291,15 +1299,18 @@ def _norm_backward_op(
     rms: bool,
     need_dweight: bool,
     need_dbias: bool,
+    param_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return norm_bwd(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias)
+    return norm_bwd(
+        grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias, param_dtype
+    )
 
 
 @_norm_backward_op.register_fake
-def _(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias):
+def _(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias, param_dtype):
     _, (dx,), _, _ = _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms, count=False)
-    dw = _param_grad(xh, n_dims, need_dweight and weight is not None)
-    db = _param_grad(xh, n_dims, need_dbias)
+    dw = _param_grad(xh, n_dims, need_dweight and weight is not None, param_dtype)
+    db = _param_grad(xh, n_dims, need_dbias, param_dtype)
     return dx, _or_empty(dw, grad), _or_empty(db, grad)
 
 
@@ -1308,13 +1319,21 @@ def _(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias)
 # ----------------------------------------------------------------------------------------------
 
 
+def _param_dtype(x, weight, bias) -> torch.dtype:
+    """The affine parameters' dtype (x's, or float32 beside 16-bit rows): their gradients'."""
+    for t in (weight, bias):
+        if t is not None:
+            return t.dtype
+    return x.dtype
+
+
 def _backward(ctx, grad, dres, xh, weight, mean, rstd):
     need_dw = weight is not None and ctx.needs_input_grad[ctx.weight_index]
     need_db = ctx.has_bias and ctx.needs_input_grad[ctx.weight_index + 1]
     if grad is None:  # only the sum was used downstream
         grad = torch.zeros_like(xh)
     dx, dw, db = torch.ops.tritonkit.norm_backward(
-        grad, dres, xh, weight, mean, rstd, ctx.n_dims, ctx.rms, need_dw, need_db
+        grad, dres, xh, weight, mean, rstd, ctx.n_dims, ctx.rms, need_dw, need_db, ctx.param_dtype
     )
     return dx, (dw if need_dw else None), (db if need_db else None)
 
@@ -1326,6 +1345,7 @@ class NormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, n_dims, eps, rms):
         y, _, mean, rstd = torch.ops.tritonkit.norm(x, None, weight, bias, n_dims, eps, rms)
         ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 1
+        ctx.param_dtype = _param_dtype(x, weight, bias)
         ctx.save_for_backward(x, weight, mean, rstd)
         return y
 
@@ -1343,6 +1363,7 @@ class AddNormFunction(torch.autograd.Function):
     def forward(ctx, x, residual, weight, bias, n_dims, eps, rms):
         y, h, mean, rstd = torch.ops.tritonkit.norm(x, residual, weight, bias, n_dims, eps, rms)
         ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 2
+        ctx.param_dtype = _param_dtype(x, weight, bias)
         ctx.save_for_backward(h, weight, mean, rstd)
         ctx.set_materialize_grads(False)  # an unused output costs no zero-filled gradient
         return y, h
@@ -1408,9 +1429,11 @@ def _check_norm_args(
     if residual is not None:
         check_operand(op, "residual", residual, "x", x)
         check_same_shape(op, x=x, residual=residual)
-    for name, t in params.items():
-        if t is not None:
-            check_operand(op, name, t, "x", x, shape, "normalized_shape")
+    given = {name: t for name, t in params.items() if t is not None}
+    for name, t in given.items():
+        check_operand(op, name, t, "x", x, shape, "normalized_shape", or_float32=True)
+    if len(given) == 2:  # one dtype for both gradients
+        check_same_dtype(op, **given)
 
 
 def _rms_eps(eps: float | None) -> float:
@@ -1434,11 +1457,18 @@ def layer_norm(
         x: float32, float16 or bfloat16 tensor on a CUDA device, any strides, whose last dims
             equal ``normalized_shape``.
         normalized_shape: the trailing shape to normalize over (an int for one dim).
-        weight: optional scale of shape ``normalized_shape``, same dtype and device as x.
-        bias: optional shift of shape ``normalized_shape``, same dtype and device as x.
+        weight: optional scale of shape ``normalized_shape``, on x's device, in x's dtype or
+            float32 (its gradient in its own dtype).
+        bias: optional shift of shape ``normalized_shape``, as weight (one dtype for both).
         eps: added to the variance before the square root.
+
+    Under CUDA ``torch.autocast`` x, weight and bias are first cast to float32 (so is the
+    result), as ``F.layer_norm``'s are.
     """
     op = "tritonkit.layer_norm"
+    dtype = autocast_dtype("layer_norm", x)
+    if dtype is not None:
+        x, weight, bias = cast(dtype, x, weight, bias)
     shape = _normalized_shape(op, normalized_shape)
     _check_norm_args(op, x, shape, weight=weight, bias=bias)
     return NormFunction.apply(x, weight, bias, len(shape), _check_eps(op, eps), False)
@@ -1456,7 +1486,8 @@ def rms_norm(
         x: float32, float16 or bfloat16 tensor on a CUDA device, any strides, whose last dims
             equal ``normalized_shape``.
         normalized_shape: the trailing shape to normalize over (an int for one dim).
-        weight: optional scale of shape ``normalized_shape``, same dtype and device as x.
+        weight: optional scale of shape ``normalized_shape``, on x's device, in x's dtype or
+            float32 (its gradient in its own dtype).
         eps: added to the mean square; None means ``torch.finfo(torch.float32).eps``, what
             ``F.rms_norm`` uses for every dtype supported here (it computes in float32).
     """
@@ -1494,8 +1525,8 @@ def add_rms_norm(
     Args:
         x: float32, float16 or bfloat16 tensor on a CUDA device, any strides.
         residual: tensor of the same shape, dtype and device.
-        weight: scale over the trailing dims (its shape is the normalized shape), or None to
-            normalize over the last dim without a scale.
+        weight: scale over the trailing dims (its shape is the normalized shape), in x's dtype
+            or float32, or None to normalize over the last dim without a scale.
         eps: as in :func:`rms_norm`; None means ``torch.finfo(torch.float32).eps``.
 
     Returns:
@@ -1518,9 +1549,9 @@ def add_layer_norm(
     Args:
         x: float32, float16 or bfloat16 tensor on a CUDA device, any strides.
         residual: tensor of the same shape, dtype and device.
-        weight: scale over the trailing dims (its shape is the normalized shape), or None to
-            normalize over the last dim.
-        bias: shift of the same shape as weight, or None.
+        weight: scale over the trailing dims (its shape is the normalized shape), in x's dtype
+            or float32, or None to normalize over the last dim.
+        bias: shift of the same shape and dtype as weight, or None.
         eps: added to the variance before the square root.
 
     Returns:

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     LAYOUT_COPIES,
     cdiv,
@@ -780,6 +781,9 @@ def normalize_dim(op: str, name: str, dim: object, ndim: int) -> int:
 
 
 def _softmax(op: str, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
+    dtype = autocast_dtype("log_softmax" if log else "softmax", x)
+    if dtype is not None:
+        (x,) = cast(dtype, x)
     check_tensor(op, "x", x)
     d = normalize_dim(op, "dim", dim, x.dim())
     if x.dim() == 0:
@@ -800,7 +804,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Returns:
         A tensor like x (its strides when x is dense), in x's dtype; rows containing NaN or
-        +inf are NaN, as in PyTorch.
+        +inf are NaN, as in PyTorch. Under CUDA ``torch.autocast`` x is first cast to float32
+        (so is the result), as ``torch.softmax``'s is.
     """
     return _softmax("tritonkit.softmax", x, dim, False)
 
@@ -813,6 +818,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         dim: the dimension to normalize over (negative counts from the end).
 
     Returns:
-        A tensor like x (its strides when x is dense), in x's dtype.
+        A tensor like x (its strides when x is dense), in x's dtype (float32 under CUDA
+        ``torch.autocast``, as for ``torch.log_softmax``).
     """
     return _softmax("tritonkit.log_softmax", x, dim, True)

@@ -1,0 +1,56 @@
+"""torch.autocast for tritonkit's functions: the casts PyTorch makes for the functions they
+replace.
+
+Autocast does not know tritonkit's custom ops, so each public function whose PyTorch
+counterpart autocast casts applies the same policy itself, before its checks: matmul and
+linear run in the autocast dtype ("lower precision"); softmax, log_softmax and layer_norm run
+in float32 on CUDA; cross_entropy returns a float32 loss. The tables follow PyTorch's
+(aten/src/ATen/autocast_mode.cpp): per device type, the ops each policy lists, by the name of
+the tritonkit function. Functions PyTorch does not cast under autocast (the elementwise family,
+rms_norm) are not cast here either; the fused residual norms have no PyTorch counterpart and
+follow their inputs' dtypes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOWER = "lower"  # the autocast dtype (float16 or bfloat16, as the autocast context says)
+FP32 = "fp32"
+
+POLICY: dict[str, dict[str, str]] = {
+    "cuda": {
+        "matmul": LOWER,
+        "linear": LOWER,
+        "softmax": FP32,
+        "log_softmax": FP32,
+        "layer_norm": FP32,
+        "cross_entropy": FP32,  # log_softmax and nll_loss: fp32
+    },
+    "cpu": {"matmul": LOWER, "linear": LOWER, "cross_entropy": FP32},
+}
+
+# Autocast casts floating tensors of these dtypes only (float64 is left as it is).
+_CASTABLE = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def autocast_dtype(op: str, t: object) -> torch.dtype | None:
+    """The dtype autocast runs ``op`` in for tensor ``t``'s device, or None where autocast is off
+    there or does not cast ``op``."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    device_type = t.device.type
+    policy = POLICY.get(device_type, {}).get(op)
+    if policy is None or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type) if policy == LOWER else torch.float32
+
+
+def cast(dtype: torch.dtype, *tensors: object) -> tuple:
+    """Each castable floating tensor in ``dtype``; anything else as given."""
+    return tuple(
+        t.to(dtype)
+        if isinstance(t, torch.Tensor) and t.dtype in _CASTABLE and t.dtype != dtype
+        else t
+        for t in tensors
+    )
