@@ -279,7 +279,7 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
         bwd_bytes,
         N,
         bwd_configs,
-        lambda: N.norm_bwd(dy, None, x, w, mean, rstd, 1, rms, True, not rms),
+        lambda: N.norm_bwd(dy, None, x, w, mean, rstd, 1, rms, True, not rms, w.dtype),
         bwd_base,
     )
 

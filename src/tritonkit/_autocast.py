@@ -46,11 +46,15 @@ def autocast_dtype(op: str, t: object) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if policy == LOWER else torch.float32
 
 
-def cast(dtype: torch.dtype, *tensors: object) -> tuple:
-    """Each castable floating tensor in ``dtype``; anything else as given."""
+def cast(dtype: torch.dtype | None, *tensors: object) -> tuple:
+    """Each castable floating tensor in ``dtype`` (``autocast_dtype``'s answer); with None,
+    or for anything else, as given."""
     return tuple(
         t.to(dtype)
-        if isinstance(t, torch.Tensor) and t.dtype in _CASTABLE and t.dtype != dtype
+        if dtype is not None
+        and isinstance(t, torch.Tensor)
+        and t.dtype in _CASTABLE
+        and t.dtype != dtype
         else t
         for t in tensors
     )

@@ -438,7 +438,7 @@ def cross_entropy_fwd(
     reduction: str,
     label_smoothing: float,
     need_grad: bool,
-    float32_loss: bool = False,
+    float32_loss: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, logsumexp per row, stats) for ``logits`` (N, C), any strides; the loss in the
     logits' dtype, or float32 with ``float32_loss`` (autocast's result, the logits uncast).
@@ -579,9 +579,7 @@ _cross_entropy_op = torch.library.custom_op("tritonkit::cross_entropy", mutates_
 
 
 @_cross_entropy_op.register_fake
-def _(
-    logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, float32_loss=False
-):
+def _(logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, float32_loss):
     return _outputs(logits, reduction, need_grad, float32_loss)
 
 

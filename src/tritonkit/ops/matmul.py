@@ -1675,9 +1675,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         are first cast to the autocast dtype, as ``torch.matmul``'s are.
     """
     op = "tritonkit.matmul"
-    dtype = autocast_dtype("matmul", a)
-    if dtype is not None:
-        a, b = cast(dtype, a, b)
+    a, b = cast(autocast_dtype("matmul", a), a, b)
     check_tensor(op, "a", a)
     check_operand(op, "b", b, "a", a)
     matmul_shape(op, a.shape, b.shape)
@@ -1712,10 +1710,9 @@ def linear(
     """
     op = "tritonkit.linear"
     dtype = autocast_dtype("linear", x)
-    if dtype is not None:
-        x, weight, bias = cast(dtype, x, weight, bias)
-        if isinstance(residual, torch.Tensor) and residual.dtype != dtype:
-            return linear(x, weight, bias, activation) + residual
+    x, weight, bias = cast(dtype, x, weight, bias)
+    if dtype is not None and isinstance(residual, torch.Tensor) and residual.dtype != dtype:
+        return linear(x, weight, bias, activation) + residual
     check_tensor(op, "x", x)
     check_operand(op, "weight", weight, "x", x)
     check_choice(op, "activation", activation, _LINEAR_ACTIVATIONS)

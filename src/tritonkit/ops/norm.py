@@ -1139,17 +1139,16 @@ def norm_bwd(
     rms: bool,
     need_dweight: bool,
     need_dbias: bool,
-    param_dtype: torch.dtype | None = None,
+    param_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight, dbias); dweight and dbias are empty when not asked for, else in
-    ``param_dtype`` (the weight's and bias's; None: x's).
+    ``param_dtype`` (the weight's and bias's).
 
     ``xh`` is the forward input (x, or the stored x + residual); ``dres`` the gradient of the
     stored sum, added to dx; ``mean`` and ``rstd`` are norm_fwd's statistics.
     """
     inputs, (dx,), _, layout = _bwd_plan(grad, dres, xh, mean, rstd, n_dims, rms)
     empty = grad.new_empty(0)
-    param_dtype = param_dtype or xh.dtype
     dw = _param_grad(xh, n_dims, need_dweight and weight is not None, param_dtype)
     db = _param_grad(xh, n_dims, need_dbias, param_dtype)
     if layout is None:
@@ -1466,9 +1465,7 @@ def layer_norm(
     result), as ``F.layer_norm``'s are.
     """
     op = "tritonkit.layer_norm"
-    dtype = autocast_dtype("layer_norm", x)
-    if dtype is not None:
-        x, weight, bias = cast(dtype, x, weight, bias)
+    x, weight, bias = cast(autocast_dtype("layer_norm", x), x, weight, bias)
     shape = _normalized_shape(op, normalized_shape)
     _check_norm_args(op, x, shape, weight=weight, bias=bias)
     return NormFunction.apply(x, weight, bias, len(shape), _check_eps(op, eps), False)

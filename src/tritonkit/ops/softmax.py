@@ -781,9 +781,7 @@ def normalize_dim(op: str, name: str, dim: object, ndim: int) -> int:
 
 
 def _softmax(op: str, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
-    dtype = autocast_dtype("log_softmax" if log else "softmax", x)
-    if dtype is not None:
-        (x,) = cast(dtype, x)
+    (x,) = cast(autocast_dtype("log_softmax" if log else "softmax", x), x)
     check_tensor(op, "x", x)
     d = normalize_dim(op, "dim", dim, x.dim())
     if x.dim() == 0:
