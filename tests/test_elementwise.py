@@ -220,7 +220,11 @@ def _ordinal(t: torch.Tensor) -> torch.Tensor:
 def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
     """Every finite 16-bit x: the PHI16 kernel's float32 value, rounded to nearest (as on the
     GPU), is at most 1 ulp from float64 gelu rounded (PyTorch's float32 formula is not: it
-    loses 1 + erf(x / sqrt 2) to cancellation below x = -4)."""
+    loses 1 + erf(x / sqrt 2) to cancellation below x = -4, and gives 0 below x = -5.5).
+
+    The one exception, on the GPU only: where Phi(x) is below float32's smallest normal (x below
+    about -13), exp2 (ex2.approx.ftz) flushes it to 0 and the output is 0, not the bf16 value
+    of magnitude under 1e-36 (fp16 rounds those to 0 anyway)."""
     x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
     keep = torch.isfinite(x)
     if device.type == "cpu" and dtype == torch.bfloat16:
@@ -238,7 +242,11 @@ def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
     xd = x.double()
     exact = (0.5 * xd * torch.erfc(-xd / math.sqrt(2.0))).to(dtype)
     ulps = (_ordinal(y.to(dtype)) - _ordinal(exact)).abs()
-    assert ulps.max().item() <= 1, x[ulps.argmax()].item()
+    flushed = (0.5 * torch.erfc(xd.abs() / math.sqrt(2.0)) < 2.0**-126) & (xd < 0) & (y == 0)
+    if device.type == "cpu":  # the interpreter's exp2 does not flush
+        flushed &= False
+    wrong = (ulps > 1) & ~flushed
+    assert not wrong.any(), x[wrong].tolist()
     if dtype == torch.float16:  # the interpreter rounds fp16 stores to nearest as well
         torch.testing.assert_close(tritonkit.gelu(x), y.to(dtype), rtol=0, atol=0)
 
