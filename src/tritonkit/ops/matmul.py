@@ -112,7 +112,10 @@ def _mac(a, b, acc, DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr, MAX_IMPREC
         )
     else:
         # v0: a broadcast multiply and a reduction over K on the CUDA cores, no tensor cores.
-        prod = a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+        # The product is an fma with 0, not a multiply: Triton's combine pass rewrites
+        # sum(a[:, :, None] * b[None, :, :], 1) into tl.dot (tensor cores, tf32 for fp32
+        # operands: 1e-2 errors where PyTorch computes in full fp32; seen on an H200).
+        prod = tl.fma(a.to(tl.float32)[:, :, None], b.to(tl.float32)[None, :, :], 0.0)
         acc += tl.sum(prod, axis=1)
     return acc
 
