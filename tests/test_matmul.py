@@ -6,9 +6,9 @@ so bfloat16 GEMMs are checked on the GPU only; the CUDA-core ``naive`` variant, 
 ``tl.dot``, is checked in bfloat16 here too.
 """
 
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,22 +178,20 @@ def test_naive_variant_in_bfloat16(device):
     _close(matmul_variant(a, b, "naive"), _ref(a, b))
 
 
-# Compiles the matmul kernel for sm_90 without a GPU (Triton ships ptxas) and prints whether its
-# PTX has tensor-core MMAs. A fresh process: this one decorated the kernels for the interpreter.
+# Compiles the matmul kernel for sm_90 without a GPU through benchmarks/ptxas_report.py (which
+# unsets TRITON_INTERPRET before importing triton) and prints whether its PTX has tensor-core
+# MMAs. A fresh process: this one decorated the kernels for the interpreter.
 _PTX_PROBE = """
-import os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import sys
+sys.path.insert(0, sys.argv[3])
+from ptxas_report import compile_case
 from tritonkit.ops import matmul as mm
 
 cfg = getattr(mm, sys.argv[1])
-fn = mm._matmul_kernel
 unused = ("ws_ptr", "a_desc", "b_desc", "c_desc", "scale_a_ptr", "scale_b_ptr", "bias_ptr",
           "res_ptr", "z_ptr")
-constexprs = dict.fromkeys(unused)
-constexprs.update(
+flags = dict.fromkeys(unused)
+flags.update(
     PERSISTENT=False, NUM_SMS=132, FLATTEN=False, WARP_SPECIALIZE=False, USE_TMA=False,
     A_T=False, B_T=False, EPILOGUE_SUBTILE=False, SPLIT_K=1, DOT=cfg.dot,
     INPUT_PRECISION="ieee" if cfg.dot else None, MAX_IMPRECISE=None, PROMOTE_BLOCKS=1,
@@ -201,20 +199,17 @@ constexprs.update(
     HAS_BIAS=False, ACT=0, HAS_RES=False, STORE_Z=False, BLOCK_M=cfg.BLOCK_M,
     BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
 )
-ptr = "*" + sys.argv[2]
-sig = {n: "constexpr" if n in constexprs else ptr if n.endswith("_ptr") else "i32"
-       for n in fn.arg_names}
-kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+ptrs = dict.fromkeys(("a_ptr", "b_ptr", "c_ptr"), "*" + sys.argv[2])
+kernel = compile_case(mm._matmul_kernel, ptrs, flags, cfg.num_warps)
 print("mma" in kernel.asm["ptx"])
 """
 
 
 def _has_mma(config_name: str, dtype: str) -> bool:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    bench = Path(__file__).parents[1] / "benchmarks"
     run = subprocess.run(
-        [sys.executable, "-c", _PTX_PROBE, config_name, dtype],
-        capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, "-c", _PTX_PROBE, config_name, dtype, str(bench)],
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.split()[-1] == "True"
