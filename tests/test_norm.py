@@ -548,3 +548,55 @@ def test_float32_parameters_beside_16bit_rows(name, dtype, compiled, device):
         torch.testing.assert_close(
             got.double(), want, rtol=0, atol=2 * ulp * want.abs().max().item()
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, device):
+    """A transposed input (its rows adjacent in memory) of 96 columns: the forward's tiles
+    (TILE_ELEMS over 64 adjacent rows) loop over the row while the backward's wider tiles hold
+    it in registers. The saved mean must mean the same to both (it once did not: the looped
+    forward shifted 16-bit rows by their first element and the backward did not, and dx and
+    dw were wrong by 100%)."""
+    x = torch.randn(96, 200, device=device).add(3.0).to(dtype).t()  # (200, 96)
+    w, b = torch.randn(96, device=device, dtype=dtype), torch.randn(96, device=device, dtype=dtype)
+    fwd = N._fwd_plan(x, None, 1, False, count=False)[3]
+    bwd = N._bwd_plan(x, None, x, x[:, :1].float(), x[:, :1].float(), 1, False, count=False)[3]
+    assert N.norm_config(fwd, x.device).LOOPED
+    assert not N.norm_config(bwd, x.device, tile_elems=N._bwd_tile_elems(2, dtype)).LOOPED
+    _assert_grads_close(
+        lambda x, w, b: layer_norm(x, (96,), w, b),
+        lambda x, w, b: F.layer_norm(x, (96,), w, b),
+        [x, w, b],
+    )
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, device, monkeypatch):
+    """Rows wider than BWD_MAX_FUSED_COLS but within MAX_FUSED_COLS (8193-16384 on a GPU): the
+    forward holds them in registers, the backward takes the two-kernel path in chunks of
+    BWD_MID_BLOCK_N."""
+    monkeypatch.setattr(N, "BWD_MAX_FUSED_COLS", 32)
+    monkeypatch.setattr(N, "BWD_MID_BLOCK_N", 16)
+    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(3, 70), (5, 33)],
+        dtypes=[dtype],
+        cases=("random", "transpose", "grad"),
+    )
+
+
+def _assert_grads_close(fn, ref, inputs):
+    """Output and gradients within 3x PyTorch's own error in the inputs' dtype (relative L2,
+    against float64), and never above 2e-2."""
+    out, grads = _grads(fn, inputs)
+    same, same_grads = _grads(ref, inputs)
+    want, want_grads = _grads(ref, [t.detach().double() for t in inputs])
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    for a, s, r in zip((out, *grads), (same, *same_grads), (want, *want_grads)):
+        assert rel(a, r) <= max(3 * rel(s, r), 1e-6) and rel(a, r) < 2e-2, (rel(a, r), rel(s, r))

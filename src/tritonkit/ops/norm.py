@@ -8,26 +8,28 @@ Forward: a row that fits in registers (``MAX_FUSED_COLS``) is read once; a wider
 twice (statistics, then the output, last chunk first), the second time from L2. Per row it
 saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
 on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value of
-an fp32 row (and of any looped row) is first shifted by the row's first element, which makes
-the subtraction of nearby values exact, the mean is that of the shifted values, and the
-variance is that of the deviations from it (two passes over registers). A looped row is
-shifted a second time, by its first chunk's mean, and sums its values and squares per lane
-(LOOP_STATS_LN 1): that mean is within sqrt(n / chunk) standard deviations of the row's, so
-E[d^2] - E[d]^2 loses at most a few bits (chunks merged with Chan's formula with LOOP_STATS_LN
-0, also for 16-bit rows with a residual, their means taken relative to the first chunk's).
-The saved "mean" is the mean after the first-element shift, and the backward shifts again by
-the same first element. 16-bit rows in registers skip the shift (``_shifts``): their own
-rounding dwarfs what it saves. LayerNorm rows in registers of 8193-16384 columns are walked
-one program per SM through the compiler's software pipeline (``FWD_PIPELINE_*``); narrower
-rows take one program per row tile.
+an fp32 row is first shifted by the row's first element, which makes the subtraction of
+nearby values exact, the mean is that of the shifted values, and the variance is that of the
+deviations from it (two passes over registers). A looped row is shifted (again) by its first
+chunk's mean, and sums its values and squares per lane (LOOP_STATS_LN 1): that mean is within
+sqrt(n / chunk) standard deviations of the row's, so E[d^2] - E[d]^2 loses at most a few bits
+(chunks merged with Chan's formula with LOOP_STATS_LN 0, also for 16-bit rows with a residual,
+their means taken relative to the first chunk's). The saved "mean" is the mean after the
+first-element shift, and the backward shifts again by the same first element. 16-bit rows skip
+the first-element shift (``_shifts``): their own rounding dwarfs what it saves. Whether to
+shift depends on the dtype alone, so that a backward whose path (registers or looped) differs
+from its forward's reads the saved mean as the forward wrote it. LayerNorm rows in registers
+of 8193-16384 columns are walked one program per SM through the compiler's software pipeline
+(``FWD_PIPELINE_*``); narrower rows take one program per row tile.
 
 Backward: dx per row, and the weight and bias gradients as fp32 partial sums, one row of them
 per program, each program walking a group of rows; a second pass sums the partials in a fixed
 order, so the result is deterministic. Rows in registers reach each program through the
 compiler's software pipeline (``BWD_STAGES``: tiles loaded into shared memory ahead by
-cp.async). Rows wider than ``MAX_FUSED_COLS`` first get their two row sums
-(sum(w * dy * xhat), sum(w * dy)) from a looped pass, then a column-block pass computes dx and
-the partial sums, with the next tile's loads issued by hand before each tile's work.
+cp.async). Rows wider than ``BWD_MAX_FUSED_COLS`` (8192: wider rows in registers spill) first
+get their two row sums (sum(w * dy * xhat), sum(w * dy)) from a looped pass, then a
+column-block pass computes dx and the partial sums, with the next tile's loads issued by hand
+before each tile's work (RMSNorm: through the compiler's pipeline).
 
 The fused residual forms return ``(norm(x + residual), x + residual)``: the sum is normalized in
 fp32 before it is rounded and stored (the unfused eager code normalizes the rounded sum, one
@@ -164,6 +166,21 @@ FWD_PREFETCH = True
 FWD_PIPELINE_COLS = 16384
 FWD_PIPELINE_STAGES = 3
 FWD_PIPELINE_ELEMS_PER_THREAD = 32
+# Backward of rows in registers up to BWD_MAX_FUSED_COLS columns; wider rows take the two-kernel
+# path (row sums, then dx by column blocks). In registers, rows of 8193-16384 spill at 32 warps
+# (ptxas, sm_90a: LayerNorm 368-568 bytes, RMSNorm 108-192). Rows the forward keeps in
+# registers (up to MAX_FUSED_COLS) take that path in chunks of BWD_MID_BLOCK_N, both passes
+# through the compiler's pipeline (BWD_MID_STAGES), the row-sum pass at
+# BWD_MID_PROGRAMS_PER_SM[element size]. H200 (runs 77-78, benchmarks/NOTES.md), bf16, 128 MiB
+# per tensor, ms, this vs in registers (torch.compile, Liger): layer_norm 9216 0.197 vs 0.669
+# (0.209, 0.323), 10240 0.190 vs 0.623, 12288 0.185 vs 0.552 (0.223, 0.275), 16384 0.184 vs
+# 0.467 (0.211, 0.249); rms_norm 9216 0.186 vs 0.212 (0.218, 0.217), 12288 0.178 vs 0.192, 16384
+# 0.177 vs 0.178 (0.179, 0.184); fp32 (5461, 12288): layer_norm 0.335 at 2 per SM (0.357 at 4;
+# 0.351), rms_norm 0.326 (0.341, 0.333).
+BWD_MAX_FUSED_COLS = 8192
+BWD_MID_BLOCK_N = 2048
+BWD_MID_STAGES = 3
+BWD_MID_PROGRAMS_PER_SM = {2: 4, 4: 2}
 # Backward: programs per SM walking row groups; each writes one fp32 row of weight (and bias)
 # partial sums and issues the next tile's loads (rows and saved statistics) before reducing
 # the current one. At 8 warps the kernel takes 166-216 registers per thread (ptxas, sm_90a):
@@ -227,15 +244,18 @@ LN_SHIFT_16BIT = False
 EVEN_N = True
 
 
-def _shifts(rms: bool, looped: bool, dtype: torch.dtype) -> bool:
-    """Whether LayerNorm shifts each row by its first element (forward and backward agree).
+def _shifts(rms: bool, dtype: torch.dtype) -> bool:
+    """Whether LayerNorm shifts each row by its first element: the forward saves the mean of
+    the shifted row, so the backward must shift by the same value. A function of the dtype
+    only, so that every forward path (rows in registers or looped, whatever the layout) and
+    every backward path agree.
 
-    Always for float32 and for looped rows (whose statistics are merged across chunks): a
-    mean of 1e4 + N(0, 1) values in fp32 is off by ~1e-3 unshifted, an error in every output.
-    A 16-bit input cannot hold such rows to that precision (bf16 steps by 64 at 1e4), so its
-    rows in registers skip the shift unless LN_SHIFT_16BIT.
+    Always for float32: a mean of 1e4 + N(0, 1) values in fp32 is off by ~1e-3 unshifted, an
+    error in every output. A 16-bit input cannot hold such rows to that precision (bf16 steps
+    by 64 at 1e4), so 16-bit rows skip the shift unless LN_SHIFT_16BIT (the looped statistics
+    are taken about the first chunk's mean either way).
     """
-    return not rms and (looped or dtype == torch.float32 or LN_SHIFT_16BIT)
+    return not rms and (dtype == torch.float32 or LN_SHIFT_16BIT)
 
 
 def norm_config(
@@ -244,20 +264,26 @@ def norm_config(
     rms: bool = False,
     tile_elems: int = TILE_ELEMS,
     elems_per_thread: int | None = None,
+    max_fused: int | None = None,
+    loop_block: int | None = None,
+    loop_programs_per_sm: int | None = None,
 ) -> RowConfig:
     """The norm family's row config (forward; the backward's tiles with _bwd_tile_elems).
-    ``elems_per_thread``: rows in registers, per thread (default FUSED_ELEMS_PER_THREAD)."""
+    ``elems_per_thread``: rows in registers, per thread (default FUSED_ELEMS_PER_THREAD);
+    ``max_fused``, ``loop_block`` and ``loop_programs_per_sm``: the widest row in registers,
+    the looped chunk and programs per SM (default MAX_FUSED_COLS, LOOP_BLOCK_N and
+    LOOP_PROGRAMS_PER_SM)."""
     cfg = row_config(
         layout,
         device,
-        max_fused=MAX_FUSED_COLS,
-        loop_block=LOOP_BLOCK_N,
+        max_fused=max_fused or MAX_FUSED_COLS,
+        loop_block=loop_block or LOOP_BLOCK_N,
         tile_elems=tile_elems,
         adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=ELEMS_PER_THREAD,
         loop_elems_per_thread=ELEMS_PER_THREAD,
         max_warps=MAX_WARPS,
-        loop_programs_per_sm=LOOP_PROGRAMS_PER_SM,
+        loop_programs_per_sm=loop_programs_per_sm or LOOP_PROGRAMS_PER_SM,
     )
     if not cfg.LOOPED:  # programs per SM 0: one row tile per program
         programs = cfg.n_tiles
@@ -294,13 +320,16 @@ def _depth(stages: int | None, stage_bytes: int, device: torch.device) -> int | 
 
 
 def _bwd_stages(
-    cfg: RowConfig, block_n: int, inputs: Sequence[torch.Tensor], rms: bool
+    cfg: RowConfig, block_n: int, inputs: Sequence[torch.Tensor], rms: bool, mid: bool = False
 ) -> int | None:
     """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
     columns of every row tensor): BWD_STAGES (LayerNorm's small tiles BWD_STAGES_LN), wide rows
-    WIDE_BWD_STAGES_RMS; None for the hand prefetch."""
+    WIDE_BWD_STAGES_RMS, looped rows of at most MAX_FUSED_COLS (``mid``) BWD_MID_STAGES; None
+    for the hand prefetch."""
     tile_bytes = cfg.BLOCK_R * block_n * sum(t.element_size() for t in inputs)
-    if cfg.LOOPED:
+    if cfg.LOOPED and mid:
+        stages = BWD_MID_STAGES
+    elif cfg.LOOPED:
         stages = WIDE_BWD_STAGES_RMS if rms else None
     elif not rms and tile_bytes <= BWD_DEEP_TILE_BYTES:
         stages = BWD_STAGES_LN
@@ -511,7 +540,8 @@ def _norm_fwd_kernel(
         h_rows = h_ptr + o * stride_ho + i * stride_hi
         s_offs = o * stride_so + i * stride_si
         if LOOPED:
-            if not IS_RMS:
+            shift = tl.zeros([BLOCK_R], tl.float32)
+            if SHIFT:
                 # Each row's first element, as stored: the backward shifts by the same value.
                 shift = _load_sum(x_rows, r_rows, row_mask, HAS_RESIDUAL, True, "")
             acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)  # per lane: sum of squares / deviations
@@ -1048,7 +1078,7 @@ def norm_fwd(
         stride_w,
         stride_b,
         IS_RMS=rms,
-        SHIFT=_shifts(rms, cfg.LOOPED, x.dtype),
+        SHIFT=_shifts(rms, x.dtype),
         HAS_RESIDUAL=residual is not None,
         HAS_WEIGHT=w is not None,
         HAS_BIAS=b is not None,
@@ -1163,10 +1193,18 @@ def norm_bwd(
     sdx = rest.pop(0)
     ss = rest[0]
     w, stride_w = _vector(weight, layout.n_cols)
-    cfg = norm_config(layout, grad.device, tile_elems=_bwd_tile_elems(len(inputs), xh.dtype))
+    mid = layout.n_cols <= MAX_FUSED_COLS  # a row the forward keeps in registers
+    cfg = norm_config(
+        layout,
+        grad.device,
+        tile_elems=_bwd_tile_elems(len(inputs), xh.dtype),
+        max_fused=min(BWD_MAX_FUSED_COLS, MAX_FUSED_COLS),
+        loop_block=BWD_MID_BLOCK_N if mid else None,
+        loop_programs_per_sm=BWD_MID_PROGRAMS_PER_SM.get(xh.element_size()) if mid else None,
+    )
     block_n, warps, col_blocks, groups = _bwd_grid(cfg, layout.n_cols, grad.device, rms)
     reduce_rows = BWD_REDUCE_ROWS if rms else BWD_REDUCE_ROWS_LN
-    stages = _bwd_stages(cfg, block_n, inputs, rms)
+    stages = _bwd_stages(cfg, block_n, inputs, rms, mid)
     stat_mean = rstd if rms else mean
     c1 = c2 = rstd  # placeholders when the sums are computed in registers
     if cfg.LOOPED:
@@ -1178,7 +1216,11 @@ def norm_bwd(
         # Each chunk loads dy, x and the weight.
         chunk_bytes = cfg.BLOCK_R * sums_n * (gt.element_size() + xt.element_size())
         chunk_bytes += sums_n * (w.element_size() if w is not None else 0)
-        sums_stages = _depth(WIDE_SUMS_STAGES_RMS if rms else None, chunk_bytes, grad.device)
+        sums_stages = _depth(
+            BWD_MID_STAGES if mid else (WIDE_SUMS_STAGES_RMS if rms else None),
+            chunk_bytes,
+            grad.device,
+        )
         _norm_bwd_sums_kernel[(cfg.programs,)](
             gt,
             xt,
@@ -1197,7 +1239,7 @@ def norm_bwd(
             ss[2],
             stride_w,
             IS_RMS=rms,
-            SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
+            SHIFT=_shifts(rms, xh.dtype),
             HAS_WEIGHT=w is not None,
             STAGES=sums_stages,
             OUTER=layout.n_outer > 1,
@@ -1236,7 +1278,7 @@ def norm_bwd(
         ss[2],
         stride_w,
         IS_RMS=rms,
-        SHIFT=_shifts(rms, cfg.LOOPED, xh.dtype),
+        SHIFT=_shifts(rms, xh.dtype),
         HAS_WEIGHT=w is not None,
         HAS_DRES=dres is not None,
         WEIGHT_GRAD=dw is not None,
