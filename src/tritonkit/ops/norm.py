@@ -171,12 +171,12 @@ FWD_PIPELINE_ELEMS_PER_THREAD = 32
 # (ptxas, sm_90a: LayerNorm 368-568 bytes, RMSNorm 108-192). Rows the forward keeps in
 # registers (up to MAX_FUSED_COLS) take that path in chunks of BWD_MID_BLOCK_N, both passes
 # through the compiler's pipeline (BWD_MID_STAGES), the row-sum pass at
-# BWD_MID_PROGRAMS_PER_SM[element size]. H200 (runs 77-78, benchmarks/NOTES.md), bf16, 128 MiB
-# per tensor, ms, this vs in registers (torch.compile, Liger): layer_norm 9216 0.197 vs 0.669
-# (0.209, 0.323), 10240 0.190 vs 0.623, 12288 0.185 vs 0.552 (0.223, 0.275), 16384 0.184 vs
-# 0.467 (0.211, 0.249); rms_norm 9216 0.186 vs 0.212 (0.218, 0.217), 12288 0.178 vs 0.192, 16384
-# 0.177 vs 0.178 (0.179, 0.184); fp32 (5461, 12288): layer_norm 0.335 at 2 per SM (0.357 at 4;
-# 0.351), rms_norm 0.326 (0.341, 0.333).
+# BWD_MID_PROGRAMS_PER_SM[element size]. H200, bf16, 128 MiB per tensor, backward (dx, dw, db),
+# ms (benchmarks/NOTES.md): in registers (run 77, same run) layer_norm 9216 0.669, 12288 0.552,
+# 16384 0.467 against torch.compile's 0.209, 0.222, 0.208; this path (run 79, same run)
+# layer_norm 9216 0.198 / 12288 0.184 / 16384 0.183 against torch.compile 0.210 / 0.224 / 0.212
+# and Liger 0.326 / 0.278 / 0.246, rms_norm 0.187 / 0.176 / 0.177 against torch.compile 0.218 /
+# 0.205 / 0.179 and Liger 0.216 / 0.193 / 0.183. fp32 rows (run 78) run best at 2 per SM.
 BWD_MAX_FUSED_COLS = 8192
 BWD_MID_BLOCK_N = 2048
 BWD_MID_STAGES = 3
