@@ -80,7 +80,25 @@ def test_wrong_gradient_is_caught():
             (x,) = ctx.saved_tensors
             return g * torch.cos(x) * 1.01
 
-    assert _failures(_toy_spec(BadGrad.apply)) == {"grad"}
+    assert _failures(_toy_spec(BadGrad.apply)) == {"grad", "grad-transpose"}
+
+
+def test_layout_dependent_gradient_is_caught():
+    """A backward that is wrong only for a transposed input (as LayerNorm's once was, when its
+    forward and backward took different paths there): only the grad-transpose case sees it."""
+
+    class LayoutGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sin(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.cos(x) * (1.0 if x.is_contiguous() else 1.01)
+
+    assert _failures(_toy_spec(LayoutGrad.apply)) == {"grad-transpose"}
 
 
 def test_wrong_shape_or_crash_is_a_failure_not_an_exception():

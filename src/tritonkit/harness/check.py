@@ -5,7 +5,8 @@ reference computed on upcast inputs, and reports the maximum absolute error, the
 error and the ratio of that error to PyTorch's own error in the same dtype. Each case draws
 fresh random inputs; outputs are poisoned (every allocation inside the operator is filled
 with NaN) so that an element the kernel never writes cannot pass; inputs are also checked as
-non-contiguous views, with NaN and +-inf injected, empty, and through the backward pass.
+non-contiguous views, with NaN and +-inf injected, empty, and through the backward pass, of
+contiguous and of transposed inputs (a backward may take another path than its forward).
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ from tritonkit._utils import interpreter_enabled
 from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
 
 MIN_ELEMENTS_FOR_RATIO = 64
-CASES = ("random", "slice", "transpose", "stride2", "mixed", "specials", "grad", "empty")
+CASES = (
+    "random",
+    "slice",
+    "transpose",
+    "stride2",
+    "mixed",
+    "specials",
+    "grad",
+    "grad-transpose",  # gradients of transposed inputs: a backward may take another path
+    "empty",
+)
+_GRAD_CASES = {"grad": None, "grad-transpose": "transpose"}  # case -> the inputs' layout
 
 
 @dataclass
@@ -374,7 +386,7 @@ def check_spec(
                 for case in cases:
                     if case == "empty":
                         continue
-                    if case == "grad" and not spec.backward:
+                    if case in _GRAD_CASES and not spec.backward:
                         continue
                     if case == "specials" and not spec.special_values:
                         continue
@@ -393,9 +405,11 @@ def check_spec(
                         inputs = spec.make_inputs(shape, dtype, device, case_seed)
                         if case in ("slice", "transpose", "stride2", "mixed"):
                             inputs = _layout_inputs(inputs, case)
+                        if _GRAD_CASES.get(case):
+                            inputs = _layout_inputs(inputs, _GRAD_CASES[case])
                         if case == "specials":
                             inputs = inject_specials(inputs)
-                        if case == "grad":
+                        if case in _GRAD_CASES:
                             tol = spec.tolerance_for(dtype, grad=True)
                             outcome = _run_backward(spec, inputs, params, tol, case_seed)
                         else:
