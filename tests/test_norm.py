@@ -97,13 +97,14 @@ class _LaunchSpy:
     """Wraps a kernel; records the STAGES constexpr of every launch, then launches."""
 
     def __init__(self, kernel):
-        self.kernel, self.stages = kernel, []
+        self.kernel, self.stages, self.launches = kernel, [], 0
 
     def __getitem__(self, grid):
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
             self.stages.append(kwargs.get("STAGES"))
+            self.launches += 1
             return launch(*args, **kwargs)
 
         return run
@@ -124,6 +125,75 @@ def test_pipelined_layer_norm_forward_passes_the_check_engine(device, monkeypatc
         cases=("random", "transpose", "specials", "grad"),
     )
     assert N.FWD_PIPELINE_STAGES in spy.stages
+
+
+def _row_chunks(monkeypatch, block_n):
+    """Let every row width take the row forward (ROW_FWD), in chunks of ``block_n`` (None: the
+    default rule)."""
+    monkeypatch.setattr(N, "ROW_FWD_MIN_COLS", 1)
+    if block_n is not None:
+        config = lambda n, element_size, rms: (min(block_n, _utils.next_power_of_2(n)), 1)  # noqa: E731
+        monkeypatch.setattr(N, "_row_fwd_config", config)
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("block_n", [None, 16, 64], ids=["rule", "chunks-of-16", "chunks-of-64"])
+def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch):
+    """One program per row, the width a compile-time constant (ROW_FWD), lowered so that the
+    test shapes take it: the row in one chunk (the rule on these widths), or in chunks of 16
+    or 64 with a partial last one (129 and 33 columns)."""
+    spy = _LaunchSpy(N._norm_fwd_row_kernel)
+    monkeypatch.setattr(N, "_norm_fwd_row_kernel", spy)
+    _row_chunks(monkeypatch, block_n)
+    assert_spec_passes(name, device)
+    assert spy.launches > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_row_forward_at_model_widths(dtype, device):
+    """The default rule at widths it takes unpatched: a row in chunks that divide it (5120
+    columns) and a width with no power-of-2 chunk (3000), three batch dims."""
+    spy = _LaunchSpy(N._norm_fwd_row_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(N, "_norm_fwd_row_kernel", spy)
+        for name in ("layer_norm", "rms_norm"):
+            shapes, cases = [(2, 3, 5120), (3, 3000)], ("random", "grad")
+            assert_spec_passes(name, device, shapes=shapes, dtypes=[dtype], cases=cases)
+    assert spy.launches > 0
+
+
+def test_row_forward_routing():
+    """Which forwards take the row kernel: rows of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS
+    contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN, and
+    not fp32 LayerNorm rows of a power-of-2 width that the rows-in-registers path holds."""
+    bf16, fp32 = torch.bfloat16, torch.float32
+
+    def takes(shape, dtype=bf16, rms=False, residual=False, transpose=False):
+        x = torch.empty(shape[::-1] if transpose else shape, dtype=dtype)
+        x = x.t() if transpose else x
+        layout = N._fwd_plan(x, x if residual else None, 1, rms, count=False)[3]
+        return N._row_fwd(layout, x if residual else None, rms, dtype)
+
+    assert takes((4, 3000)) and takes((4, 3000), rms=True) and takes((4, 65536))
+    assert not takes((4, 3000), residual=True)
+    assert not takes((4, 3000), transpose=True)
+    assert not takes((4, N.ROW_FWD_MIN_COLS - 1)) and not takes((4, N.ROW_FWD_MAX_COLS + 1))
+    assert not takes((4, 4096), fp32) and takes((4, 4096), fp32, rms=True)
+    assert takes((4, 5120), fp32) and takes((4, 4096))
+    assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
+
+
+def test_row_forward_chunks():
+    """The chunk rule: a power of 2, no wider than the row's power of 2; for LayerNorm a
+    divisor of the row where one lies within the bounds per thread."""
+    for n in [*range(1536, 65537, 512), 3000, 4095, 12345]:
+        for element_size in (2, 4):
+            for rms in (False, True):
+                block_n, warps = N._row_fwd_config(n, element_size, rms)
+                assert block_n & (block_n - 1) == 0 and block_n <= _utils.next_power_of_2(n)
+                low = 32 * warps * N.ROW_FWD_ELEMS_PER_THREAD[0]
+                if not rms and n % low == 0:
+                    assert n % block_n == 0, (n, element_size, block_n, warps)
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
@@ -292,10 +362,14 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
         torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("wide", [None, 0, 1], ids=["in-registers", "chunks", "lanes"])
+@pytest.mark.parametrize(
+    "wide", [None, 0, 1, "row"], ids=["in-registers", "chunks", "lanes", "row-kernel"]
+)
 def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
-    if wide is not None:  # looped, statistics merged per chunk or summed per lane
+    if wide == "row":  # one program per row (ROW_FWD), chunks of 128
+        _row_chunks(monkeypatch, 128)
+    elif wide is not None:  # looped, statistics merged per chunk or summed per lane
         monkeypatch.setattr(N, "LOOP_STATS_LN", wide)
         monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
         monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
@@ -317,21 +391,27 @@ def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("stats", [0, 1], ids=["chunks", "lanes"])
+@pytest.mark.parametrize("stats", [0, 1, "row"], ids=["chunks", "lanes", "row-kernel"])
 def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, device, monkeypatch):
-    """Looped rows whose first element or first chunk sits far from the rest (a step of 1e4,
-    one outlier of 1e4 in front): the per-lane sums are shifted by the first chunk's mean, whose
-    distance from the row's mean the variance bounds, so the variance keeps its digits (shifted
-    by the first element alone, the outlier row's variance loses about 1e-2 of itself)."""
-    monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
-    monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
-    monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
-    x = torch.randn(3, 16384, device=device)
+    """Rows in chunks whose first element or first chunk sits far from the rest (a step of 1e4,
+    one outlier of 1e4 in front). Looped: the per-lane sums are shifted by the first chunk's
+    mean, whose distance from the row's mean the variance bounds, so the variance keeps its
+    digits (shifted by the first element alone, the outlier row's variance loses about 1e-2 of
+    itself). The row kernel (ROW_FWD): each lane's sums are about its own first value, and
+    only the lane holding the outlier pays for it."""
+    if stats == "row":
+        _row_chunks(monkeypatch, 256)
+    else:
+        monkeypatch.setattr(N, "ROW_FWD", False)
+        monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
+        monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
+        monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
+    x = torch.randn(3, 16000, device=device)
     x[0, :256] += 1e4
-    x[1, 0] = 1e4  # the row's variance is ~1e8 / 16384: E[(x - x[0])^2] is 16384 times that
+    x[1, 0] = 1e4  # the row's variance is ~1e8 / 16000: E[(x - x[0])^2] is 16000 times that
     x[2] = 1e4 + x[2] * 1e-2
-    y = layer_norm(x, (16384,))
-    ref = F.layer_norm(x.double(), (16384,))
+    y = layer_norm(x, (16000,))
+    ref = F.layer_norm(x.double(), (16000,))
     # The outlier row's floor is the rounding of x - 1e4 (ulp 1e-3) over its std of ~78:
     # F.layer_norm in fp32 is off by 1e-5 to 2e-5 there too (and by 1e-2 on the third row).
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=6e-5)

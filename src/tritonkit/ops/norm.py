@@ -4,8 +4,11 @@ The kernels see their tensors as ``(n_outer, n_cols, n_inner)`` with real stride
 softmax family does (``ops/softmax.py``: ``plan_rows``), the normalized dims merged into the
 column axis.
 
-Forward: a row that fits in registers (``MAX_FUSED_COLS``) is read once; a wider row is read
-twice (statistics, then the output, last chunk first), the second time from L2. Per row it
+Forward: rows of 1536-65536 contiguous columns without a residual take one program each, the
+row width a compile-time constant (``ROW_FWD``: one compilation per width, as torch.compile
+does), two sweeps over chunks, the second re-reading the row from L2. Otherwise a row that fits
+in registers (``MAX_FUSED_COLS``) is read once; a wider row is read twice (statistics, then the
+output, last chunk first), the second time from L2. Per row it
 saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
 on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value of
 an fp32 row is first shifted by the row's first element, which makes the subtraction of
@@ -166,6 +169,28 @@ FWD_PREFETCH = True
 FWD_PIPELINE_COLS = 16384
 FWD_PIPELINE_STAGES = 3
 FWD_PIPELINE_ELEMS_PER_THREAD = 32
+# Forward of one row per program with the width a compile-time constant (ROW_FWD_*): rows
+# without a residual whose columns are contiguous (not the adjacent rows of a transposed input),
+# of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS columns. Two sweeps over chunks (statistics, then the
+# output, re-reading the row from L2), the first sweep's loads evict_last, the second's
+# evict_first, as torch.compile's reductions do. With the width a constant the compiler
+# unrolls both sweeps; the same kernel with the width at run time (with or without tl.range's
+# loop_unroll_factor) was 6-20% slower (run 84). The cost: one compilation per row width. Warps
+# and chunks per norm (_row_fwd_config); LayerNorm wants chunks that divide the row (a partial
+# last chunk cost up to 50% at two chunks: run 87). H200 (runs 88-89, benchmarks/NOTES.md),
+# 128 MiB per tensor, ms, this path / the paths it replaces / the best of torch.compile and
+# Liger: bf16 layer_norm 2560 0.0658 / 0.0908 / 0.0899, 4096 0.0666 / 0.0694 / 0.0707, 5120
+# 0.0664 / 0.1008 / 0.1129, (4096, 65536) 0.3106 / 0.3460 / 0.4425; rms_norm 5120 0.0643 /
+# 0.0744 / 0.0715, 10240 0.0649 / 0.0837 / 0.0649; fp32 layer_norm 5120 0.0679 / 0.0796 /
+# 0.0727. Below 1536 columns it lost (layer_norm bf16 1024: 0.0762 / 0.0655).
+ROW_FWD = True
+ROW_FWD_MIN_COLS = 1536
+ROW_FWD_MAX_COLS = 65536
+ROW_FWD_MAX_BYTES_LN = 131072  # layer_norm (4096, 65536) fp32: 0.7262 ms, looped 0.6875 (run 91)
+ROW_FWD_WARPS = ((8192, 4), (20480, 8), (40960, 16))
+ROW_FWD_ELEMS_PER_THREAD = (4, 8)
+ROW_FWD_WARPS_RMS = ((6144, 4), (14336, 8), (32768, 16))
+ROW_FWD_ELEMS_PER_THREAD_RMS = {4: 16, 8: 16, 16: 8, 32: 8}
 # Backward of rows in registers up to BWD_MAX_FUSED_COLS columns; wider rows take the two-kernel
 # path (row sums, then dx by column blocks). In registers, rows of 8193-16384 spill at 32 warps
 # (ptxas, sm_90a: LayerNorm 368-568 bytes, RMSNorm 108-192). Rows the forward keeps in
@@ -710,6 +735,107 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
+def _norm_fwd_row_kernel(
+    x_ptr,  # input, seen as (n_outer, N_COLS, n_inner) with the strides below
+    w_ptr,  # weight [N_COLS], when HAS_WEIGHT
+    b_ptr,  # bias [N_COLS], when HAS_BIAS
+    y_ptr,  # normalized output
+    mean_ptr,  # fp32 per row, as _norm_fwd_kernel's (LayerNorm only)
+    rstd_ptr,  # fp32 per row
+    n_inner,  # rows per outer index
+    eps,
+    stride_xo,  # x: outer, column and inner strides
+    stride_xn,
+    stride_xi,
+    stride_yo,  # y: as for x
+    stride_yn,
+    stride_yi,
+    stride_so,  # per-row statistics: outer and inner strides
+    stride_si,
+    stride_w,
+    stride_b,
+    N_COLS: tl.constexpr,  # the row width, a constant, so that both sweeps unroll
+    IS_RMS: tl.constexpr,
+    SHIFT: tl.constexpr,  # as _norm_fwd_kernel's (see _shifts)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    OUTER: tl.constexpr,  # more than one outer index
+    BLOCK_N: tl.constexpr,
+):
+    """One row per program: statistics over chunks of BLOCK_N (per-lane sums, reduced once at
+    the end), then the output, re-reading the row (an L2 hit). LayerNorm shifts by the first
+    element (SHIFT) as the other paths do, and each lane sums its values about its own first
+    one; the lanes' means and M2 are merged at the end. The saved mean is relative to the
+    first-element shift."""
+    row = tl.program_id(0).to(tl.int64)
+    o = row * 0
+    i = row
+    if OUTER:
+        o = row // n_inner
+        i = row % n_inner
+    x_row = x_ptr + o * stride_xo + i * stride_xi
+    y_row = y_ptr + o * stride_yo + i * stride_yi
+    s_offs = o * stride_so + i * stride_si
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N_COLS
+    x = tl.load(x_row + cols * stride_xn, mask=mask, other=0.0, eviction_policy="evict_last")
+    x = x.to(tl.float32)
+    shift = 0.0
+    frame = 0.0
+    if IS_RMS:
+        acc = x * x
+    else:
+        if SHIFT:
+            shift = tl.load(x_row).to(tl.float32)
+        # Each lane's sums about its own first value (its pivot): no reduction before the end,
+        # and a pivot far from the row's mean costs precision in its own lane only.
+        frame = tl.where(mask, x - shift, 0.0)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        acc2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(BLOCK_N, N_COLS, BLOCK_N):
+        c = start + cols
+        mask = c < N_COLS
+        x = tl.load(x_row + c * stride_xn, mask=mask, other=0.0, eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        if IS_RMS:
+            acc += x * x
+        else:
+            d = tl.where(mask, (x - shift) - frame, 0.0)
+            acc += d
+            acc2 += d * d
+    if IS_RMS:
+        rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N_COLS + eps)
+    else:
+        # Chan's merge of the lanes: n_j values each (0 past the row), their mean and M2.
+        n_j = ((N_COLS - cols + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
+        per = tl.maximum(n_j, 1.0)
+        lane_mean = frame + acc / per
+        mean = tl.sum(lane_mean * n_j, axis=0) / N_COLS
+        dev = lane_mean - mean
+        m2 = tl.sum((acc2 - acc * (acc / per)) + n_j * dev * dev, axis=0)
+        # a lane's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
+        rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+        tl.store(mean_ptr + s_offs, mean)
+    tl.store(rstd_ptr + s_offs, rstd)
+    for start in range(0, N_COLS, BLOCK_N):
+        c = start + cols
+        mask = c < N_COLS
+        x = tl.load(x_row + c * stride_xn, mask=mask, other=0.0, eviction_policy="evict_first")
+        x = x.to(tl.float32)
+        if IS_RMS:
+            y = x * rstd
+        else:
+            y = ((x - shift) - mean) * rstd
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + c * stride_w, mask=mask, eviction_policy="evict_last")
+            y *= w.to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + c * stride_b, mask=mask, eviction_policy="evict_last")
+            y += b.to(tl.float32)
+        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _row_stats(
     x_rows, row_mask, mean_ptr, rstd_ptr, s_offs, IS_RMS: tl.constexpr, SHIFT: tl.constexpr
 ):
@@ -1033,6 +1159,9 @@ def norm_fwd(
     rt = inputs[1] if residual is not None else xt
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
+    if _row_fwd(layout, residual, rms, x.dtype):
+        _row_fwd_launch(xt, weight, bias, y, mean, rstd, layout, eps, rms)
+        return y, h, mean, rstd
     reread_per_thread = None  # the re-read forward's elements per thread, where it applies
     if FWD_REREAD and residual is None:
         reread_per_thread = FWD_REREAD_ELEMS_PER_THREAD.get((rms, x.element_size()))
@@ -1099,6 +1228,75 @@ def norm_fwd(
         num_warps=cfg.num_warps,
     )
     return y, h, mean, rstd
+
+
+def _row_fwd(
+    layout: RowLayout, residual: torch.Tensor | None, rms: bool, dtype: torch.dtype
+) -> bool:
+    """Whether the forward takes _norm_fwd_row_kernel (see ROW_FWD)."""
+    (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
+    n_cols = layout.n_cols
+    # fp32 LayerNorm rows of a power-of-2 width up to MAX_FUSED_COLS stay in registers, kept
+    # there across the statistics (no re-read), which ran as fast or faster (run 90).
+    kept = not rms and dtype == torch.float32 and n_cols == next_power_of_2(n_cols)
+    return (
+        ROW_FWD
+        and residual is None
+        and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
+        and stride_yn == 1
+        and ROW_FWD_MIN_COLS <= n_cols <= ROW_FWD_MAX_COLS
+        and (rms or n_cols * dtype.itemsize <= ROW_FWD_MAX_BYTES_LN)
+        and not (kept and n_cols <= MAX_FUSED_COLS)
+    )
+
+
+def _row_fwd_config(n_cols: int, element_size: int, rms: bool) -> tuple[int, int]:
+    """(BLOCK_N, warps) of _norm_fwd_row_kernel for rows of ``n_cols`` elements, warps by the
+    row's bytes. RMSNorm: ROW_FWD_WARPS_RMS, chunks of ROW_FWD_ELEMS_PER_THREAD_RMS elements per
+    thread. LayerNorm: ROW_FWD_WARPS, and within the bounds of ROW_FWD_ELEMS_PER_THREAD the
+    largest power of 2 that divides the row (no partial last chunk)."""
+    row_bytes = n_cols * element_size
+    table = ROW_FWD_WARPS_RMS if rms else ROW_FWD_WARPS
+    warps = next((w for limit, w in table if row_bytes <= limit), 32)
+    if rms:
+        block_n = 32 * warps * ROW_FWD_ELEMS_PER_THREAD_RMS[warps]
+    else:
+        low, high = (32 * warps * e for e in ROW_FWD_ELEMS_PER_THREAD)
+        even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
+        block_n = min(max(even, low), high)
+    return min(block_n, next_power_of_2(n_cols)), warps
+
+
+def _row_fwd_launch(x, weight, bias, y, mean, rstd, layout, eps, rms):
+    """Launch _norm_fwd_row_kernel, one program per row of the layout."""
+    w, stride_w = _vector(weight, layout.n_cols)
+    b, stride_b = _vector(bias, layout.n_cols)
+    sx, sy, ss = layout.strides[:3]
+    block_n, warps = _row_fwd_config(layout.n_cols, x.element_size(), rms)
+    _norm_fwd_row_kernel[(layout.n_outer * layout.n_inner,)](
+        x,
+        w if w is not None else x,
+        b if b is not None else x,
+        y,
+        rstd if rms else mean,
+        rstd,
+        layout.n_inner,
+        eps,
+        *sx,
+        *sy,
+        ss[0],
+        ss[2],
+        stride_w,
+        stride_b,
+        N_COLS=layout.n_cols,
+        IS_RMS=rms,
+        SHIFT=_shifts(rms, x.dtype),
+        HAS_WEIGHT=w is not None,
+        HAS_BIAS=b is not None,
+        OUTER=layout.n_outer > 1,
+        BLOCK_N=block_n,
+        num_warps=warps,
+    )
 
 
 def _looped_fwd_config(
