@@ -22,6 +22,62 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
+class _Count:
+    """Wraps a kernel and counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("block_n", [None, 16], ids=["one-chunk", "chunks-of-16"])
+def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch):
+    """16-bit rows take the backward of one program per row, the width a compile-time
+    constant (ROW_BWD), lowered so that the test shapes take it: in one chunk, or in chunks of
+    16 with a partial last one."""
+    spy = _Count(S._softmax_bwd_row_kernel)
+    monkeypatch.setattr(S, "_softmax_bwd_row_kernel", spy)
+    monkeypatch.setattr(S, "ROW_BWD_MIN_COLS", 1)
+    monkeypatch.setattr(S, "ROW_BWD_MIN_COLS_LOG", 1)
+    if block_n is not None:
+        config = lambda n, element_size: (min(block_n, _utils.next_power_of_2(n)), 1)  # noqa: E731
+        monkeypatch.setattr(S, "_row_bwd_config", config)
+    assert_spec_passes(
+        name,
+        device,
+        dtypes=[torch.bfloat16, torch.float16],
+        cases=("random", "specials", "grad", "grad-transpose"),
+    )
+    assert spy.launches > 0
+
+
+def test_row_backward_routing(device):
+    """The row backward takes 16-bit rows of ROW_BWD_MIN_COLS (log_softmax:
+    ROW_BWD_MIN_COLS_LOG) to ROW_BWD_MAX_COLS contiguous columns; float32 rows and transposed
+    rows keep the other paths."""
+
+    def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
+        spy = _Count(S._softmax_bwd_row_kernel)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(S, "_softmax_bwd_row_kernel", spy)
+            x = torch.randn(n, 2, device=device).t() if transpose else torch.randn(2, n)
+            x = x.to(device, dtype).requires_grad_()
+            y = op(x, -1)
+            torch.autograd.grad(y, x, torch.randn_like(y))
+        return spy.launches > 0
+
+    assert takes(S.ROW_BWD_MIN_COLS) and takes(S.ROW_BWD_MAX_COLS)
+    assert not takes(S.ROW_BWD_MIN_COLS - 1) and not takes(S.ROW_BWD_MAX_COLS + 1)
+    assert not takes(S.ROW_BWD_MIN_COLS, torch.float32)
+    assert not takes(S.ROW_BWD_MIN_COLS, transpose=True)
+    assert not takes(S.ROW_BWD_MIN_COLS_LOG - 1, op=log_softmax)
+    assert takes(S.ROW_BWD_MIN_COLS_LOG, op=log_softmax)
+
+
 @pytest.fixture(
     params=[(True, False), (False, False), (True, True), (False, True)],
     ids=["prefetch", "no-prefetch", "prefetch-chunk-max", "chunk-max"],

@@ -86,6 +86,24 @@ LOOP_EVICT_BWD = True
 # with the hints alone, 2659 with neither).
 LOOP_CHUNK_MAX = True
 
+# Backward of one row per program with the width a compile-time constant (ROW_BWD_*), as the
+# norm forward's ROW_FWD: 16-bit rows of contiguous columns, softmax's of ROW_BWD_MIN_COLS to
+# ROW_BWD_MAX_COLS, log_softmax's from ROW_BWD_MIN_COLS_LOG. Two sweeps (the row sum, then dx,
+# re-reading dy and y from L2); warps by the bytes of a row of dy (ROW_BWD_WARPS; wider, 32) and
+# chunks of ROW_BWD_ELEMS_PER_THREAD[warps] per thread. H200 (runs 95-96, benchmarks/NOTES.md),
+# bf16 backward, ms, this path / the old ones / torch.compile (run 96): softmax (7281, 9216)
+# 0.0952 / 0.1188 / 0.0947, (4096, 16384) 0.0933 / 0.0968 / 0.0916, (2730, 24576) 0.0947 / 0.1309
+# / 0.1209; log_softmax (2097, 32000) 0.0949 / 0.1098 / 0.0965, but (5461, 12288) 0.0945 / 0.0929.
+# Narrower rows, wider ones and fp32 rows did as well or better on the old paths (run 95: softmax
+# bf16 (22369, 3000) 0.1443 / 0.1077, (4096, 65536) 0.4436 / 0.3977; fp32 (1048, 32000) 0.1092 /
+# 0.1031).
+ROW_BWD = True
+ROW_BWD_MIN_COLS = 8193
+ROW_BWD_MIN_COLS_LOG = 16385
+ROW_BWD_MAX_COLS = 32768
+ROW_BWD_WARPS = ((6144, 4), (14336, 8), (32768, 16))
+ROW_BWD_ELEMS_PER_THREAD = {4: 16, 8: 16, 16: 8, 32: 8}
+
 _INT32_LIMIT = 2**31
 
 
@@ -632,6 +650,60 @@ def _softmax_bwd_kernel(
             )
 
 
+@triton.jit
+def _softmax_bwd_row_kernel(
+    dy_ptr,  # upstream gradient, seen as (n_outer, N_COLS, n_inner), columns contiguous
+    y_ptr,  # forward output (softmax, or log_softmax when LOG)
+    dx_ptr,  # gradient of the input
+    n_inner,  # rows per outer index
+    stride_dyo,  # dy: outer and inner strides
+    stride_dyi,
+    stride_yo,  # y: as for dy
+    stride_yi,
+    stride_dxo,  # dx: as for dy
+    stride_dxi,
+    N_COLS: tl.constexpr,  # the row width, a constant, so that both sweeps unroll
+    LOG: tl.constexpr,
+    OUTER: tl.constexpr,  # more than one outer index
+    BLOCK_N: tl.constexpr,
+):
+    """One row per program: sum(dy * y) (log_softmax: sum(dy)) over chunks of BLOCK_N, then dx,
+    re-reading dy and y (L2 hits)."""
+    row = tl.program_id(0).to(tl.int64)
+    o = row * 0
+    i = row
+    if OUTER:
+        o = row // n_inner
+        i = row % n_inner
+    dy_row = dy_ptr + o * stride_dyo + i * stride_dyi
+    y_row = y_ptr + o * stride_yo + i * stride_yi
+    dx_row = dx_ptr + o * stride_dxo + i * stride_dxi
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N_COLS, BLOCK_N):
+        c = start + cols
+        mask = c < N_COLS
+        dy = tl.load(dy_row + c, mask=mask, other=0.0, eviction_policy="evict_last")
+        if LOG:
+            acc += dy.to(tl.float32)
+        else:
+            y = tl.load(y_row + c, mask=mask, other=0.0, eviction_policy="evict_last")
+            acc += dy.to(tl.float32) * y.to(tl.float32)
+    total = tl.sum(acc, axis=0)
+    for start in range(0, N_COLS, BLOCK_N):
+        c = start + cols
+        mask = c < N_COLS
+        dy = tl.load(dy_row + c, mask=mask, other=0.0, eviction_policy="evict_first")
+        y = tl.load(y_row + c, mask=mask, other=0.0, eviction_policy="evict_first")
+        dy = dy.to(tl.float32)
+        y = y.to(tl.float32)
+        if LOG:
+            dx = dy - fast_exp(y) * total
+        else:
+            dx = y * (dy - total)
+        tl.store(dx_row + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -684,13 +756,30 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return y
 
 
+def _row_bwd_config(n_cols: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_N, warps) of _softmax_bwd_row_kernel (see ROW_BWD)."""
+    warps = next((w for limit, w in ROW_BWD_WARPS if n_cols * element_size <= limit), 32)
+    block_n = 32 * warps * ROW_BWD_ELEMS_PER_THREAD[warps]
+    return min(block_n, triton.next_power_of_2(n_cols)), warps
+
+
 def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     """Gradient of softmax (log_softmax) along ``dim`` from the upstream gradient and output."""
     (grad, y), (dx,), _, layout = plan_rows([grad, y], (dim,), 1)
     if layout is None:
         return dx
-    cfg = softmax_config(layout, y.device, backward=True)
     (sgo, sgn, sgi), (syo, syn, syi), (sdo, sdn, sdi) = layout.strides
+    row = ROW_BWD and y.element_size() == 2 and sgn == syn == sdn == 1
+    low = ROW_BWD_MIN_COLS_LOG if log else ROW_BWD_MIN_COLS
+    if row and low <= layout.n_cols <= ROW_BWD_MAX_COLS:
+        block_n, warps = _row_bwd_config(layout.n_cols, y.element_size())
+        _softmax_bwd_row_kernel[(layout.n_outer * layout.n_inner,)](
+            grad, y, dx, layout.n_inner, sgo, sgi, syo, syi, sdo, sdi,
+            N_COLS=layout.n_cols, LOG=log, OUTER=layout.n_outer > 1, BLOCK_N=block_n,
+            num_warps=warps,
+        )  # fmt: skip
+        return dx
+    cfg = softmax_config(layout, y.device, backward=True)
     _softmax_bwd_kernel[(cfg.programs,)](
         grad,
         y,
