@@ -68,6 +68,7 @@ from tritonkit.ops.softmax import (
     _col_ids,
     _evict_kwargs,
     _n_steps,
+    _program_row,
     _reverse_start,
     _tile_rows,
     _warps,
@@ -767,12 +768,7 @@ def _norm_fwd_row_kernel(
     element (SHIFT) as the other paths do, and each lane sums its values about its own first
     one; the lanes' means and M2 are merged at the end. The saved mean is relative to the
     first-element shift."""
-    row = tl.program_id(0).to(tl.int64)
-    o = row * 0
-    i = row
-    if OUTER:
-        o = row // n_inner
-        i = row % n_inner
+    o, i = _program_row(n_inner, OUTER)
     x_row = x_ptr + o * stride_xo + i * stride_xi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     s_offs = o * stride_so + i * stride_si

@@ -349,6 +349,18 @@ def _tile_rows(
 
 
 @triton.jit
+def _program_row(n_inner, OUTER: tl.constexpr):
+    """(outer, inner) index of the row of a one-row-per-program launch (int64)."""
+    row = tl.program_id(0).to(tl.int64)
+    o = row * 0
+    i = row
+    if OUTER:
+        o = row // n_inner
+        i = row % n_inner
+    return o, i
+
+
+@triton.jit
 def _n_steps(n_tiles, ONE_TILE: tl.constexpr):
     """Tiles this program walks (pid, pid + programs, ...); 1 with ONE_TILE (grid = tiles)."""
     if ONE_TILE:
@@ -669,12 +681,7 @@ def _softmax_bwd_row_kernel(
 ):
     """One row per program: sum(dy * y) (log_softmax: sum(dy)) over chunks of BLOCK_N, then dx,
     re-reading dy and y (L2 hits)."""
-    row = tl.program_id(0).to(tl.int64)
-    o = row * 0
-    i = row
-    if OUTER:
-        o = row // n_inner
-        i = row % n_inner
+    o, i = _program_row(n_inner, OUTER)
     dy_row = dy_ptr + o * stride_dyo + i * stride_dyi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     dx_row = dx_ptr + o * stride_dxo + i * stride_dxi
