@@ -68,8 +68,10 @@ def test_nan_swallowed_is_caught():
     assert _failures(_toy_spec(lambda x: torch.sin(torch.nan_to_num(x)))) == {"specials"}
 
 
-def test_wrong_gradient_is_caught():
-    class BadGrad(torch.autograd.Function):
+def _sin_with_gradient_scale(scale):
+    """sin(x) whose backward multiplies the true gradient by ``scale(x)``."""
+
+    class ScaledGrad(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
             ctx.save_for_backward(x)
@@ -78,27 +80,21 @@ def test_wrong_gradient_is_caught():
         @staticmethod
         def backward(ctx, g):
             (x,) = ctx.saved_tensors
-            return g * torch.cos(x) * 1.01
+            return g * torch.cos(x) * scale(x)
 
-    assert _failures(_toy_spec(BadGrad.apply)) == {"grad", "grad-transpose"}
+    return ScaledGrad.apply
+
+
+def test_wrong_gradient_is_caught():
+    bad = _sin_with_gradient_scale(lambda x: 1.01)
+    assert _failures(_toy_spec(bad)) == {"grad", "grad-transpose"}
 
 
 def test_layout_dependent_gradient_is_caught():
     """A backward that is wrong only for a transposed input (as LayerNorm's once was, when its
     forward and backward took different paths there): only the grad-transpose case sees it."""
-
-    class LayoutGrad(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return torch.sin(x)
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return g * torch.cos(x) * (1.0 if x.is_contiguous() else 1.01)
-
-    assert _failures(_toy_spec(LayoutGrad.apply)) == {"grad-transpose"}
+    bad = _sin_with_gradient_scale(lambda x: 1.0 if x.is_contiguous() else 1.01)
+    assert _failures(_toy_spec(bad)) == {"grad-transpose"}
 
 
 def test_wrong_shape_or_crash_is_a_failure_not_an_exception():

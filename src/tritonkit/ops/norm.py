@@ -75,6 +75,8 @@ from tritonkit.ops.softmax import (
     plan_rows,
     pow2_floor,
     row_config,
+    row_program_config,
+    row_program_warps,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -1156,7 +1158,7 @@ def norm_fwd(
     w, stride_w = _vector(weight, layout.n_cols)
     b, stride_b = _vector(bias, layout.n_cols)
     if _row_fwd(layout, residual, rms, x.dtype):
-        _row_fwd_launch(xt, weight, bias, y, mean, rstd, layout, eps, rms)
+        _row_fwd_launch(xt, (w, stride_w), (b, stride_b), y, mean, rstd, layout, eps, rms)
         return y, h, mean, rstd
     reread_per_thread = None  # the re-read forward's elements per thread, where it applies
     if FWD_REREAD and residual is None:
@@ -1251,22 +1253,20 @@ def _row_fwd_config(n_cols: int, element_size: int, rms: bool) -> tuple[int, int
     row's bytes. RMSNorm: ROW_FWD_WARPS_RMS, chunks of ROW_FWD_ELEMS_PER_THREAD_RMS elements per
     thread. LayerNorm: ROW_FWD_WARPS, and within the bounds of ROW_FWD_ELEMS_PER_THREAD the
     largest power of 2 that divides the row (no partial last chunk)."""
-    row_bytes = n_cols * element_size
-    table = ROW_FWD_WARPS_RMS if rms else ROW_FWD_WARPS
-    warps = next((w for limit, w in table if row_bytes <= limit), 32)
     if rms:
-        block_n = 32 * warps * ROW_FWD_ELEMS_PER_THREAD_RMS[warps]
-    else:
-        low, high = (32 * warps * e for e in ROW_FWD_ELEMS_PER_THREAD)
-        even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
-        block_n = min(max(even, low), high)
-    return min(block_n, next_power_of_2(n_cols)), warps
+        return row_program_config(
+            n_cols, element_size, ROW_FWD_WARPS_RMS, ROW_FWD_ELEMS_PER_THREAD_RMS
+        )
+    warps = row_program_warps(n_cols * element_size, ROW_FWD_WARPS)
+    low, high = (32 * warps * e for e in ROW_FWD_ELEMS_PER_THREAD)
+    even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
+    return min(max(even, low), high, next_power_of_2(n_cols)), warps
 
 
 def _row_fwd_launch(x, weight, bias, y, mean, rstd, layout, eps, rms):
-    """Launch _norm_fwd_row_kernel, one program per row of the layout."""
-    w, stride_w = _vector(weight, layout.n_cols)
-    b, stride_b = _vector(bias, layout.n_cols)
+    """Launch _norm_fwd_row_kernel, one program per row of the layout; ``weight`` and ``bias``
+    as (tensor or None, stride) from _vector."""
+    (w, stride_w), (b, stride_b) = weight, bias
     sx, sy, ss = layout.strides[:3]
     block_n, warps = _row_fwd_config(layout.n_cols, x.element_size(), rms)
     _norm_fwd_row_kernel[(layout.n_outer * layout.n_inner,)](

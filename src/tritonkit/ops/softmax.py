@@ -763,11 +763,25 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return y
 
 
+def row_program_warps(row_bytes: int, table: Sequence[tuple[int, int]]) -> int:
+    """Warps of a one-row-per-program kernel: those of the first (bytes, warps) entry of
+    ``table`` whose bytes hold the row; 32 for wider rows."""
+    return next((w for limit, w in table if row_bytes <= limit), MAX_WARPS)
+
+
+def row_program_config(
+    n_cols: int, element_size: int, table: Sequence[tuple[int, int]], elems_per_thread: dict
+) -> tuple[int, int]:
+    """(BLOCK_N, warps) of a one-row-per-program kernel: warps by the row's bytes
+    (row_program_warps), chunks of ``elems_per_thread[warps]`` elements per thread."""
+    warps = row_program_warps(n_cols * element_size, table)
+    block_n = 32 * warps * elems_per_thread[warps]
+    return min(block_n, triton.next_power_of_2(n_cols)), warps
+
+
 def _row_bwd_config(n_cols: int, element_size: int) -> tuple[int, int]:
     """(BLOCK_N, warps) of _softmax_bwd_row_kernel (see ROW_BWD)."""
-    warps = next((w for limit, w in ROW_BWD_WARPS if n_cols * element_size <= limit), 32)
-    block_n = 32 * warps * ROW_BWD_ELEMS_PER_THREAD[warps]
-    return min(block_n, triton.next_power_of_2(n_cols)), warps
+    return row_program_config(n_cols, element_size, ROW_BWD_WARPS, ROW_BWD_ELEMS_PER_THREAD)
 
 
 def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
