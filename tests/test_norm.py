@@ -164,8 +164,9 @@ def test_row_forward_at_model_widths(dtype, device):
 
 def test_row_forward_routing():
     """Which forwards take the row kernel: rows of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS
-    contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN, and
-    not fp32 LayerNorm rows of a power-of-2 width that the rows-in-registers path holds."""
+    contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN
+    (fp32: ROW_FWD_MAX_BYTES_LN_FP32), and not fp32 LayerNorm rows of a power-of-2 width that the
+    rows-in-registers path holds."""
     bf16, fp32 = torch.bfloat16, torch.float32
 
     def takes(shape, dtype=bf16, rms=False, residual=False, transpose=False):
@@ -181,6 +182,7 @@ def test_row_forward_routing():
     assert not takes((4, 4096), fp32) and takes((4, 4096), fp32, rms=True)
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
+    assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)
 
 
 def test_row_forward_chunks():
