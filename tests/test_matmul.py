@@ -793,3 +793,33 @@ def test_tuning_key_classes():
         256, 256, 512, 3072, 3072, 8192,
     ]  # fmt: skip
     assert [mm._size_class(x) for x in (8193, 11008, 14336, 16385)] == [16384] * 3 + [32768]
+
+
+def test_chosen_configs_are_remembered_per_problem_and_tuning_setting(
+    monkeypatch, tmp_path, device
+):
+    """_tuned asks the tuner once per problem class and setting, then answers from memory;
+    a forced retune is never remembered."""
+    monkeypatch.setattr(mm, "_CHOSEN", {})
+    asked = []
+    real_tune = _tuning.tune
+
+    def tune(*args, **kwargs):
+        asked.append(args[1])
+        return real_tune(*args, **kwargs)
+
+    monkeypatch.setattr(_tuning, "tune", tune)
+    a, b = torch.randn(40, 24, device=device), torch.randn(24, 16, device=device)
+    want = a.double() @ b.double()
+    for _ in range(2):
+        torch.testing.assert_close(mm.matmul(a, b).double(), want, rtol=2e-3, atol=2e-3)
+    assert len(asked) == 1
+    mm.matmul(torch.randn(41, 24, device=device), b)  # another M: the split-K rule reads it
+    assert len(asked) == 2
+    monkeypatch.setenv(_tuning.CACHE_ENV, str(tmp_path))  # another cache file
+    mm.matmul(a, b)
+    assert len(asked) == 3
+    monkeypatch.setenv(_tuning.FORCE_ENV, "1")
+    mm.matmul(a, b)
+    mm.matmul(a, b)
+    assert len(asked) == 5

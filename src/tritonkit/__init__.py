@@ -64,11 +64,16 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     if name in _FUNCTIONS:
-        return getattr(importlib.import_module("tritonkit.functional"), name)
-    if name in ("functional", "nn"):
-        return importlib.import_module(f"tritonkit.{name}")
-    raise AttributeError(f"module 'tritonkit' has no attribute {name!r}")
+        value = getattr(importlib.import_module("tritonkit.functional"), name)
+    elif name in ("functional", "nn"):
+        value = importlib.import_module(f"tritonkit.{name}")
+    else:
+        raise AttributeError(f"module 'tritonkit' has no attribute {name!r}")
+    # Kept as a module attribute, so that later lookups of tritonkit.<name> skip this hook (an
+    # import_module call per lookup costs microseconds on every call of a small op).
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__})

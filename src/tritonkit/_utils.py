@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -124,6 +124,96 @@ def check_choice(op: str, name: str, value: object, choices: Sequence[object]) -
 
 
 # ----------------------------------------------------------------------------------------------
+# Calling a registered launcher
+# ----------------------------------------------------------------------------------------------
+
+
+def _plain_eager() -> bool:
+    """Eager mode with nothing watching the ops: not torch.compile's tracing (Dynamo, make_fx),
+    no dispatch mode (FakeTensorMode, FlopCounterMode, ...), no functorch transform."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._functorch.peek_interpreter_stack() is not None
+    )
+
+
+def _direct_call_allowed(args: tuple) -> bool:
+    """Whether a call may skip the custom op and run its launcher: plain eager, real tensors.
+
+    The op is kept wherever something must see it as one op: outside plain eager mode
+    (``_plain_eager``), under torch.profiler (its traces name each op), for tensor subclasses
+    and meta tensors (their fake implementation), and for an input that needs a gradient under
+    grad mode (the op's autograd fallback then says it has no derivative; the derivatives live
+    in each op's autograd.Function).
+    """
+    if not _plain_eager() or torch.autograd._profiler_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in _PLAIN_TENSOR_TYPES or a.device.type == "meta":
+                return False
+            if grad and a.requires_grad:
+                return False
+    return True
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager_direct(op: torch.library.CustomOpDef) -> Callable:
+    """A caller of the custom op ``op`` that runs its launcher directly in plain eager calls.
+
+    torch.compile needs the op (it traces each call as one graph node), but in eager mode its
+    dispatch (the dispatcher, the autograd fallback, Dynamo's disable wrapper) costs more host
+    time than a small kernel takes on the GPU. Where ``_direct_call_allowed`` says the op adds
+    nothing, the launcher runs directly: the same function the op runs, with the same
+    arguments, so the results are the same.
+    """
+    launcher = op._init_fn
+    overload = op._opoverload
+
+    def call(*args):
+        if _direct_call_allowed(args):
+            return launcher(*args)
+        return overload(*args)
+
+    call.__name__ = call.__qualname__ = f"call_{launcher.__name__}"
+    return call
+
+
+class _NoGradContext:
+    """An autograd.Function's ctx for a forward run without autograd: nothing to keep."""
+
+    def __init__(self, n_inputs: int) -> None:
+        self.needs_input_grad = (False,) * n_inputs
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
+
+
+def apply(function: type[torch.autograd.Function], *args):
+    """``function.apply(*args)``; in plain eager calls where no input needs a gradient (grad mode
+    off, or no tensor that requires one), its forward alone.
+
+    Autograd's bookkeeping (the graph node, the ctx, the outputs' wrapping) costs host time
+    on every call; with no gradient to come it keeps nothing, so inference skips it. The
+    forward is the same code either way; it sees ``needs_input_grad`` all False, as it would
+    under ``apply``.
+    """
+    if _plain_eager() and not (
+        torch.is_grad_enabled()
+        and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    ):
+        return function.forward(_NoGradContext(len(args)), *args)
+    return function.apply(*args)
+
+
+# ----------------------------------------------------------------------------------------------
 # Layout: how a launcher walks a tensor's memory without copying it.
 # ----------------------------------------------------------------------------------------------
 
@@ -135,6 +225,8 @@ def is_dense(t: torch.Tensor) -> bool:
     processed elementwise in storage order, and ``torch.empty_like`` gives an output with the
     same strides, which is what PyTorch's own elementwise ops return.
     """
+    if t.is_contiguous():  # the common case, answered without sorting
+        return True
     expected = 1
     for size, stride in sorted(
         ((s, st) for s, st in zip(t.shape, t.stride()) if s != 1), key=lambda p: p[1]

@@ -43,11 +43,13 @@ import triton.language as tl
 
 from tritonkit._autocast import autocast_dtype
 from tritonkit._utils import (
+    apply,
     cdiv,
     check_choice,
     check_operand,
     check_same_device,
     check_tensor,
+    eager_direct,
     next_power_of_2,
 )
 from tritonkit.ops._math import fast_exp
@@ -593,6 +595,11 @@ def _(grad_output, logits, target, weight, lse, stats, ignore_index, reduction, 
     return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_cross_entropy = eager_direct(_cross_entropy_op)
+call_cross_entropy_backward = eager_direct(_cross_entropy_backward_op)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
@@ -605,7 +612,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     def forward(
         ctx, logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, f32
     ):
-        loss, lse, stats = torch.ops.tritonkit.cross_entropy(
+        loss, lse, stats = call_cross_entropy(
             logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, f32
         )
         if need_grad:
@@ -616,7 +623,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         logits, target, weight, lse, stats = ctx.saved_tensors
-        grad = torch.ops.tritonkit.cross_entropy_backward(
+        grad = call_cross_entropy_backward(
             grad_output, logits, target, weight, lse, stats, *ctx.args
         )
         return grad, None, None, None, None, None, None, None
@@ -693,6 +700,6 @@ def cross_entropy(
     need_grad = input.requires_grad and torch.is_grad_enabled()
     args = (weight, ignore_index, reduction, float(label_smoothing), need_grad, float32_loss)
     if input.dim() == 1:
-        loss = CrossEntropyFunction.apply(input.unsqueeze(0), target.unsqueeze(0), *args)
+        loss = apply(CrossEntropyFunction, input.unsqueeze(0), target.unsqueeze(0), *args)
         return loss.squeeze(0) if reduction == "none" else loss
-    return CrossEntropyFunction.apply(input, target, *args)
+    return apply(CrossEntropyFunction, input, target, *args)

@@ -24,12 +24,14 @@ import triton.language as tl
 
 from tritonkit._utils import (
     Rows,
+    apply,
     as_rows,
     cdiv,
     check_choice,
     check_operand,
     check_same_shape,
     check_tensor,
+    eager_direct,
     elementwise_output,
     elementwise_rows,
     next_power_of_2,
@@ -954,6 +956,13 @@ def _(grad, gate, up, activation):
     return elementwise_output([grad, gate, up]), elementwise_output([grad, gate, up])
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_bias_act = eager_direct(_bias_act_op)
+call_bias_act_backward = eager_direct(_bias_act_backward_op)
+call_glu = eager_direct(_glu_op)
+call_glu_backward = eager_direct(_glu_backward_op)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
@@ -966,7 +975,7 @@ class BiasActFunction(torch.autograd.Function):
     def forward(ctx, x, bias, activation):
         # ReLU keeps one bit per element for its backward pass, and only when one will run.
         save_mask = activation == "relu" and any(ctx.needs_input_grad[:2])
-        y, mask = torch.ops.tritonkit.bias_act(x, bias, activation, save_mask)
+        y, mask = call_bias_act(x, bias, activation, save_mask)
         ctx.activation = activation
         ctx.bias_is_row = bias is not None and bias.shape != x.shape
         if activation == "none":
@@ -982,7 +991,7 @@ class BiasActFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         need_dx, need_dbias = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        op = torch.ops.tritonkit.bias_act_backward
+        op = call_bias_act_backward
         if ctx.activation == "none":
             (bias,) = ctx.saved_tensors
             dbias = None
@@ -1010,12 +1019,12 @@ class GLUFunction(torch.autograd.Function):
     def forward(ctx, gate, up, activation):
         ctx.activation = activation
         ctx.save_for_backward(gate, up)
-        return torch.ops.tritonkit.glu(gate, up, activation)
+        return call_glu(gate, up, activation)
 
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        dgate, dup = torch.ops.tritonkit.glu_backward(grad, gate, up, ctx.activation)
+        dgate, dup = call_glu_backward(grad, gate, up, ctx.activation)
         return (
             dgate if ctx.needs_input_grad[0] else None,
             dup if ctx.needs_input_grad[1] else None,
@@ -1060,17 +1069,17 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             f"{op}: x and y must be broadcastable, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
         ) from None
     if x.shape == y.shape:
-        return BiasActFunction.apply(x, y, "none")
+        return apply(BiasActFunction, x, y, "none")
     for big, small in ((x, y), (y, x)):
         if big.shape != out_shape:
             continue
         core = _strip_leading_ones(small.shape)
         if len(core) <= big.dim() and tuple(big.shape[big.dim() - len(core) :]) == core:
             if small.numel() == big.numel():  # only leading 1s differ
-                return BiasActFunction.apply(big, small.reshape(big.shape), "none")
-            return BiasActFunction.apply(big, small.reshape(core), "none")
+                return apply(BiasActFunction, big, small.reshape(big.shape), "none")
+            return apply(BiasActFunction, big, small.reshape(core), "none")
     if x.numel() == y.numel():  # e.g. (S, C) + (1, S, C): both are the output up to leading 1s
-        return BiasActFunction.apply(x.reshape(out_shape), y.reshape(out_shape), "none")
+        return apply(BiasActFunction, x.reshape(out_shape), y.reshape(out_shape), "none")
     raise ValueError(
         f"{op}: only broadcasting over leading dimensions is supported (one operand's shape a "
         f"suffix of the other's), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
@@ -1079,7 +1088,7 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _activation(op: str, x: torch.Tensor, activation: str) -> torch.Tensor:
     check_tensor(op, "x", x)
-    return BiasActFunction.apply(x, None, activation)
+    return apply(BiasActFunction, x, None, activation)
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
@@ -1129,14 +1138,14 @@ def bias_act(x: torch.Tensor, bias: torch.Tensor, activation: str | None = None)
         raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
     check_operand(op, "bias", bias, "x", x, (x.shape[-1],), "(x.shape[-1],)")
     check_choice(op, "activation", activation, _BIAS_ACTIVATIONS)
-    return BiasActFunction.apply(x, bias, activation or "none")
+    return apply(BiasActFunction, x, bias, activation or "none")
 
 
 def _glu(op: str, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     check_tensor(op, "gate", gate)
     check_operand(op, "up", up, "gate", gate)
     check_same_shape(op, gate=gate, up=up)
-    return GLUFunction.apply(gate, up, activation)
+    return apply(GLUFunction, gate, up, activation)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,16 +53,18 @@ from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     FLOAT_DTYPES,
     LAYOUT_COPIES,
+    apply,
     cdiv,
     check_choice,
     check_operand,
     check_same_device,
     check_tensor,
+    eager_direct,
     interpreter_enabled,
     next_power_of_2,
     sm_count,
 )
-from tritonkit.ops.elementwise import ACTIVATIONS, _act
+from tritonkit.ops.elementwise import ACTIVATIONS, _act, call_bias_act_backward
 from tritonkit.ops.memory import transpose_fwd
 
 try:  # host-side TMA descriptors (triton >= 3.3)
@@ -962,6 +965,16 @@ def _extent(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
+def _broadcast_batch(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """``torch.broadcast_shapes(a, b)`` of two batch shapes; when one is empty (a product of
+    matrices, the common case) without its host cost, tens of microseconds per call."""
+    if not b:
+        return tuple(a)
+    if not a:
+        return tuple(b)
+    return tuple(torch.broadcast_shapes(tuple(a), tuple(b)))
+
+
 def matmul_shape(op: str, a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int, ...]:
     """Output shape of ``torch.matmul`` for these operand shapes; ValueError when invalid."""
     for name, shape in (("a", a_shape), ("b", b_shape)):
@@ -976,7 +989,7 @@ def matmul_shape(op: str, a_shape: Sequence[int], b_shape: Sequence[int]) -> tup
             f"(a {tuple(a_shape)}, b {tuple(b_shape)})"
         )
     try:
-        batch = torch.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2]))
+        batch = _broadcast_batch(a_shape[:-2], b_shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"{op}: batch dimensions must broadcast: a {tuple(a_shape)}, b {tuple(b_shape)}"
@@ -995,7 +1008,7 @@ def _plan_matmul(
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     m, k = a2.shape[-2:]
     n = b2.shape[-1]
-    batch = tuple(torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]))
+    batch = _broadcast_batch(a2.shape[:-2], b2.shape[:-2])
     c = torch.empty((*batch, m, n), dtype=out_dtype, device=a.device)
     out = c.view(out_shape)
     if c.numel() == 0:
@@ -1252,6 +1265,25 @@ def _size_class(x: int) -> int:
     return cdiv(x, _KEY_STEP) * _KEY_STEP if x <= _FINE_KEY_LIMIT else next_power_of_2(x)
 
 
+# The configs _tuned chose in this process. Answering again from the tuning cache (the key as
+# JSON, the device's name, the candidates listed and pruned) cost about 0.1 ms of host time per
+# call, more than a small GEMM takes on the GPU. The memo's key holds everything the choice
+# depends on: the problem class, the exact M (the split-K candidates depend on it), the element
+# sizes, and the tuning settings (on or off, forced, which cache file, which hardware profile).
+_CHOSEN: dict[tuple, MatmulConfig] = {}
+
+
+def _tuning_state() -> tuple:
+    from tritonkit import _hardware
+
+    profile = _hardware.active()
+    return (
+        _tuning.enabled(),
+        os.environ.get(_tuning.CACHE_ENV),
+        profile.name if profile else None,
+    )
+
+
 def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConfig:
     """The best config of ``kind`` for this problem class, from the autotune cache or timed now."""
     a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
@@ -1273,6 +1305,12 @@ def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConf
         "split": split,
     }
     sizes = (a.element_size(), b.element_size(), c.element_size())
+    forced = os.environ.get(_tuning.FORCE_ENV) == "1"
+    memo = (tuple(key.items()), p.m, sizes, _tuning_state())
+    if not forced and memo in _CHOSEN:
+        if memo[-1][0]:  # tuning on: the config came from the tuning cache or a search
+            _tuning.STATS.hits += 1
+        return _CHOSEN[memo]
 
     def prune(cfg: _tuning.Config) -> bool:
         return _tuning.fits_shared_memory(MatmulConfig.from_tuning(cfg).smem_bytes(*sizes))
@@ -1285,8 +1323,10 @@ def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConf
     def run(cfg: _tuning.Config) -> None:
         _launch(p, epi, MatmulConfig.from_tuning(cfg))
 
-    best = _tuning.tune("matmul", key, cands, run, prune=prune)
-    return MatmulConfig.from_tuning(best)
+    best = MatmulConfig.from_tuning(_tuning.tune("matmul", key, cands, run, prune=prune))
+    if not forced:
+        _CHOSEN[memo] = best
+    return best
 
 
 def _run(
@@ -1494,13 +1534,19 @@ def _(a, b, scale_a, scale_b, bias, out_dtype):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_matmul = eager_direct(_matmul_op)
+call_linear = eager_direct(_linear_op)
+call_scaled_matmul = eager_direct(_scaled_matmul_op)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
 
 
 def _mm(x: torch.Tensor, y: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.ops.tritonkit.matmul(x, y, out_dtype or x.dtype)
+    return call_matmul(x, y, out_dtype or x.dtype)
 
 
 def _as_matrix(t: torch.Tensor, n_cols: int) -> torch.Tensor:
@@ -1537,7 +1583,7 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return torch.ops.tritonkit.matmul(a, b, a.dtype)
+        return call_matmul(a, b, a.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -1575,7 +1621,7 @@ class LinearFunction(torch.autograd.Function):
         r2 = _as_matrix(residual, n) if residual is not None else None
         needs = ctx.needs_input_grad
         save_z = activation != "none" and any(needs[:3])
-        y, z = torch.ops.tritonkit.linear(x2, weight, bias, r2, activation, save_z)
+        y, z = call_linear(x2, weight, bias, r2, activation, save_z)
         ctx.activation = activation
         ctx.x_shape = x.shape
         ctx.save_for_backward(
@@ -1592,7 +1638,7 @@ class LinearFunction(torch.autograd.Function):
         need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
         n = grad.shape[-1]
         g = _as_matrix(grad, n)
-        op = torch.ops.tritonkit.bias_act_backward
+        op = call_bias_act_backward
         db = None
         if ctx.activation != "none":
             dz, db = op(g, z, bias, None, ctx.activation, True, need_b, True)
@@ -1682,7 +1728,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_tensor(op, "a", a)
     check_operand(op, "b", b, "a", a)
     matmul_shape(op, a.shape, b.shape)
-    return MatmulFunction.apply(a, b)
+    return apply(MatmulFunction, a, b)
 
 
 def linear(
@@ -1741,7 +1787,7 @@ def linear(
                 f"{op}: residual must have the output's shape {expected}, "
                 f"got {tuple(residual.shape)}"
             )
-    return LinearFunction.apply(x, weight, bias, residual, activation or "none")
+    return apply(LinearFunction, x, weight, bias, residual, activation or "none")
 
 
 def scaled_matmul(
@@ -1785,7 +1831,7 @@ def scaled_matmul(
     _check_scale(op, "scale_b", scale_b, a, (1, b.shape[1]))
     if bias is not None:
         _check_bias(op, bias, b.shape[1], out_dtype, a)
-    return torch.ops.tritonkit.scaled_matmul(a, b, scale_a, scale_b, bias, out_dtype)
+    return call_scaled_matmul(a, b, scale_a, scale_b, bias, out_dtype)
 
 
 def int8_matmul(
@@ -1828,7 +1874,7 @@ def int8_matmul(
         _check_scale(op, "scale_a", scale_a, a, (a.shape[0], 1))
     if scale_b is not None:
         _check_scale(op, "scale_b", scale_b, a, (1, b.shape[1]))
-    return torch.ops.tritonkit.scaled_matmul(a, b, scale_a, scale_b, None, out_dtype)
+    return call_scaled_matmul(a, b, scale_a, scale_b, None, out_dtype)
 
 
 def matmul_variant(a: torch.Tensor, b: torch.Tensor, variant: str) -> torch.Tensor:

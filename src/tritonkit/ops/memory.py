@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit._utils import LAYOUT_COPIES, cdiv, check_tensor, next_power_of_2
+from tritonkit._utils import LAYOUT_COPIES, apply, cdiv, check_tensor, eager_direct, next_power_of_2
 from tritonkit.ops.elementwise import BiasActFunction
 
 
@@ -139,6 +139,10 @@ def _(x):
     return x.new_empty((*batch_shape, n, m))
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_transpose = eager_direct(_transpose_op)
+
+
 class TransposeFunction(torch.autograd.Function):
     """Materialized transpose of the last two dimensions.
 
@@ -148,7 +152,7 @@ class TransposeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        return torch.ops.tritonkit.transpose(x)
+        return call_transpose(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -164,7 +168,7 @@ def copy(x: torch.Tensor) -> torch.Tensor:
         x: float32, float16 or bfloat16 tensor on a CUDA device.
     """
     check_tensor("tritonkit.copy", "x", x)
-    return BiasActFunction.apply(x, None, "none")
+    return apply(BiasActFunction, x, None, "none")
 
 
 def transpose(x: torch.Tensor) -> torch.Tensor:
@@ -185,4 +189,4 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"tritonkit.transpose: x must have at least 2 dimensions, got shape {tuple(x.shape)}"
         )
-    return TransposeFunction.apply(x)
+    return apply(TransposeFunction, x)

@@ -51,11 +51,13 @@ import triton.language as tl
 from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     LAYOUT_COPIES,
+    apply,
     cdiv,
     check_operand,
     check_same_dtype,
     check_same_shape,
     check_tensor,
+    eager_direct,
     next_power_of_2,
     shared_memory_per_block,
     sm_count,
@@ -1576,6 +1578,11 @@ def _(grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias,
     return dx, _or_empty(dw, grad), _or_empty(db, grad)
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_norm = eager_direct(_norm_op)
+call_norm_backward = eager_direct(_norm_backward_op)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
@@ -1594,7 +1601,7 @@ def _backward(ctx, grad, dres, xh, weight, mean, rstd):
     need_db = ctx.has_bias and ctx.needs_input_grad[ctx.weight_index + 1]
     if grad is None:  # only the sum was used downstream
         grad = torch.zeros_like(xh)
-    dx, dw, db = torch.ops.tritonkit.norm_backward(
+    dx, dw, db = call_norm_backward(
         grad, dres, xh, weight, mean, rstd, ctx.n_dims, ctx.rms, need_dw, need_db, ctx.param_dtype
     )
     return dx, (dw if need_dw else None), (db if need_db else None)
@@ -1605,7 +1612,7 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, n_dims, eps, rms):
-        y, _, mean, rstd = torch.ops.tritonkit.norm(x, None, weight, bias, n_dims, eps, rms)
+        y, _, mean, rstd = call_norm(x, None, weight, bias, n_dims, eps, rms)
         ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 1
         ctx.param_dtype = _param_dtype(x, weight, bias)
         ctx.save_for_backward(x, weight, mean, rstd)
@@ -1623,7 +1630,7 @@ class AddNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, n_dims, eps, rms):
-        y, h, mean, rstd = torch.ops.tritonkit.norm(x, residual, weight, bias, n_dims, eps, rms)
+        y, h, mean, rstd = call_norm(x, residual, weight, bias, n_dims, eps, rms)
         ctx.n_dims, ctx.rms, ctx.has_bias, ctx.weight_index = n_dims, rms, bias is not None, 2
         ctx.param_dtype = _param_dtype(x, weight, bias)
         ctx.save_for_backward(h, weight, mean, rstd)
@@ -1731,7 +1738,7 @@ def layer_norm(
     x, weight, bias = cast(autocast_dtype("layer_norm", x), x, weight, bias)
     shape = _normalized_shape(op, normalized_shape)
     _check_norm_args(op, x, shape, weight=weight, bias=bias)
-    return NormFunction.apply(x, weight, bias, len(shape), _check_eps(op, eps), False)
+    return apply(NormFunction, x, weight, bias, len(shape), _check_eps(op, eps), False)
 
 
 def rms_norm(
@@ -1755,7 +1762,7 @@ def rms_norm(
     shape = _normalized_shape(op, normalized_shape)
     _check_norm_args(op, x, shape, weight=weight)
     eps = _rms_eps(None if eps is None else _check_eps(op, eps))
-    return NormFunction.apply(x, weight, None, len(shape), eps, True)
+    return apply(NormFunction, x, weight, None, len(shape), eps, True)
 
 
 def _add_norm(op, x, residual, weight, bias, eps, rms):
@@ -1768,7 +1775,7 @@ def _add_norm(op, x, residual, weight, bias, eps, rms):
             shape = tuple(t.shape)
             break
     _check_norm_args(op, x, shape, residual, weight=weight, bias=bias)
-    return AddNormFunction.apply(x, residual, weight, bias, len(shape), eps, rms)
+    return apply(AddNormFunction, x, residual, weight, bias, len(shape), eps, rms)
 
 
 def add_rms_norm(

@@ -19,6 +19,7 @@ Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -31,8 +32,10 @@ import triton.language as tl
 from tritonkit._autocast import autocast_dtype, cast
 from tritonkit._utils import (
     LAYOUT_COPIES,
+    apply,
     cdiv,
     check_tensor,
+    eager_direct,
     is_dense,
     next_power_of_2,
     sm_count,
@@ -266,6 +269,11 @@ def _layout(
     return RowLayout(n_outer, n_cols, n_inner, strides)
 
 
+# A layout is a pure function of shapes and strides; a model calls the same few many times, and
+# working one out again costs more host time than a small kernel's launch.
+_cached_layout = functools.lru_cache(maxsize=4096)(_layout)
+
+
 def new_like(t: torch.Tensor) -> torch.Tensor:
     """A new tensor shaped like t: with t's strides when t is dense, else contiguous."""
     if is_dense(t):
@@ -308,7 +316,11 @@ def plan_rows(
     def attempt() -> RowLayout | None:
         described = [(t.stride(), True) for t in (*inputs, *outputs)]
         described += [(t.stride(), False) for t in (*row_inputs, *row_outputs)]
-        return _layout(shape, reduced, described)
+        key = (shape, tuple(reduced), tuple(described))
+        try:
+            return _cached_layout(*key)
+        except TypeError:  # symbolic sizes (torch.compile's dynamic shapes) do not hash
+            return _layout(*key)
 
     layout = attempt()
     if layout is None:
@@ -776,7 +788,7 @@ def row_program_config(
     (row_program_warps), chunks of ``elems_per_thread[warps]`` elements per thread."""
     warps = row_program_warps(n_cols * element_size, table)
     block_n = 32 * warps * elems_per_thread[warps]
-    return min(block_n, triton.next_power_of_2(n_cols)), warps
+    return min(block_n, next_power_of_2(n_cols)), warps
 
 
 def _row_bwd_config(n_cols: int, element_size: int) -> tuple[int, int]:
@@ -852,6 +864,11 @@ def _(grad, y, dim, log):
     return plan_rows([grad, y], (dim,), 1, count=False)[1][0]
 
 
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_softmax = eager_direct(_softmax_op)
+call_softmax_backward = eager_direct(_softmax_backward_op)
+
+
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
@@ -862,7 +879,7 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim, log):
-        y = torch.ops.tritonkit.softmax(x, dim, log)
+        y = call_softmax(x, dim, log)
         ctx.dim, ctx.log = dim, log
         ctx.save_for_backward(y)
         return y
@@ -870,7 +887,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return torch.ops.tritonkit.softmax_backward(grad, y, ctx.dim, ctx.log), None, None
+        return call_softmax_backward(grad, y, ctx.dim, ctx.log), None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -895,8 +912,8 @@ def _softmax(op: str, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     check_tensor(op, "x", x)
     d = normalize_dim(op, "dim", dim, x.dim())
     if x.dim() == 0:
-        return SoftmaxFunction.apply(x.reshape(1), 0, log).reshape(())
-    return SoftmaxFunction.apply(x, d, log)
+        return apply(SoftmaxFunction, x.reshape(1), 0, log).reshape(())
+    return apply(SoftmaxFunction, x, d, log)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
