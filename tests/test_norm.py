@@ -162,6 +162,18 @@ def test_row_forward_at_model_widths(dtype, device):
     assert spy.launches > 0
 
 
+def test_row_forward_store_policy_rule():
+    """The row forward's stores are marked evict_first for 16-bit LayerNorm rows and for 16-bit
+    RMSNorm rows over ROW_FWD_STORE_MIN_BYTES_RMS; fp32 rows keep the default policy."""
+    assert N._row_fwd_store(4096, 2, rms=False) == N.ROW_FWD_STORE == "evict_first"
+    assert N._row_fwd_store(65536, 2, rms=False) == "evict_first"
+    assert N._row_fwd_store(4096, 4, rms=False) == ""
+    assert N._row_fwd_store(4096, 2, rms=True) == ""
+    assert N._row_fwd_store(N.ROW_FWD_STORE_MIN_BYTES_RMS // 2, 2, rms=True) == ""
+    assert N._row_fwd_store(65536, 2, rms=True) == "evict_first"
+    assert N._row_fwd_store(65536, 4, rms=True) == ""
+
+
 def test_row_forward_routing():
     """Which forwards take the row kernel: rows of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS
     contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN

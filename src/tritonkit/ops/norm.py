@@ -199,6 +199,19 @@ ROW_FWD_WARPS = ((8192, 4), (20480, 8), (40960, 16))
 ROW_FWD_ELEMS_PER_THREAD = (4, 8)
 ROW_FWD_WARPS_RMS = ((6144, 4), (14336, 8), (32768, 16))
 ROW_FWD_ELEMS_PER_THREAD_RMS = {4: 16, 8: 16, 16: 8, 32: 8}
+# 16-bit rows: the output's stores marked evict_first (ROW_FWD_STORE), so that they do not push
+# out of L2 the rows that the second sweep re-reads, and LayerNorm rows normalized as x * rstd -
+# mean * rstd, one FMA per element (ROW_FWD_SCALE_FIRST; a 16-bit input holds no digits that
+# this rounding of mean * rstd could lose; fp32 rows, not measured, keep both as they were).
+# H200, same run (run 108), bf16, ms, both / neither / evict_first alone: layer_norm (4096,
+# 65536) 0.3000 / 0.3073 / 0.3029, (16384, 4096) 0.0659 / 0.0670 / 0.0658, (6553, 10240) 0.0656
+# / 0.0663 / 0.0659, (2730, 24576) 0.0701 / 0.0710 / 0.0707, (26214, 2560) 0.0658 / 0.0658 /
+# 0.0660. RMSNorm gained only on the widest rows: (4096, 65536) 0.2794 / 0.2822, and lost
+# 0.3-0.8% on rows of 5-48 KiB ((16384, 4096) 0.0643 / 0.0638), so its rows over
+# ROW_FWD_STORE_MIN_BYTES_RMS take it (rows of 48-128 KiB were not measured).
+ROW_FWD_STORE = "evict_first"
+ROW_FWD_STORE_MIN_BYTES_RMS = 65536
+ROW_FWD_SCALE_FIRST = True
 # Backward of rows in registers up to BWD_MAX_FUSED_COLS columns; wider rows take the two-kernel
 # path (row sums, then dx by column blocks). In registers, rows of 8193-16384 spill at 32 warps
 # (ptxas, sm_90a: LayerNorm 368-568 bytes, RMSNorm 108-192). Rows the forward keeps in
@@ -769,6 +782,8 @@ def _norm_fwd_row_kernel(
     HAS_BIAS: tl.constexpr,
     OUTER: tl.constexpr,  # more than one outer index
     WELFORD: tl.constexpr,  # LayerNorm: per-lane Welford statistics (fp32), else pivot sums
+    SCALE_FIRST: tl.constexpr,  # LayerNorm: x * rstd - mean * rstd, one FMA (16-bit rows)
+    STORE: tl.constexpr,  # L2 policy of the output's stores (see ROW_FWD_STORE)
     BLOCK_N: tl.constexpr,
 ):
     """One row per program: statistics over chunks of BLOCK_N (per lane, reduced once at the
@@ -844,6 +859,8 @@ def _norm_fwd_row_kernel(
         x = x.to(tl.float32)
         if IS_RMS:
             y = x * rstd
+        elif SCALE_FIRST:
+            y = x * rstd - mean * rstd
         else:
             y = ((x - shift) - mean) * rstd
         if HAS_WEIGHT:
@@ -852,7 +869,8 @@ def _norm_fwd_row_kernel(
         if HAS_BIAS:
             b = tl.load(b_ptr + c * stride_b, mask=mask, eviction_policy="evict_last")
             y += b.to(tl.float32)
-        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask,
+                 eviction_policy=STORE)  # fmt: skip
 
 
 @triton.jit
@@ -1291,6 +1309,13 @@ def _row_fwd_config(n_cols: int, element_size: int, rms: bool) -> tuple[int, int
     return min(max(even, low), high, next_power_of_2(n_cols)), warps
 
 
+def _row_fwd_store(n_cols: int, element_size: int, rms: bool) -> str:
+    """The L2 policy of _norm_fwd_row_kernel's stores (see ROW_FWD_STORE)."""
+    if element_size != 2 or (rms and n_cols * element_size <= ROW_FWD_STORE_MIN_BYTES_RMS):
+        return ""
+    return ROW_FWD_STORE
+
+
 def _row_fwd_launch(x, weight, bias, y, mean, rstd, layout, eps, rms):
     """Launch _norm_fwd_row_kernel, one program per row of the layout; ``weight`` and ``bias``
     as (tensor or None, stride) from _vector."""
@@ -1319,6 +1344,8 @@ def _row_fwd_launch(x, weight, bias, y, mean, rstd, layout, eps, rms):
         HAS_BIAS=b is not None,
         OUTER=layout.n_outer > 1,
         WELFORD=x.dtype == torch.float32,
+        SCALE_FIRST=ROW_FWD_SCALE_FIRST and not rms and x.element_size() == 2,
+        STORE=_row_fwd_store(layout.n_cols, x.element_size(), rms),
         BLOCK_N=block_n,
         num_warps=warps,
     )
