@@ -99,12 +99,16 @@ LOOP_CHUNK_MAX = True
 # / 0.1209; log_softmax (2097, 32000) 0.0949 / 0.1098 / 0.0965, but (5461, 12288) 0.0945 / 0.0929.
 # Narrower rows, wider ones and fp32 rows did as well or better on the old paths (run 95: softmax
 # bf16 (22369, 3000) 0.1443 / 0.1077, (4096, 65536) 0.4436 / 0.3977; fp32 (1048, 32000) 0.1092 /
-# 0.1031).
+# 0.1031). Softmax rows of 4096-8192 take it too, at 16 warps (run 113, ms, this path / rows in
+# registers / torch.compile: (16384, 4096) 0.0906 / 0.0918 / 0.0903 and, again, 0.0912 / 0.0924 /
+# 0.0908; (13107, 5120) 0.0905 / 0.0920 / 0.1072; (10922, 6144) 0.0917 / 0.0927 / 0.0960; (8192,
+# 8192) 0.0908 / 0.0920 / 0.0910). At 4, 8 or 32 warps, or 8 elements per thread, it lost or tied
+# at 4096 (run 112).
 ROW_BWD = True
-ROW_BWD_MIN_COLS = 8193
+ROW_BWD_MIN_COLS = 4096
 ROW_BWD_MIN_COLS_LOG = 16385
 ROW_BWD_MAX_COLS = 32768
-ROW_BWD_WARPS = ((6144, 4), (14336, 8), (32768, 16))
+ROW_BWD_WARPS = ((32768, 16),)
 ROW_BWD_ELEMS_PER_THREAD = {4: 16, 8: 16, 16: 8, 32: 8}
 
 _INT32_LIMIT = 2**31
