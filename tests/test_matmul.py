@@ -798,9 +798,9 @@ def test_tuning_key_classes():
 def test_chosen_configs_are_remembered_per_problem_and_tuning_setting(
     monkeypatch, tmp_path, device
 ):
-    """_tuned asks the tuner once per problem class and setting, then answers from memory;
-    a forced retune is never remembered."""
-    monkeypatch.setattr(mm, "_CHOSEN", {})
+    """_tuned asks the tuner once per problem class and setting, then answers from memory
+    (_tuning.remembered); a forced retune is never remembered."""
+    monkeypatch.setattr(_tuning, "_CHOSEN", {})
     asked = []
     real_tune = _tuning.tune
 

@@ -316,6 +316,40 @@ def tune(
     return best
 
 
+# Choices made in this process (``remembered``), by kernel, the caller's key and ``_settings``.
+_CHOSEN: dict[tuple, Any] = {}
+
+
+def _settings() -> tuple:
+    """What a tuned choice depends on besides its key: tuning on or off, the cache directory,
+    the hardware profile."""
+    from tritonkit import _hardware
+
+    profile = _hardware.active()
+    return enabled(), os.environ.get(CACHE_ENV), profile.name if profile else None
+
+
+def remembered(kernel: str, key: Any, choose: Callable[[], Any]) -> Any:
+    """``choose()``'s answer for (kernel, key), worked out once per process and tuning setting.
+
+    A launcher's ``choose`` lists its candidates and calls ``tune``: with the cache's key as
+    JSON and the device's name looked up, about 0.1 ms of host time per call, more than a small
+    kernel takes on the GPU. ``key`` (hashable) must hold everything the choice depends on
+    besides the tuning settings. A forced retune (FORCE_ENV) is never remembered; a remembered
+    answer counts as a cache hit when tuning is on.
+    """
+    if os.environ.get(FORCE_ENV) == "1":
+        return choose()
+    settings = _settings()
+    memo = (kernel, key, settings)
+    if memo in _CHOSEN:
+        if settings[0]:
+            STATS.hits += 1
+        return _CHOSEN[memo]
+    _CHOSEN[memo] = choice = choose()
+    return choice
+
+
 def fits_shared_memory(bytes_needed: int) -> bool:
     """Whether a block using ``bytes_needed`` of shared memory fits the active profile."""
     from tritonkit import _hardware

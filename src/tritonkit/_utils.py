@@ -138,6 +138,9 @@ def _plain_eager() -> bool:
     )
 
 
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _direct_call_allowed(args: tuple) -> bool:
     """Whether a call may skip the custom op and run its launcher: plain eager, real tensors.
 
@@ -157,9 +160,6 @@ def _direct_call_allowed(args: tuple) -> bool:
             if grad and a.requires_grad:
                 return False
     return True
-
-
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def eager_direct(op: torch.library.CustomOpDef) -> Callable:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -1265,25 +1264,6 @@ def _size_class(x: int) -> int:
     return cdiv(x, _KEY_STEP) * _KEY_STEP if x <= _FINE_KEY_LIMIT else next_power_of_2(x)
 
 
-# The configs _tuned chose in this process. Answering again from the tuning cache (the key as
-# JSON, the device's name, the candidates listed and pruned) cost about 0.1 ms of host time per
-# call, more than a small GEMM takes on the GPU. The memo's key holds everything the choice
-# depends on: the problem class, the exact M (the split-K candidates depend on it), the element
-# sizes, and the tuning settings (on or off, forced, which cache file, which hardware profile).
-_CHOSEN: dict[tuple, MatmulConfig] = {}
-
-
-def _tuning_state() -> tuple:
-    from tritonkit import _hardware
-
-    profile = _hardware.active()
-    return (
-        _tuning.enabled(),
-        os.environ.get(_tuning.CACHE_ENV),
-        profile.name if profile else None,
-    )
-
-
 def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConfig:
     """The best config of ``kind`` for this problem class, from the autotune cache or timed now."""
     a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
@@ -1305,28 +1285,22 @@ def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConf
         "split": split,
     }
     sizes = (a.element_size(), b.element_size(), c.element_size())
-    forced = os.environ.get(_tuning.FORCE_ENV) == "1"
-    memo = (tuple(key.items()), p.m, sizes, _tuning_state())
-    if not forced and memo in _CHOSEN:
-        if memo[-1][0]:  # tuning on: the config came from the tuning cache or a search
-            _tuning.STATS.hits += 1
-        return _CHOSEN[memo]
 
     def prune(cfg: _tuning.Config) -> bool:
         return _tuning.fits_shared_memory(MatmulConfig.from_tuning(cfg).smem_bytes(*sizes))
 
-    # Pruned here as well as in the search: with tuning off, tune() runs candidates[0] as is,
-    # and the default must fit this GPU's shared memory (an A100 has 163 KB, Hopper 227).
-    cands = [cand.tuning() for cand in _candidates(kind, cls, tma, p.m, split)]
-    cands = [cand for cand in cands if prune(cand)] or cands
-
     def run(cfg: _tuning.Config) -> None:
         _launch(p, epi, MatmulConfig.from_tuning(cfg))
 
-    best = MatmulConfig.from_tuning(_tuning.tune("matmul", key, cands, run, prune=prune))
-    if not forced:
-        _CHOSEN[memo] = best
-    return best
+    def choose() -> MatmulConfig:
+        # Pruned here as well as in the search: with tuning off, tune() runs candidates[0] as
+        # is, and the default must fit this GPU's shared memory (an A100 has 163 KB, Hopper 227).
+        cands = [cand.tuning() for cand in _candidates(kind, cls, tma, p.m, split)]
+        cands = [cand for cand in cands if prune(cand)] or cands
+        return MatmulConfig.from_tuning(_tuning.tune("matmul", key, cands, run, prune=prune))
+
+    # The exact M as well as its class: the split-K candidates depend on it.
+    return _tuning.remembered("matmul", (tuple(key.items()), p.m, sizes), choose)
 
 
 def _run(

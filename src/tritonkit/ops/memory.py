@@ -80,20 +80,24 @@ def tiled_config(x3: torch.Tensor, y: torch.Tensor) -> TransposeConfig:
         return default
     _, m, n = x3.shape
     key = {"elem_size": es, "m": min(next_power_of_2(m), 8192), "n": min(next_power_of_2(n), 8192)}
-    candidates = [default] + [
-        TransposeConfig(*c) for c in _CANDIDATES if TransposeConfig(*c) != default
-    ]
-    best = _tuning.tune(
-        "transpose",
-        key,
-        [_as_tuning(c) for c in candidates],
-        lambda cfg: _launch(x3, y, _from_tuning(cfg)),
-        # The tile passes through shared memory on its way from row- to column-major.
-        prune=lambda cfg: _tuning.fits_shared_memory(
-            cfg.params["BLOCK_M"] * cfg.params["BLOCK_N"] * es
-        ),
-    )
-    return _from_tuning(best)
+
+    def choose() -> TransposeConfig:
+        candidates = [default] + [
+            TransposeConfig(*c) for c in _CANDIDATES if TransposeConfig(*c) != default
+        ]
+        best = _tuning.tune(
+            "transpose",
+            key,
+            [_as_tuning(c) for c in candidates],
+            lambda cfg: _launch(x3, y, _from_tuning(cfg)),
+            # The tile passes through shared memory on its way from row- to column-major.
+            prune=lambda cfg: _tuning.fits_shared_memory(
+                cfg.params["BLOCK_M"] * cfg.params["BLOCK_N"] * es
+            ),
+        )
+        return _from_tuning(best)
+
+    return _tuning.remembered("transpose", tuple(key.items()), choose)
 
 
 def transpose_fwd(x: torch.Tensor, config: TransposeConfig | None = None) -> torch.Tensor:
