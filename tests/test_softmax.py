@@ -58,7 +58,7 @@ def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch
 def test_row_backward_routing(device):
     """The row backward takes 16-bit rows of ROW_BWD_MIN_COLS (log_softmax:
     ROW_BWD_MIN_COLS_LOG) to ROW_BWD_MAX_COLS contiguous columns; float32 rows and transposed
-    rows keep the other paths."""
+    rows keep the other paths (rows off 16 bytes: test_aligned_walk_routing)."""
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         spy = _Count(S._softmax_bwd_row_kernel)
@@ -74,8 +74,65 @@ def test_row_backward_routing(device):
     assert not takes(S.ROW_BWD_MIN_COLS - 1) and not takes(S.ROW_BWD_MAX_COLS + 1)
     assert not takes(S.ROW_BWD_MIN_COLS, torch.float32)
     assert not takes(S.ROW_BWD_MIN_COLS, transpose=True)
-    assert not takes(S.ROW_BWD_MIN_COLS_LOG - 1, op=log_softmax)
-    assert takes(S.ROW_BWD_MIN_COLS_LOG, op=log_softmax)
+    low_log = -(-S.ROW_BWD_MIN_COLS_LOG // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
+    assert not takes(low_log - 8, op=log_softmax)
+    assert takes(low_log, op=log_softmax)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("block_n", [None, 8], ids=["one-chunk", "chunks-of-8"])
+def test_aligned_walk_passes_the_check_engine(name, block_n, device, monkeypatch):
+    """Rows that do not start on 16 bytes take the aligned-walk kernels (ALIGNED), lowered so
+    that the odd test widths take them: the body in one chunk, or in chunks of 8 with a partial
+    last one, and the edge elements before and after it."""
+    fwd = _Count(S._softmax_fwd_aligned_kernel)
+    bwd = _Count(S._softmax_bwd_aligned_kernel)
+    monkeypatch.setattr(S, "_softmax_fwd_aligned_kernel", fwd)
+    monkeypatch.setattr(S, "_softmax_bwd_aligned_kernel", bwd)
+    monkeypatch.setattr(S, "ALIGNED_MIN_COLS_FWD", 1)
+    monkeypatch.setattr(S, "ALIGNED_MIN_COLS_BWD", 1)
+    if block_n is not None:
+        monkeypatch.setattr(S, "_aligned_config", lambda n, size, backward: (block_n, 1))
+    assert_spec_passes(name, device, cases=("random", "specials", "grad", "grad-transpose"))
+    assert fwd.launches > 0 and bwd.launches > 0
+
+
+def test_aligned_walk_routing(device):
+    """Odd rows of ALIGNED_MIN_COLS_FWD (backward: _BWD) columns or more take the aligned walk,
+    with the same results as PyTorch; aligned rows, an input whose base pointer is off 16
+    bytes, and an input whose rows start at other offsets than the output's keep the other
+    paths."""
+
+    def takes(x, op=softmax, ref=torch.softmax):
+        fwd = _Count(S._softmax_fwd_aligned_kernel)
+        bwd = _Count(S._softmax_bwd_aligned_kernel)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(S, "_softmax_fwd_aligned_kernel", fwd)
+            mp.setattr(S, "_softmax_bwd_aligned_kernel", bwd)
+            x = x.detach().requires_grad_()
+            y = op(x, -1)
+            dy = torch.randn_like(y)
+            (dx,) = torch.autograd.grad(y, x, dy)
+        x64 = x.detach().double().requires_grad_()
+        y64 = ref(x64, -1)
+        (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+        tol = 2e-2 if x.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(y.double(), y64, atol=tol, rtol=tol)
+        torch.testing.assert_close(dx.double(), dx64, atol=tol, rtol=tol)
+        return fwd.launches > 0, bwd.launches > 0
+
+    wide = S.ALIGNED_MIN_COLS_FWD | 1  # odd
+    mid = S.ALIGNED_MIN_COLS_BWD | 1
+    bf16 = {"device": device, "dtype": torch.bfloat16}
+    assert takes(torch.randn(3, wide, **bf16)) == (True, True)
+    assert takes(torch.randn(3, wide, **bf16), log_softmax, torch.log_softmax) == (True, True)
+    assert takes(torch.randn(3, wide, device=device)) == (True, True)  # float32
+    assert takes(torch.randn(3, mid, **bf16)) == (False, True)
+    assert takes(torch.randn(3, wide - 1 + 8, **bf16)) == (False, False)  # a multiple of 8
+    off = torch.randn(3 * wide + 1, **bf16)[1:].view(3, wide)  # 2 bytes past 16
+    assert takes(off)[0] is False  # (its backward sees only new, aligned tensors)
+    padded = torch.randn(3, wide + 7, **bf16)[:, :wide]  # rows at 16 bytes, y's are not
+    assert takes(padded)[0] is False
 
 
 @pytest.fixture(

@@ -14,6 +14,11 @@ one exponential per element), a second sweep writes the output. The second sweep
 again, last chunk first, and the grid is capped at ``LOOP_PROGRAMS_PER_SM_*`` programs per SM, so
 that the rows in flight fit in L2 and that second read does not reach DRAM.
 
+Rows that do not start on a 16-byte boundary (an odd width such as a 50257-class vocabulary)
+are walked from their first aligned element, in whole 16-byte vectors, with the few elements
+before and after that body loaded one by one (``ALIGNED``); otherwise every element of such a
+row would be its own load.
+
 Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
 """
 
@@ -110,6 +115,32 @@ ROW_BWD_MIN_COLS_LOG = 16385
 ROW_BWD_MAX_COLS = 32768
 ROW_BWD_WARPS = ((32768, 16),)
 ROW_BWD_ELEMS_PER_THREAD = {4: 16, 8: 16, 16: 8, 32: 8}
+
+# Rows that do not start on a 16-byte boundary, or whose width is not a whole number of 16-byte
+# vectors (a 50257-class vocabulary, a row stride of 32001): the kernels above can prove no
+# alignment, so every element is its own load and store. H200 (run 119, bf16, ms, ours / the
+# aligned neighbour width): softmax (1335, 50257) forward 0.1857 against (1334, 50304) 0.0940
+# (eager 0.1329), backward 0.2868 / 0.1322. Such rows take the aligned-walk kernels: each row is
+# cut into a body of whole vectors starting at its first 16-byte aligned element, walked in
+# chunks, and an edge of fewer than two vectors' worth of elements before and after it, loaded
+# element by element. Every tensor of the call must have its rows start at the same offset
+# within 16 bytes (same strides modulo the vector, 16-byte aligned base pointers) and
+# contiguous columns; other layouts keep the paths above. The forward takes rows wider than
+# MAX_FUSED_COLS only: narrower odd rows in registers were already ahead of torch.compile (run
+# 119: (16372, 4099) bf16 forward 0.1188 ms against 0.2514). Launch configs from run 120 (six
+# per direction at 4099-50257 columns, bf16 and fp32), ms, this path / the old ones / the best
+# of eager and torch.compile: softmax bf16 (1335, 50257) forward 0.0932 / 0.1842 / 0.1319,
+# backward 0.1284 / 0.2883 / 0.2093; (2097, 32001) 0.0773 / 0.1519 / 0.1586 and 0.1300 / 0.1388 /
+# 0.1942; (16372, 4099) backward 0.1109 / 0.2592 / 0.1907; fp32 (667, 50257) 0.0915 / 0.1184 /
+# 0.1326 and 0.1478 / 0.3251 / 0.2233. The forward: (warps, elements per thread) by element
+# size; the backward: warps by the row's bytes (ALIGNED_WARPS_BWD, wider rows 32) and
+# elements per thread by warps.
+ALIGNED = True
+ALIGNED_MIN_COLS_FWD = MAX_FUSED_COLS + 1
+ALIGNED_MIN_COLS_BWD = 4096
+ALIGNED_FWD = {2: (8, 32), 4: (32, 16)}
+ALIGNED_WARPS_BWD = ((16384, 8), (49152, 16))
+ALIGNED_ELEMS_PER_THREAD_BWD = {8: 16, 16: 8, 32: 8}
 
 _INT32_LIMIT = 2**31
 
@@ -727,6 +758,144 @@ def _softmax_bwd_row_kernel(
         tl.store(dx_row + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _aligned_row(offset, n_cols, VEC: tl.constexpr):
+    """(head, n_body) of a row starting ``offset`` elements past a 16-byte aligned pointer:
+    ``head`` elements come before its first aligned one, and ``n_body`` (a multiple of VEC)
+    aligned elements follow them."""
+    head = tl.minimum((VEC - offset % VEC) % VEC, n_cols)
+    n_body = (n_cols - head) // VEC * VEC
+    return head, tl.multiple_of(n_body, VEC)
+
+
+@triton.jit
+def _edge_cols(head, n_body, n_cols, VEC: tl.constexpr):
+    """(columns, mask) of the row's elements outside its body, [0, head) and
+    [head + n_body, n_cols): fewer than 2 * VEC, in a tile of 2 * VEC."""
+    e = tl.arange(0, 2 * VEC)
+    c = tl.where(e < head, e, n_body + e)
+    return c, c < n_cols
+
+
+@triton.jit
+def _softmax_fwd_aligned_kernel(
+    x_ptr,  # input, seen as (n_outer, n_cols, n_inner), columns contiguous
+    y_ptr,  # output, whose rows start at the same offsets within 16 bytes as x's
+    n_cols,
+    n_inner,
+    stride_xo,
+    stride_xi,
+    stride_yo,
+    stride_yi,
+    LOG: tl.constexpr,
+    OUTER: tl.constexpr,
+    VEC: tl.constexpr,  # elements per 16 bytes
+    BLOCK_N: tl.constexpr,
+):
+    """One row per program, two sweeps as in the looped _softmax_fwd_kernel (CHUNK_MAX), over
+    the row's aligned body in chunks and its edge (see ALIGNED)."""
+    o, i = _program_row(n_inner, OUTER)
+    x_off = o * stride_xo + i * stride_xi
+    y_off = o * stride_yo + i * stride_yi
+    head, n_body = _aligned_row(x_off, n_cols, VEC)
+    x_body = x_ptr + tl.multiple_of(x_off + head, VEC)
+    y_body = y_ptr + tl.multiple_of(y_off + head, VEC)
+    ec, em = _edge_cols(head, n_body, n_cols, VEC)
+    xe = tl.load(x_ptr + x_off + ec, mask=em, other=float("-inf")).to(tl.float32)
+    m = tl.max(xe, axis=0)
+    ref = tl.where(m == float("-inf"), 0.0, m)  # all -inf so far: exp gives 0
+    s = tl.sum(fast_exp(xe - ref), axis=0)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, n_body, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_body + c, mask=c < n_body, other=float("-inf"), eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref), axis=0)
+        m = m_new
+    if LOG:
+        shift = m + tl.log(s)
+        ye = xe - shift
+    else:
+        shift = m * LOG2E + tl.log2(s)
+        ye = tl.exp2(xe * LOG2E - shift)
+    tl.store(y_ptr + y_off + ec, ye.to(y_ptr.dtype.element_ty), mask=em)
+    n_chunks = tl.cdiv(n_body, BLOCK_N)
+    for k in range(0, n_chunks):  # last chunk first: the chunks read last are still in L2
+        c = (n_chunks - 1 - k) * BLOCK_N + cols
+        mask = c < n_body
+        x = tl.load(x_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
+        if LOG:
+            y = x.to(tl.float32) - shift
+        else:
+            y = tl.exp2(x.to(tl.float32) * LOG2E - shift)
+        tl.store(y_body + c, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+
+
+@triton.jit
+def _softmax_bwd_aligned_kernel(
+    dy_ptr,  # as in _softmax_bwd_row_kernel; every tensor's rows start at the same offsets
+    y_ptr,  # within 16 bytes
+    dx_ptr,
+    n_cols,
+    n_inner,
+    stride_dyo,
+    stride_dyi,
+    stride_yo,
+    stride_yi,
+    stride_dxo,
+    stride_dxi,
+    LOG: tl.constexpr,
+    OUTER: tl.constexpr,
+    VEC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One row per program: sum(dy * y) (log_softmax: sum(dy)), then dx, over the row's aligned
+    body in chunks and its edge (see ALIGNED)."""
+    o, i = _program_row(n_inner, OUTER)
+    dy_off = o * stride_dyo + i * stride_dyi
+    y_off = o * stride_yo + i * stride_yi
+    dx_off = o * stride_dxo + i * stride_dxi
+    head, n_body = _aligned_row(dy_off, n_cols, VEC)
+    dy_body = dy_ptr + tl.multiple_of(dy_off + head, VEC)
+    y_body = y_ptr + tl.multiple_of(y_off + head, VEC)
+    dx_body = dx_ptr + tl.multiple_of(dx_off + head, VEC)
+    ec, em = _edge_cols(head, n_body, n_cols, VEC)
+    dye = tl.load(dy_ptr + dy_off + ec, mask=em, other=0.0).to(tl.float32)
+    ye = tl.load(y_ptr + y_off + ec, mask=em, other=0.0).to(tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_body, BLOCK_N):
+        c = start + cols
+        mask = c < n_body
+        dy = tl.load(dy_body + c, mask=mask, other=0.0, eviction_policy="evict_last")
+        if LOG:
+            acc += dy.to(tl.float32)
+        else:
+            y = tl.load(y_body + c, mask=mask, other=0.0, eviction_policy="evict_last")
+            acc += dy.to(tl.float32) * y.to(tl.float32)
+    if LOG:
+        total = tl.sum(acc, axis=0) + tl.sum(dye, axis=0)
+        dxe = dye - fast_exp(ye) * total
+    else:
+        total = tl.sum(acc, axis=0) + tl.sum(dye * ye, axis=0)
+        dxe = ye * (dye - total)
+    tl.store(dx_ptr + dx_off + ec, dxe.to(dx_ptr.dtype.element_ty), mask=em)
+    for start in range(0, n_body, BLOCK_N):
+        c = start + cols
+        mask = c < n_body
+        dy = tl.load(dy_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
+        y = tl.load(y_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
+        dy = dy.to(tl.float32)
+        y = y.to(tl.float32)
+        if LOG:
+            dx = dy - fast_exp(y) * total
+        else:
+            dx = y * (dy - total)
+        tl.store(dx_body + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -749,13 +918,52 @@ def _evict_kwargs(evict: bool) -> dict:
     return {"KEEP": "evict_last" if evict else "", "DROP": "evict_first" if evict else ""}
 
 
+def misaligned_rows(layout: RowLayout, tensors: Sequence[torch.Tensor]) -> int:
+    """Elements per 16 bytes (VEC) when the aligned-walk kernels apply to ``tensors`` (those
+    with columns, in the layout's order): contiguous columns, 16-byte aligned base pointers,
+    every tensor's rows starting at the same offset within 16 bytes, and some row not aligned
+    (or a width not a whole number of vectors); 0 otherwise (see ALIGNED)."""
+    size = tensors[0].element_size()
+    vec = 16 // size
+    if not ALIGNED or any(t.element_size() != size or t.data_ptr() % 16 for t in tensors):
+        return 0
+    if any(strides[1] != 1 for strides in layout.strides):
+        return 0
+    axes = [a for a, n in ((0, layout.n_outer), (2, layout.n_inner)) if n > 1]
+    residues = {tuple(strides[a] % vec for a in axes) for strides in layout.strides}
+    if len(residues) != 1:
+        return 0
+    if layout.n_cols % vec == 0 and not any(next(iter(residues))):
+        return 0  # aligned rows: the other kernels' loads are vectors already
+    return vec
+
+
+def _aligned_config(n_cols: int, element_size: int, backward: bool) -> tuple[int, int]:
+    """(BLOCK_N, warps) of an aligned-walk kernel (see ALIGNED)."""
+    if backward:
+        return row_program_config(
+            n_cols, element_size, ALIGNED_WARPS_BWD, ALIGNED_ELEMS_PER_THREAD_BWD
+        )
+    warps, per_thread = ALIGNED_FWD.get(element_size, ALIGNED_FWD[4])
+    return min(32 * warps * per_thread, next_power_of_2(n_cols)), warps
+
+
 def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     """softmax (or log_softmax) of x along ``dim`` (already normalized to 0 <= dim < x.dim())."""
     (x,), (y,), _, layout = plan_rows([x], (dim,), 1)
     if layout is None:
         return y
-    cfg = softmax_config(layout, x.device, backward=False)
     (sxo, sxn, sxi), (syo, syn, syi) = layout.strides
+    if layout.n_cols >= ALIGNED_MIN_COLS_FWD:
+        vec = misaligned_rows(layout, [x, y])
+        if vec:
+            block_n, warps = _aligned_config(layout.n_cols, x.element_size(), backward=False)
+            _softmax_fwd_aligned_kernel[(layout.n_outer * layout.n_inner,)](
+                x, y, layout.n_cols, layout.n_inner, sxo, sxi, syo, syi,
+                LOG=log, OUTER=layout.n_outer > 1, VEC=vec, BLOCK_N=block_n, num_warps=warps,
+            )  # fmt: skip
+            return y
+    cfg = softmax_config(layout, x.device, backward=False)
     _softmax_fwd_kernel[(cfg.programs,)](
         x,
         y,
@@ -806,6 +1014,15 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
     if layout is None:
         return dx
     (sgo, sgn, sgi), (syo, syn, syi), (sdo, sdn, sdi) = layout.strides
+    if layout.n_cols >= ALIGNED_MIN_COLS_BWD:
+        vec = misaligned_rows(layout, [grad, y, dx])
+        if vec:
+            block_n, warps = _aligned_config(layout.n_cols, y.element_size(), backward=True)
+            _softmax_bwd_aligned_kernel[(layout.n_outer * layout.n_inner,)](
+                grad, y, dx, layout.n_cols, layout.n_inner, sgo, sgi, syo, syi, sdo, sdi,
+                LOG=log, OUTER=layout.n_outer > 1, VEC=vec, BLOCK_N=block_n, num_warps=warps,
+            )  # fmt: skip
+            return dx
     row = ROW_BWD and y.element_size() == 2 and sgn == syn == sdn == 1
     low = ROW_BWD_MIN_COLS_LOG if log else ROW_BWD_MIN_COLS
     if row and low <= layout.n_cols <= ROW_BWD_MAX_COLS:
