@@ -732,21 +732,35 @@ def _softmax_bwd_row_kernel(
     dy_row = dy_ptr + o * stride_dyo + i * stride_dyi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     dx_row = dx_ptr + o * stride_dxo + i * stride_dxi
+    total = _bwd_row_total(dy_row, y_row, N_COLS, LOG, BLOCK_N)
+    _bwd_row_dx(dy_row, y_row, dx_row, N_COLS, total, LOG, BLOCK_N)
+
+
+@triton.jit
+def _bwd_row_total(dy_row, y_row, n_cols, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """sum(dy * y) (log_softmax: sum(dy)) over the columns [0, n_cols) of one row, in chunks,
+    its loads kept in L2 for the second sweep (_bwd_row_dx)."""
     cols = tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, N_COLS, BLOCK_N):
+    for start in range(0, n_cols, BLOCK_N):
         c = start + cols
-        mask = c < N_COLS
+        mask = c < n_cols
         dy = tl.load(dy_row + c, mask=mask, other=0.0, eviction_policy="evict_last")
         if LOG:
             acc += dy.to(tl.float32)
         else:
             y = tl.load(y_row + c, mask=mask, other=0.0, eviction_policy="evict_last")
             acc += dy.to(tl.float32) * y.to(tl.float32)
-    total = tl.sum(acc, axis=0)
-    for start in range(0, N_COLS, BLOCK_N):
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _bwd_row_dx(dy_row, y_row, dx_row, n_cols, total, LOG: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx over the columns [0, n_cols) of one row, in chunks, from its row sum ``total``."""
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, n_cols, BLOCK_N):
         c = start + cols
-        mask = c < N_COLS
+        mask = c < n_cols
         dy = tl.load(dy_row + c, mask=mask, other=0.0, eviction_policy="evict_first")
         y = tl.load(y_row + c, mask=mask, other=0.0, eviction_policy="evict_first")
         dy = dy.to(tl.float32)
@@ -755,7 +769,7 @@ def _softmax_bwd_row_kernel(
             dx = dy - fast_exp(y) * total
         else:
             dx = y * (dy - total)
-        tl.store(dx_row + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_row + c, dx.to(dx_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -864,36 +878,15 @@ def _softmax_bwd_aligned_kernel(
     ec, em = _edge_cols(head, n_body, n_cols, VEC)
     dye = tl.load(dy_ptr + dy_off + ec, mask=em, other=0.0).to(tl.float32)
     ye = tl.load(y_ptr + y_off + ec, mask=em, other=0.0).to(tl.float32)
-    cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_body, BLOCK_N):
-        c = start + cols
-        mask = c < n_body
-        dy = tl.load(dy_body + c, mask=mask, other=0.0, eviction_policy="evict_last")
-        if LOG:
-            acc += dy.to(tl.float32)
-        else:
-            y = tl.load(y_body + c, mask=mask, other=0.0, eviction_policy="evict_last")
-            acc += dy.to(tl.float32) * y.to(tl.float32)
+    total = _bwd_row_total(dy_body, y_body, n_body, LOG, BLOCK_N)
     if LOG:
-        total = tl.sum(acc, axis=0) + tl.sum(dye, axis=0)
+        total += tl.sum(dye, axis=0)
         dxe = dye - fast_exp(ye) * total
     else:
-        total = tl.sum(acc, axis=0) + tl.sum(dye * ye, axis=0)
+        total += tl.sum(dye * ye, axis=0)
         dxe = ye * (dye - total)
     tl.store(dx_ptr + dx_off + ec, dxe.to(dx_ptr.dtype.element_ty), mask=em)
-    for start in range(0, n_body, BLOCK_N):
-        c = start + cols
-        mask = c < n_body
-        dy = tl.load(dy_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
-        y = tl.load(y_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
-        dy = dy.to(tl.float32)
-        y = y.to(tl.float32)
-        if LOG:
-            dx = dy - fast_exp(y) * total
-        else:
-            dx = y * (dy - total)
-        tl.store(dx_body + c, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    _bwd_row_dx(dy_body, y_body, dx_body, n_body, total, LOG, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------------------------
