@@ -445,6 +445,35 @@ def _reverse_start(k, n_chunks, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _rescale(m, s, chunk_max):
+    """One chunk of an online softmax: (m', ref, s rescaled to ref) for the running maximum m
+    and sum s; the caller adds the chunk's sum of exp(x - ref). ref is m' = max(m, chunk_max),
+    or 0 while everything so far is -inf (so that exp gives 0, not NaN)."""
+    m_new = tl.maximum(m, chunk_max)
+    ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, ref, s * fast_exp(m - ref)
+
+
+@triton.jit
+def _output_shift(row_max, row_sum, LOG: tl.constexpr):
+    """The one value per row that the output subtracts (_output): log_softmax x - (max +
+    log(sum)), softmax exp2(x log2(e) - (max log2(e) + log2(sum))), one FMA and one exp2 per
+    element instead of exp(x - max) / sum. H200 (run 21), (4096, 65536) bf16: 3661 GB/s, 3598
+    before. An all -inf row gives NaN, as PyTorch does (-inf + inf)."""
+    if LOG:
+        return row_max + tl.log(row_sum)
+    return row_max * LOG2E + tl.log2(row_sum)
+
+
+@triton.jit
+def _output(x, shift, LOG: tl.constexpr):
+    """softmax (log_softmax) of fp32 x from its row's _output_shift."""
+    if LOG:
+        return x - shift
+    return tl.exp2(x * LOG2E - shift)
+
+
+@triton.jit
 def _row_max_sum(
     x_rows,
     n_cols,
@@ -488,10 +517,8 @@ def _row_max_sum(
             x = loaded
         x = x.to(tl.float32)
         if CHUNK_MAX:
-            m_new = tl.maximum(m, tl.max(x, axis=1))
-            ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: exp gives 0
-            s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref[:, None]), axis=1)
-            m = m_new
+            m, ref, s = _rescale(m, s, tl.max(x, axis=1))
+            s += tl.sum(fast_exp(x - ref[:, None]), axis=1)
         else:
             d = x - m
             e = fast_exp(-tl.abs(d))
@@ -546,14 +573,7 @@ def _softmax_fwd_kernel(
                 x_rows, n_cols, stride_xn, row_mask, cols, BLOCK_R, BLOCK_N, PREFETCH, KEEP,
                 CHUNK_MAX,
             )  # fmt: skip
-            # The output is x minus one value per row: log_softmax x - (max + log(sum)), softmax
-            # exp2(x log2(e) - (max log2(e) + log2(sum))), one FMA and one exp2 per element
-            # instead of exp(x - max) / sum. H200 (run 21), (4096, 65536) bf16: 3661 GB/s, 3598
-            # before. An all -inf row gives NaN, as PyTorch does (-inf + inf).
-            if LOG:
-                shift = row_max + tl.log(row_sum)
-            else:
-                shift = row_max * LOG2E + tl.log2(row_sum)
+            shift = _output_shift(row_max, row_sum, LOG)
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # Last chunk first: the chunks read last by the first sweep are still in L2.
             if PREFETCH:
@@ -570,10 +590,7 @@ def _softmax_fwd_kernel(
                     x = loaded
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
-                if LOG:
-                    y = x.to(tl.float32) - shift[:, None]
-                else:
-                    y = tl.exp2(x.to(tl.float32) * LOG2E - shift[:, None])
+                y = _output(x.to(tl.float32), shift[:, None], LOG)
                 tl.store(
                     y_rows[:, None] + c[None, :] * stride_yn,
                     y.to(y_ptr.dtype.element_ty),
@@ -817,33 +834,24 @@ def _softmax_fwd_aligned_kernel(
     ec, em = _edge_cols(head, n_body, n_cols, VEC)
     xe = tl.load(x_ptr + x_off + ec, mask=em, other=float("-inf")).to(tl.float32)
     m = tl.max(xe, axis=0)
-    ref = tl.where(m == float("-inf"), 0.0, m)  # all -inf so far: exp gives 0
+    ref = tl.where(m == float("-inf"), 0.0, m)  # as in _rescale
     s = tl.sum(fast_exp(xe - ref), axis=0)
     cols = tl.arange(0, BLOCK_N)
     for start in range(0, n_body, BLOCK_N):
         c = start + cols
         x = tl.load(x_body + c, mask=c < n_body, other=float("-inf"), eviction_policy="evict_last")
         x = x.to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * fast_exp(m - ref) + tl.sum(fast_exp(x - ref), axis=0)
-        m = m_new
-    if LOG:
-        shift = m + tl.log(s)
-        ye = xe - shift
-    else:
-        shift = m * LOG2E + tl.log2(s)
-        ye = tl.exp2(xe * LOG2E - shift)
+        m, ref, s = _rescale(m, s, tl.max(x, axis=0))
+        s += tl.sum(fast_exp(x - ref), axis=0)
+    shift = _output_shift(m, s, LOG)
+    ye = _output(xe, shift, LOG)
     tl.store(y_ptr + y_off + ec, ye.to(y_ptr.dtype.element_ty), mask=em)
     n_chunks = tl.cdiv(n_body, BLOCK_N)
     for k in range(0, n_chunks):  # last chunk first: the chunks read last are still in L2
         c = (n_chunks - 1 - k) * BLOCK_N + cols
         mask = c < n_body
         x = tl.load(x_body + c, mask=mask, other=0.0, eviction_policy="evict_first")
-        if LOG:
-            y = x.to(tl.float32) - shift
-        else:
-            y = tl.exp2(x.to(tl.float32) * LOG2E - shift)
+        y = _output(x.to(tl.float32), shift, LOG)
         tl.store(y_body + c, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
