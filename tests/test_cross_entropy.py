@@ -179,6 +179,67 @@ def test_int64_index_path(small_seg, device, monkeypatch):
     _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, label_smoothing=0.1)
 
 
+@pytest.mark.parametrize("n_cols", [2 * SMALL_SEG + 5, 3 * SMALL_SEG + 7, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_aligned_segments(n_cols, dtype, small_seg, device, monkeypatch):
+    """Odd widths: each row's segments start at its first 16-byte aligned class, the edge
+    around that body goes with segment 0 (ALIGN). Targets, -inf, and the row maximum sit in
+    the edges; the result matches F.cross_entropy in float64 and the plain segments."""
+    n_rows = 1 if n_cols < SMALL_SEG else 9
+    logits = (torch.randn(n_rows, n_cols, device=device) * 3).to(dtype)
+    line = 128 // logits.element_size()
+    assert CE.align_for(CE.ce_config(n_rows, n_cols)[0], logits) == line
+    target = torch.randint(0, n_cols, (n_rows,), device=device)
+    if n_rows > 1:
+        target[:4] = torch.tensor([0, n_cols - 1, -100, 1])
+        logits[0, 0] = 12.0  # row maximum in row 0's head (row 0 starts aligned: no head,
+        logits[3, 0] = 12.0  # so it is in the body); row 3 starts 3 * n_cols into the buffer
+        logits[4, -1] = 12.0
+        logits[5, :2] = float("-inf")
+        logits[6, -2:] = float("-inf")
+    weight = torch.rand(n_cols, device=device) + 0.5
+    results = []
+    for align in (True, False):
+        monkeypatch.setattr(CE, "ALIGN", align)
+        for kwargs in ({"reduction": "none"}, {"reduction": "mean", "label_smoothing": 0.2}):
+            for w in (None, weight):
+                x = logits.detach().clone().requires_grad_()
+                loss = cross_entropy(x, target, w, **kwargs)
+                g = torch.linspace(0.5, 1.5, loss.numel(), device=device).reshape(loss.shape)
+                (grad,) = torch.autograd.grad(loss, x, g.to(loss.dtype))
+                xd = logits.detach().double().requires_grad_()
+                ref = F.cross_entropy(xd, target, None if w is None else w.double(), **kwargs)
+                (gd,) = torch.autograd.grad(ref, xd, g.double())
+                tol = 1e-5 if dtype == torch.float32 else 4e-3
+                torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+                torch.testing.assert_close(grad.double(), gd, rtol=tol, atol=tol)
+                results.append((loss, grad))
+    half = len(results) // 2
+    for (la, ga), (lp, gp) in zip(results[:half], results[half:]):
+        torch.testing.assert_close(la, lp, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ga, gp, rtol=1e-5, atol=1e-6)
+
+
+def test_align_routing(small_seg, device):
+    """Which layouts take the aligned walk: one row per program, contiguous classes, 16-byte
+    aligned bases, equal row offsets within 128 bytes, and rows or a width not provably
+    aligned."""
+    bf = {"device": device, "dtype": torch.bfloat16}
+    odd = torch.randn(4, 41, **bf)
+    assert CE.align_for(1, odd) == 64
+    assert CE.align_for(1, odd, torch.empty_like(odd)) == 64
+    assert CE.align_for(2, odd) == 0  # row tiles
+    assert CE.align_for(1, torch.randn(4, 48, **bf)) == 0  # aligned already
+    assert CE.align_for(1, torch.randn(4, 64, **bf)[:, :40]) == 64  # width 40: not provable
+    assert CE.align_for(1, torch.randn(4, 64, **bf)[:, :48]) == 0
+    assert CE.align_for(1, torch.randn(4, 82, **bf)[:, ::2]) == 0  # strided classes
+    assert CE.align_for(1, torch.randn(4, 42, **bf)[:, 1:]) == 0  # base off 16 bytes
+    assert CE.align_for(1, odd, torch.empty(4, 48, **bf)[:, :41]) == 0  # other row offsets
+    assert CE.align_for(1, torch.randn(4, 41, device=device)) == 32
+    assert CE.align_for(1, odd, torch.empty(4, 41 + 64, **bf)[:, :41]) == 64  # 105 = 41 + 64
+    assert CE.align_for(1, odd, torch.empty(4, 41 + 8, **bf)[:, :41]) == 0  # 16 bytes apart
+
+
 def test_segments_in_bfloat16(small_seg, device):
     """Loss and gradient within twice PyTorch's own bf16 error of the float64 result, plus two
     bf16 steps: the gradient is rounded to bf16 twice (forward, then the in-place scaling),

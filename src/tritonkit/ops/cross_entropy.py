@@ -52,7 +52,7 @@ from tritonkit._utils import (
     eager_direct,
     next_power_of_2,
 )
-from tritonkit.ops._math import fast_exp
+from tritonkit.ops._math import aligned_row, edge_cols, fast_exp
 from tritonkit.ops.softmax import pow2_floor
 
 # ----------------------------------------------------------------------------------------------
@@ -72,6 +72,19 @@ ROWS_TILE = 1024
 # The single-program reductions over rows (mean denominator, loss sum).
 REDUCE_BLOCK = 1024
 
+# Rows of one program per segment (BLOCK_M == 1) whose start or width Triton cannot prove
+# 16-byte aligned (an odd vocabulary such as GPT-2's 50,257 classes: each row starts at another
+# offset within 16 bytes) would be read one element per load. With ALIGN, segments cut each
+# row's body from its first element on a 128-byte line (whole 16-byte vectors, each segment
+# starting a line as an aligned width's do), and the fewer than 2 * 128 bytes outside the body
+# are read one by one: by the row kernel for the forward's logsumexp (in the segment kernel
+# they cost registers, 92 instead of 80: two programs per SM instead of three, and a forward
+# slower than the scalar loads', run 123), by segment 0 for the gradient (see align_for).
+# H200 (run 124), bf16 (8192, 50257), ms, aligned / plain segments / the width 50304: forward
+# 0.2712 / 0.3179 / 0.2714, gradient pass 0.4954 / 0.6866 / 0.4168 (torch.compile 0.7074).
+ALIGN = True
+ALIGN_EDGE_TILE = 2048  # elements of the row kernel's edge tile, rows x 2 * ALIGN
+
 _INT32_LIMIT = 2**31
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -83,6 +96,25 @@ def ce_config(n_rows: int, n_cols: int) -> tuple[int, int, int, int]:
     block_m = pow2_floor(max(1, min(next_power_of_2(n_rows), seg // block_n)))
     warps = pow2_floor(max(1, SEG_WARPS * block_m * block_n // seg))
     return block_m, block_n, cdiv(n_cols, block_n), warps
+
+
+def align_for(block_m: int, *tensors: torch.Tensor) -> int:
+    """Elements per 128 bytes when the segments walk aligned row bodies (ALIGN): one row per
+    program, contiguous classes, 16-byte aligned base pointers (the body's vectors), every
+    tensor's rows starting at the same offset within 128 bytes (one head for all), and rows or
+    a width that Triton's specialization (integers divisible by 16) would not prove aligned;
+    0 otherwise."""
+    size = tensors[0].element_size()
+    vec = 128 // size
+    if not ALIGN or block_m != 1 or any(t.stride(1) != 1 or t.data_ptr() % 16 for t in tensors):
+        return 0
+    n_rows, n_cols = tensors[0].shape
+    strides = {t.stride(0) % vec if n_rows > 1 else 0 for t in tensors}
+    if len(strides) != 1:
+        return 0
+    if n_cols % 16 == 0 and all(t.stride(0) % 16 == 0 or n_rows == 1 for t in tensors):
+        return 0  # the plain segments' loads are vectors already
+    return vec
 
 
 def rows_config(n_rows: int, n_segments: int) -> tuple[int, int]:
@@ -162,6 +194,42 @@ def _segment(n_segments, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: tl
 
 
 @triton.jit
+def _span(row_off, n_cols, ALIGN: tl.constexpr):
+    """(head, n_body) per row: with ALIGN, the classes before the row's first element on a
+    128-byte line and the length of the aligned body after them (a multiple of ALIGN);
+    segments then cut the body (see ALIGN for the edge outside it). Else (0, n_cols):
+    segments cut the row from its start."""
+    if ALIGN:
+        return aligned_row(row_off, n_cols, ALIGN)
+    else:
+        return 0, n_cols
+
+
+@triton.jit
+def _col_mask(offs, n_body, start, ALIGN: tl.constexpr):
+    """[rows, classes] mask of the segment's classes: per row with ALIGN (each row's body has
+    its own length), else one row of it shared by the tile's rows."""
+    if ALIGN:
+        return offs[None, :] < (n_body - start)[:, None]
+    else:
+        return (offs < n_body - start)[None, :]
+
+
+@triton.jit
+def _segment_offsets(row_off, first, stride_n, ALIGN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets of each row's segment start (first: its first class)."""
+    off = row_off + first * stride_n
+    # With ALIGN a whole number of lines, or of segments where those are shorter (segments
+    # start at multiples of BLOCK_N in the body): vectors of 16 bytes either way.
+    if ALIGN:
+        if ALIGN <= BLOCK_N:
+            off = tl.multiple_of(off, ALIGN)
+        else:
+            off = tl.multiple_of(off, BLOCK_N)
+    return off
+
+
+@triton.jit
 def _ce_stats_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # int64 targets [n_rows]
@@ -179,16 +247,20 @@ def _ce_stats_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr,  # K = 3: the sum_c w[c] * x[c] term is needed
     INT64: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements per 16 bytes: segments cut each row's aligned body; or 0
     BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are shorter than a segment)
     BLOCK_N: tl.constexpr,  # classes per segment
 ):
     rows, start, offs = _segment(n_segments, BLOCK_M, BLOCK_N, INT64)
     row_in = rows < n_rows
     t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
-    col_in = offs < n_cols - start
-    # Ignored rows are masked off: their logits are never read.
-    mask = (row_in & (t != ignore_index))[:, None] & col_in[None, :]
-    x_seg = x_ptr + rows * stride_xm + start * stride_xn
+    active = row_in & (t != ignore_index)  # ignored rows: their logits are never read
+    row_off = rows * stride_xm
+    head, n_body = _span(row_off, n_cols, ALIGN)
+    first = head + start
+    col_in = _col_mask(offs, n_body, start, ALIGN)
+    mask = active[:, None] & col_in
+    x_seg = x_ptr + _segment_offsets(row_off, first, stride_xn, ALIGN, BLOCK_N)
     x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=float("-inf"))
     x = x.to(tl.float32)
     seg_max = tl.max(x, axis=1)
@@ -200,12 +272,29 @@ def _ce_stats_kernel(
     tl.store(p, seg_max, mask=row_in)
     tl.store(p + stride_pk, seg_sum, mask=row_in)
     if HAS_SMOOTHING:
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + (start + offs) * stride_w, mask=col_in, other=0.0)
-            wx = tl.where(mask, w.to(tl.float32)[None, :] * x, 0.0)
-        else:
-            wx = tl.where(mask, x, 0.0)
-        tl.store(p + 2 * stride_pk, tl.sum(wx, axis=1), mask=row_in)
+        cols, cols_in = _segment_cols(first, start, offs, col_in, ALIGN)
+        wx = tl.sum(_weighted(x, mask, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT), axis=1)
+        tl.store(p + 2 * stride_pk, wx, mask=row_in)
+
+
+@triton.jit
+def _weighted(x, mask, w_ptr, cols, col_mask, stride_w, HAS_WEIGHT: tl.constexpr):
+    """w[c] * x at columns ``cols`` (x itself without class weights), 0 where masked."""
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols * stride_w, mask=col_mask, other=0.0)
+        return tl.where(mask, w.to(tl.float32) * x, 0.0)
+    else:
+        return tl.where(mask, x, 0.0)
+
+
+@triton.jit
+def _segment_cols(first, start, offs, col_in, ALIGN: tl.constexpr):
+    """(columns, mask) of a segment's classes for per-class data (the class weights): per row
+    with ALIGN, else one row of columns shared by the tile's rows (col_in: _col_mask's)."""
+    if ALIGN:
+        return first[:, None] + offs[None, :], col_in
+    else:
+        return (start + offs)[None, :], col_in
 
 
 @triton.jit
@@ -232,6 +321,7 @@ def _ce_rows_kernel(
     HAS_SMOOTHING: tl.constexpr,  # smoothing > 0: the partials have the sum_c w[c] x[c] plane
     HAS_GRAD: tl.constexpr,
     INT64: tl.constexpr,
+    ALIGN: tl.constexpr,  # as _ce_stats_kernel's: the rows' edges are merged here
     BLOCK_R: tl.constexpr,  # rows per program
     BLOCK_S: tl.constexpr,  # partials per row per step
 ):
@@ -255,6 +345,13 @@ def _ce_rows_kernel(
         m = tl.load(p_rows[:, None] + (j + segs)[None, :], mask=mask, other=float("-inf"))
         m_acc = tl.maximum(m_acc, m)
     row_max = tl.max(m_acc, axis=1)
+    if ALIGN:  # the classes outside each row's aligned body, which no segment read
+        row_off = rows * stride_xm
+        head, n_body = aligned_row(row_off, n_cols, ALIGN)
+        ec, em = edge_cols(head[:, None], n_body[:, None], n_cols, ALIGN)
+        em = em & active[:, None]
+        xe = tl.load(x_ptr + row_off[:, None] + ec, mask=em, other=float("-inf")).to(tl.float32)
+        row_max = tl.maximum(row_max, tl.max(xe, axis=1))  # a NaN here makes the sum NaN
     shift = tl.where(row_max == float("-inf"), 0.0, row_max)  # all -inf: lse -inf, loss NaN
     s_acc = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
     wx_acc = tl.zeros([BLOCK_R, BLOCK_S], tl.float32)
@@ -267,6 +364,10 @@ def _ce_rows_kernel(
             wx_acc += tl.load(p + 2 * stride_pk, mask=mask, other=0.0)
     row_sum = tl.sum(s_acc, axis=1)
     wx = tl.sum(wx_acc, axis=1)
+    if ALIGN:
+        row_sum += tl.sum(fast_exp(xe - shift[:, None]), axis=1)
+        if HAS_SMOOTHING:
+            wx += tl.sum(_weighted(xe, em, w_ptr, ec, em, stride_w, HAS_WEIGHT), axis=1)
     lse = shift + tl.log(tl.where(active, row_sum, 1.0))  # ignored rows: 0, no log(0)
     x_t = tl.load(x_ptr + rows * stride_xm + t_safe * stride_xn, mask=active, other=0.0)
     w_t = tl.full([BLOCK_R], 1.0, tl.float32)
@@ -308,6 +409,7 @@ def _ce_grad_kernel(
     HAS_SMOOTHING: tl.constexpr,
     MEAN: tl.constexpr,  # the gradient is divided by the mean denominator
     INT64: tl.constexpr,
+    ALIGN: tl.constexpr,  # as _ce_stats_kernel's; the gradient's rows start as the logits' do
     BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are shorter than a segment)
     BLOCK_N: tl.constexpr,  # classes per segment
 ):
@@ -317,7 +419,6 @@ def _ce_grad_kernel(
     ignored = t == ignore_index
     active = row_in & (t != ignore_index)
     valid = (t >= 0) & (t < n_cols)
-    col_in = offs < n_cols - start
     lse = tl.load(lse_ptr + rows, mask=active, other=0.0)
     w_t = tl.full([BLOCK_M], 1.0, tl.float32)
     if HAS_WEIGHT:
@@ -336,28 +437,48 @@ def _ce_grad_kernel(
         if HAS_WEIGHT:
             w_sum = tl.load(stats_ptr + 1)
         coef_p += coef_c * w_sum
+    coefs = (lse, coef_p, coef_t, coef_c, valid, ignored)
+    row_off = rows * stride_xm
+    head, n_body = _span(row_off, n_cols, ALIGN)
+    first = head + start
+    col_in = _col_mask(offs, n_body, start, ALIGN)
     # The target's offset in this segment, -1 elsewhere: compared per element in the offsets'
     # type (int32 unless INT64) rather than as int64 class indices.
-    t_off = tl.where((t >= start) & (t < start + BLOCK_N), t - start, -1).to(offs.dtype)
-    x_seg = x_ptr + rows * stride_xm + start * stride_xn
-    mask = active[:, None] & col_in[None, :]
-    x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=0.0)
+    t_off = tl.where((t >= first) & (t < first + BLOCK_N), t - first, -1).to(offs.dtype)
+    x_seg = x_ptr + _segment_offsets(row_off, first, stride_xn, ALIGN, BLOCK_N)
+    x = tl.load(
+        x_seg[:, None] + offs[None, :] * stride_xn, mask=active[:, None] & col_in, other=0.0
+    )
+    cols, cols_in = _segment_cols(first, start, offs, col_in, ALIGN)
+    is_t = offs[None, :] == t_off[:, None]
+    g = _grad(x, is_t, coefs, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
+    g_seg = grad_ptr + _segment_offsets(rows * stride_gm, first, 1, ALIGN, BLOCK_N)
+    store_rows = row_in[:, None]  # ignored rows too: written, so the buffer is all defined
+    g_type = grad_ptr.dtype.element_ty
+    tl.store(g_seg[:, None] + offs[None, :], g.to(g_type), mask=store_rows & col_in)
+    if ALIGN:  # segment 0 also takes the row's edge, the classes outside its aligned body
+        ec, em = edge_cols(head[:, None], n_body[:, None], n_cols, ALIGN)
+        em = em & (start == 0)
+        xe = tl.load(x_ptr + row_off[:, None] + ec, mask=em & active[:, None], other=0.0)
+        ge = _grad(xe, ec == t[:, None], coefs, w_ptr, ec, em, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
+        tl.store(grad_ptr + (rows * stride_gm)[:, None] + ec, ge.to(g_type), mask=em & store_rows)
+
+
+@triton.jit
+def _grad(x, is_t, coefs, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT: tl.constexpr,
+          HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    """The gradient at logits ``x`` ([rows, n]; is_t: where the column is the row's target)."""
+    lse, coef_p, coef_t, coef_c, valid, ignored = coefs
     g = fast_exp(x.to(tl.float32) - lse[:, None]) * coef_p[:, None]
-    g -= tl.where(offs[None, :] == t_off[:, None], coef_t[:, None], 0.0)
+    g -= tl.where(is_t, coef_t[:, None], 0.0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
-            w = tl.load(w_ptr + (start + offs) * stride_w, mask=col_in, other=0.0)
-            g -= w.to(tl.float32)[None, :] * coef_c[:, None]
+            w = tl.load(w_ptr + cols * stride_w, mask=cols_in, other=0.0)
+            g -= w.to(tl.float32) * coef_c[:, None]
         else:
             g -= coef_c[:, None]
     g = tl.where(valid[:, None], g, float("nan"))
-    g = tl.where(ignored[:, None], 0.0, g)  # written, so the buffer is all defined
-    g_seg = grad_ptr + rows * stride_gm + start
-    tl.store(
-        g_seg[:, None] + offs[None, :],
-        g.to(grad_ptr.dtype.element_ty),
-        mask=row_in[:, None] & col_in[None, :],
-    )
+    return tl.where(ignored[:, None], 0.0, g)
 
 
 @triton.jit
@@ -462,6 +583,9 @@ def cross_entropy_fwd(
     _stats_for(logits, target, weight, ignore_index, reduction, smoothing, stats)
     block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols)
     block_r, block_s = rows_config(n_rows, n_segments)
+    align = align_for(block_m, logits)
+    if align:  # the row kernel also reads each row's edge, a tile of 2 * align per row
+        block_r = min(block_r, pow2_floor(max(1, ALIGN_EDGE_TILE // (2 * align))))
     parts = torch.empty(
         (3 if has_smoothing else 2, n_rows, n_segments), dtype=torch.float32, device=dev
     )
@@ -484,6 +608,7 @@ def cross_entropy_fwd(
         HAS_WEIGHT=has_weight,
         HAS_SMOOTHING=has_smoothing,
         INT64=int64,
+        ALIGN=align,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=warps,
@@ -508,6 +633,7 @@ def cross_entropy_fwd(
         HAS_SMOOTHING=has_smoothing,
         HAS_GRAD=need_grad,
         INT64=int64,
+        ALIGN=align,
         BLOCK_R=block_r,
         BLOCK_S=block_s,
         num_warps=4,
@@ -562,6 +688,7 @@ def cross_entropy_bwd(
         HAS_SMOOTHING=label_smoothing > 0.0,
         MEAN=reduction == "mean",
         INT64=_needs_int64(logits, block_m),
+        ALIGN=align_for(block_m, logits, grad),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=warps,

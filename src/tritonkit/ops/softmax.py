@@ -45,7 +45,7 @@ from tritonkit._utils import (
     next_power_of_2,
     sm_count,
 )
-from tritonkit.ops._math import LOG2E, fast_exp
+from tritonkit.ops._math import LOG2E, aligned_row, edge_cols, fast_exp
 
 # ----------------------------------------------------------------------------------------------
 # Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
@@ -790,25 +790,6 @@ def _bwd_row_dx(dy_row, y_row, dx_row, n_cols, total, LOG: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _aligned_row(offset, n_cols, VEC: tl.constexpr):
-    """(head, n_body) of a row starting ``offset`` elements past a 16-byte aligned pointer:
-    ``head`` elements come before its first aligned one, and ``n_body`` (a multiple of VEC)
-    aligned elements follow them."""
-    head = tl.minimum((VEC - offset % VEC) % VEC, n_cols)
-    n_body = (n_cols - head) // VEC * VEC
-    return head, tl.multiple_of(n_body, VEC)
-
-
-@triton.jit
-def _edge_cols(head, n_body, n_cols, VEC: tl.constexpr):
-    """(columns, mask) of the row's elements outside its body, [0, head) and
-    [head + n_body, n_cols): fewer than 2 * VEC, in a tile of 2 * VEC."""
-    e = tl.arange(0, 2 * VEC)
-    c = tl.where(e < head, e, n_body + e)
-    return c, c < n_cols
-
-
-@triton.jit
 def _softmax_fwd_aligned_kernel(
     x_ptr,  # input, seen as (n_outer, n_cols, n_inner), columns contiguous
     y_ptr,  # output, whose rows start at the same offsets within 16 bytes as x's
@@ -828,10 +809,10 @@ def _softmax_fwd_aligned_kernel(
     o, i = _program_row(n_inner, OUTER)
     x_off = o * stride_xo + i * stride_xi
     y_off = o * stride_yo + i * stride_yi
-    head, n_body = _aligned_row(x_off, n_cols, VEC)
+    head, n_body = aligned_row(x_off, n_cols, VEC)
     x_body = x_ptr + tl.multiple_of(x_off + head, VEC)
     y_body = y_ptr + tl.multiple_of(y_off + head, VEC)
-    ec, em = _edge_cols(head, n_body, n_cols, VEC)
+    ec, em = edge_cols(head, n_body, n_cols, VEC)
     xe = tl.load(x_ptr + x_off + ec, mask=em, other=float("-inf")).to(tl.float32)
     m = tl.max(xe, axis=0)
     ref = tl.where(m == float("-inf"), 0.0, m)  # as in _rescale
@@ -879,11 +860,11 @@ def _softmax_bwd_aligned_kernel(
     dy_off = o * stride_dyo + i * stride_dyi
     y_off = o * stride_yo + i * stride_yi
     dx_off = o * stride_dxo + i * stride_dxi
-    head, n_body = _aligned_row(dy_off, n_cols, VEC)
+    head, n_body = aligned_row(dy_off, n_cols, VEC)
     dy_body = dy_ptr + tl.multiple_of(dy_off + head, VEC)
     y_body = y_ptr + tl.multiple_of(y_off + head, VEC)
     dx_body = dx_ptr + tl.multiple_of(dx_off + head, VEC)
-    ec, em = _edge_cols(head, n_body, n_cols, VEC)
+    ec, em = edge_cols(head, n_body, n_cols, VEC)
     dye = tl.load(dy_ptr + dy_off + ec, mask=em, other=0.0).to(tl.float32)
     ye = tl.load(y_ptr + y_off + ec, mask=em, other=0.0).to(tl.float32)
     total = _bwd_row_total(dy_body, y_body, n_body, LOG, BLOCK_N)

@@ -94,7 +94,8 @@ register(
         make_inputs=_inputs,
         shapes=Shapes(
             test=[(1, 1), (3, 7), (6, 129)],
-            bench=[(8192, 128256)],
+            # (8192, 50257): GPT-2's vocabulary, an odd width (ops ALIGN).
+            bench=[(8192, 128256), (8192, 50257)],
             empty=[(0, 5)],
         ),
         # Every option is covered in five variants (the interpreter is slow): reductions,
