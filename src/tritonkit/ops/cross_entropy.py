@@ -16,6 +16,11 @@ second sweep that hoped to find the row in L2 found DRAM instead):
 3. The backward: ``_ce_grad_kernel`` reads the logits again and writes the gradient
    ``grad_output * scale * (softmax - smoothed one-hot)`` in the logits' dtype.
 
+Rows that do not start on a 16-byte boundary (an odd vocabulary) are cut into segments from
+their first 128-byte line instead, so that every segment is read in 16-byte vectors; the few
+classes around that aligned body are read by the row kernel and by the gradient's first
+segment (see ALIGN).
+
 So the forward reads the logits once, and the backward reads them once and writes their
 gradient: no N x C float32 tensor anywhere, and no N x C tensor at all is kept between the
 passes (only the N logsumexps). Computing the gradient inside the forward pass instead (the
