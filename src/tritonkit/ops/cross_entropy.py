@@ -114,8 +114,8 @@ def align_for(block_m: int, *tensors: torch.Tensor) -> int:
     if not ALIGN or block_m != 1 or any(t.stride(1) != 1 or t.data_ptr() % 16 for t in tensors):
         return 0
     n_rows, n_cols = tensors[0].shape
-    strides = {t.stride(0) % vec if n_rows > 1 else 0 for t in tensors}
-    if len(strides) != 1:
+    residues = {t.stride(0) % vec if n_rows > 1 else 0 for t in tensors}
+    if len(residues) != 1:
         return 0
     if n_cols % 16 == 0 and all(t.stride(0) % 16 == 0 or n_rows == 1 for t in tensors):
         return 0  # the plain segments' loads are vectors already
@@ -252,7 +252,7 @@ def _ce_stats_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTHING: tl.constexpr,  # K = 3: the sum_c w[c] * x[c] term is needed
     INT64: tl.constexpr,
-    ALIGN: tl.constexpr,  # elements per 16 bytes: segments cut each row's aligned body; or 0
+    ALIGN: tl.constexpr,  # elements per 128 bytes: segments cut each row's aligned body; or 0
     BLOCK_M: tl.constexpr,  # rows per tile (1 unless the rows are shorter than a segment)
     BLOCK_N: tl.constexpr,  # classes per segment
 ):
@@ -277,8 +277,8 @@ def _ce_stats_kernel(
     tl.store(p, seg_max, mask=row_in)
     tl.store(p + stride_pk, seg_sum, mask=row_in)
     if HAS_SMOOTHING:
-        cols, cols_in = _segment_cols(first, start, offs, col_in, ALIGN)
-        wx = tl.sum(_weighted(x, mask, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT), axis=1)
+        cols = _segment_cols(first, start, offs, ALIGN)
+        wx = tl.sum(_weighted(x, mask, w_ptr, cols, col_in, stride_w, HAS_WEIGHT), axis=1)
         tl.store(p + 2 * stride_pk, wx, mask=row_in)
 
 
@@ -293,13 +293,13 @@ def _weighted(x, mask, w_ptr, cols, col_mask, stride_w, HAS_WEIGHT: tl.constexpr
 
 
 @triton.jit
-def _segment_cols(first, start, offs, col_in, ALIGN: tl.constexpr):
-    """(columns, mask) of a segment's classes for per-class data (the class weights): per row
-    with ALIGN, else one row of columns shared by the tile's rows (col_in: _col_mask's)."""
+def _segment_cols(first, start, offs, ALIGN: tl.constexpr):
+    """A segment's classes, for per-class data (the class weights): per row with ALIGN, else
+    one row of them shared by the tile's rows (the shapes of _col_mask's mask)."""
     if ALIGN:
-        return first[:, None] + offs[None, :], col_in
+        return first[:, None] + offs[None, :]
     else:
-        return (start + offs)[None, :], col_in
+        return (start + offs)[None, :]
 
 
 @triton.jit
@@ -461,9 +461,9 @@ def _ce_grad_kernel(
     x = tl.load(
         x_seg[:, None] + offs[None, :] * stride_xn, mask=active[:, None] & col_in, other=0.0
     )
-    cols, cols_in = _segment_cols(first, start, offs, col_in, ALIGN)
+    cols = _segment_cols(first, start, offs, ALIGN)
     is_t = offs[None, :] == t_off[:, None]
-    g = _grad(x, is_t, coefs, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
+    g = _grad(x, is_t, coefs, w_ptr, cols, col_in, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
     g_seg = grad_ptr + _segment_offsets(rows * stride_gm, first, 1, ALIGN, BLOCK_N)
     store_rows = row_in[:, None]  # ignored rows too: written, so the buffer is all defined
     g_type = grad_ptr.dtype.element_ty

@@ -808,15 +808,13 @@ def _norm_fwd_row_kernel(
     else:
         if SHIFT:
             shift = tl.load(x_row).to(tl.float32)
-        if WELFORD:
-            # Each lane's running mean and M2 (Welford), merged across lanes at the end: no
-            # reduction before the end, and no cancellation whatever the values' order.
-            frame = tl.where(mask, x - shift, 0.0)  # the lane's mean so far
-            acc2 = tl.zeros([BLOCK_N], tl.float32)  # the lane's M2 so far
-        else:
-            frame = tl.where(mask, x - shift, 0.0)
+        # WELFORD: each lane's running mean (frame) and M2 (acc2), merged across lanes at the
+        # end: no reduction before the end, and no cancellation whatever the values' order.
+        # Else frame is the lane's pivot, acc and acc2 its sums about it.
+        frame = tl.where(mask, x - shift, 0.0)
+        acc2 = tl.zeros([BLOCK_N], tl.float32)
+        if not WELFORD:
             acc = tl.zeros([BLOCK_N], tl.float32)
-            acc2 = tl.zeros([BLOCK_N], tl.float32)
     for start in range(BLOCK_N, N_COLS, BLOCK_N):
         c = start + cols
         mask = c < N_COLS
