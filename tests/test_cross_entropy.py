@@ -214,10 +214,14 @@ def test_aligned_segments(n_cols, dtype, small_seg, device, monkeypatch):
                 torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
                 torch.testing.assert_close(grad.double(), gd, rtol=tol, atol=tol)
                 results.append((loss, grad))
+    # The two walks add the same float32 terms in a different order: the loss, lse - x[target]
+    # with lse near 12, may differ by an ulp of lse (1e-6), and a half-precision output may
+    # then round one of its own ulps apart (2**-10 relative).
+    same = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-3, "atol": 1e-5}
     half = len(results) // 2
     for (la, ga), (lp, gp) in zip(results[:half], results[half:]):
-        torch.testing.assert_close(la, lp, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(ga, gp, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(la, lp, **same)
+        torch.testing.assert_close(ga, gp, **same)
 
 
 def test_align_routing(small_seg, device):
