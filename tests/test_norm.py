@@ -152,12 +152,13 @@ def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_row_forward_at_model_widths(dtype, device):
     """The default rule at widths it takes unpatched: a row in chunks that divide it (5120
-    columns) and a width with no power-of-2 chunk (3000), three batch dims."""
+    columns), a width with no power-of-2 chunk (3000), three batch dims, and a power-of-2 width
+    that fp32 LayerNorm takes in one chunk (4096, ROW_FWD_POW2_LN_FP32)."""
     spy = _LaunchSpy(N._norm_fwd_row_kernel)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(N, "_norm_fwd_row_kernel", spy)
         for name in ("layer_norm", "rms_norm"):
-            shapes, cases = [(2, 3, 5120), (3, 3000)], ("random", "grad")
+            shapes, cases = [(2, 3, 5120), (3, 3000), (2, 4096)], ("random", "grad")
             assert_spec_passes(name, device, shapes=shapes, dtypes=[dtype], cases=cases)
     assert spy.launches > 0
 
@@ -178,7 +179,7 @@ def test_row_forward_routing():
     """Which forwards take the row kernel: rows of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS
     contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN
     (fp32: ROW_FWD_MAX_BYTES_LN_FP32), and not fp32 LayerNorm rows of a power-of-2 width that the
-    rows-in-registers path holds."""
+    rows-in-registers path holds (but for ROW_FWD_POW2_LN_FP32)."""
     bf16, fp32 = torch.bfloat16, torch.float32
 
     def takes(shape, dtype=bf16, rms=False, residual=False, transpose=False):
@@ -191,7 +192,9 @@ def test_row_forward_routing():
     assert not takes((4, 3000), residual=True)
     assert not takes((4, 3000), transpose=True)
     assert not takes((4, N.ROW_FWD_MIN_COLS - 1)) and not takes((4, N.ROW_FWD_MAX_COLS + 1))
-    assert not takes((4, 4096), fp32) and takes((4, 4096), fp32, rms=True)
+    assert takes((4, 4096), fp32) and takes((4, 8192), fp32) and takes((4, 4096), fp32, rms=True)
+    assert not takes((4, 2048), fp32) and not takes((4, 16384), fp32)
+    assert N._row_fwd_config(8192, 4, rms=False) == (8192, N.ROW_FWD_POW2_LN_FP32_WARPS)
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
     assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)

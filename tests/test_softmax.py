@@ -36,9 +36,9 @@ class _Count:
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("block_n", [None, 16], ids=["one-chunk", "chunks-of-16"])
 def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch):
-    """16-bit rows take the backward of one program per row, the width a compile-time
-    constant (ROW_BWD), lowered so that the test shapes take it: in one chunk, or in chunks of
-    16 with a partial last one."""
+    """16-bit rows (and fp32 softmax rows) take the backward of one program per row, the
+    width a compile-time constant (ROW_BWD), lowered so that the test shapes take it: in one
+    chunk, or in chunks of 16 with a partial last one."""
     spy = _Count(S._softmax_bwd_row_kernel)
     monkeypatch.setattr(S, "_softmax_bwd_row_kernel", spy)
     monkeypatch.setattr(S, "ROW_BWD_MIN_COLS", 1)
@@ -49,7 +49,7 @@ def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch
     assert_spec_passes(
         name,
         device,
-        dtypes=[torch.bfloat16, torch.float16],
+        dtypes=[torch.bfloat16, torch.float16, torch.float32],
         cases=("random", "specials", "grad", "grad-transpose"),
     )
     assert spy.launches > 0
@@ -57,8 +57,9 @@ def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch
 
 def test_row_backward_routing(device):
     """The row backward takes 16-bit rows of ROW_BWD_MIN_COLS (log_softmax:
-    ROW_BWD_MIN_COLS_LOG) to ROW_BWD_MAX_COLS contiguous columns; float32 rows and transposed
-    rows keep the other paths (rows off 16 bytes: test_aligned_walk_routing)."""
+    ROW_BWD_MIN_COLS_LOG) to ROW_BWD_MAX_COLS contiguous columns, and fp32 softmax rows up to
+    ROW_BWD_MAX_COLS_FP32; transposed rows keep the other paths (rows off 16 bytes:
+    test_aligned_walk_routing)."""
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         spy = _Count(S._softmax_bwd_row_kernel)
@@ -72,7 +73,10 @@ def test_row_backward_routing(device):
 
     assert takes(S.ROW_BWD_MIN_COLS) and takes(S.ROW_BWD_MAX_COLS)
     assert not takes(S.ROW_BWD_MIN_COLS - 1) and not takes(S.ROW_BWD_MAX_COLS + 1)
-    assert not takes(S.ROW_BWD_MIN_COLS, torch.float32)
+    fp32 = torch.float32
+    assert takes(S.ROW_BWD_MIN_COLS, fp32) and takes(S.ROW_BWD_MAX_COLS_FP32, fp32)
+    assert not takes(S.ROW_BWD_MIN_COLS - 4, fp32) and not takes(S.ROW_BWD_MAX_COLS_FP32 + 4, fp32)
+    assert not takes(S.ROW_BWD_MIN_COLS, fp32, op=log_softmax)
     assert not takes(S.ROW_BWD_MIN_COLS, transpose=True)
     low_log = -(-S.ROW_BWD_MIN_COLS_LOG // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
     assert not takes(low_log - 8, op=log_softmax)

@@ -195,6 +195,14 @@ ROW_FWD_MAX_BYTES_LN = 131072  # layer_norm (4096, 65536) fp32: 0.7262 ms, loope
 # fp32 LayerNorm rows, with Welford's update per lane: layer_norm (1024, 32768) fp32 0.0843 ms,
 # torch.compile 0.0812 (run 97; the old path 0.0802 in run 89).
 ROW_FWD_MAX_BYTES_LN_FP32 = 65536
+# fp32 LayerNorm rows of these power-of-2 widths take the row kernel too, in one chunk at
+# ROW_FWD_POW2_LN_FP32_WARPS (the other power-of-2 widths stay in registers: see _row_fwd).
+# H200 (run 131, benchmarks/NOTES.md), same run, ms, this / in registers / torch.compile /
+# Liger: (16384, 4096) 0.1256 / 0.1300 / 0.1270 / 0.1283; (8192, 8192) 0.1280 / 0.1308 / 0.1286.
+# In chunks of 4096 at 16 warps (the byte rule's) 0.1335 at 8192; at 8 warps 0.1283-0.1324 at
+# 4096. At 2048 no config gained more than 3% on rows in registers (0.1266 / 0.1310).
+ROW_FWD_POW2_LN_FP32 = (4096, 8192)
+ROW_FWD_POW2_LN_FP32_WARPS = 16
 ROW_FWD_WARPS = ((8192, 4), (20480, 8), (40960, 16))
 ROW_FWD_ELEMS_PER_THREAD = (4, 8)
 ROW_FWD_WARPS_RMS = ((6144, 4), (14336, 8), (32768, 16))
@@ -1275,6 +1283,7 @@ def _row_fwd(
     # fp32 LayerNorm rows of a power-of-2 width up to MAX_FUSED_COLS stay in registers, kept
     # there across the statistics (no re-read), which ran as fast or faster (run 90).
     kept = not rms and dtype == torch.float32 and n_cols == next_power_of_2(n_cols)
+    kept = kept and n_cols not in ROW_FWD_POW2_LN_FP32
     return (
         ROW_FWD
         and residual is None
@@ -1301,6 +1310,8 @@ def _row_fwd_config(n_cols: int, element_size: int, rms: bool) -> tuple[int, int
         return row_program_config(
             n_cols, element_size, ROW_FWD_WARPS_RMS, ROW_FWD_ELEMS_PER_THREAD_RMS
         )
+    if element_size == 4 and n_cols in ROW_FWD_POW2_LN_FP32:
+        return n_cols, ROW_FWD_POW2_LN_FP32_WARPS
     warps = row_program_warps(n_cols * element_size, ROW_FWD_WARPS)
     low, high = (32 * warps * e for e in ROW_FWD_ELEMS_PER_THREAD)
     even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
