@@ -1281,9 +1281,14 @@ def _row_fwd(
     (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
     n_cols = layout.n_cols
     # fp32 LayerNorm rows of a power-of-2 width up to MAX_FUSED_COLS stay in registers, kept
-    # there across the statistics (no re-read), which ran as fast or faster (run 90).
-    kept = not rms and dtype == torch.float32 and n_cols == next_power_of_2(n_cols)
-    kept = kept and n_cols not in ROW_FWD_POW2_LN_FP32
+    # there across the statistics (no re-read), which ran as fast or faster (run 90), but for
+    # the widths of ROW_FWD_POW2_LN_FP32 (run 131).
+    kept = (
+        not rms
+        and dtype == torch.float32
+        and n_cols == next_power_of_2(n_cols)
+        and n_cols not in ROW_FWD_POW2_LN_FP32
+    )
     return (
         ROW_FWD
         and residual is None
