@@ -19,7 +19,7 @@ def _double(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-_probe_op = torch.library.custom_op("tritonkit_test::double", mutates_args=())(_double)
+_probe_op = _utils.Op("tritonkit_test::double", _double)
 
 
 @_probe_op.register_fake
@@ -32,13 +32,13 @@ def probe():
     """eager_direct over a test op whose dispatched calls are counted (eager_direct reads the
     op's launcher and overload; the overload given here counts, then dispatches)."""
     dispatched = []
-    overload = _probe_op._opoverload
+    overload = _probe_op.overload
 
     def counted(*args):
         dispatched.append(args)
         return overload(*args)
 
-    op = SimpleNamespace(_init_fn=_probe_op._init_fn, _opoverload=counted)
+    op = SimpleNamespace(launcher=_probe_op.launcher, overload=counted)
     return _utils.eager_direct(op), dispatched
 
 
@@ -66,7 +66,7 @@ def test_the_op_is_kept_where_something_watches_it(probe, device):
     call, dispatched = probe
     x = torch.randn(5, device=device)
     xg = x.clone().requires_grad_()
-    with pytest.raises(RuntimeError):  # the op has no derivative of its own
+    with pytest.raises(RuntimeError, match="tritonkit_test::double has no derivative of its own"):
         call(xg).sum().backward()
     with _Recorder() as mode:
         call(x)
@@ -79,6 +79,18 @@ def test_the_op_is_kept_where_something_watches_it(probe, device):
     out = call(torch.empty(5, device="meta"))
     assert out.device.type == "meta"
     assert len(dispatched) == 5
+
+
+def test_ops_refuse_inputs_needing_a_gradient(device):
+    """Called through torch.ops with an input that needs a gradient, an op says that its
+    derivative lives in the tritonkit function's autograd.Function, rather than returning an
+    output through which autograd would pass no gradient; without grad mode it runs."""
+    x = torch.randn(4, 12, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="tritonkit::softmax has no derivative of its own"):
+        torch.ops.tritonkit.softmax(x, 1, False)
+    with torch.no_grad():
+        out = torch.ops.tritonkit.softmax(x, 1, False)
+    torch.testing.assert_close(out, torch.softmax(x.detach(), -1), rtol=1e-5, atol=1e-6)
 
 
 OPS = {

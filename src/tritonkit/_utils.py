@@ -162,17 +162,71 @@ def _direct_call_allowed(args: tuple) -> bool:
     return True
 
 
-def eager_direct(op: torch.library.CustomOpDef) -> Callable:
-    """A caller of the custom op ``op`` that runs its launcher directly in plain eager calls.
+_LIBRARIES: dict[str, torch.library.Library] = {}
+
+
+class Op:
+    """A ``torch.library`` operator whose launcher the dispatcher calls with no Python between.
+
+    ``torch.library.custom_op`` wraps an implementation in Python layers (its Autograd kernel,
+    Dynamo's disable wrappers, an alias check) that cost tens of microseconds on every call
+    from a torch.compile'd graph, where small tritonkit ops then cost twice their eager time
+    (run 133). Here the schema is inferred from the launcher's annotations as custom_op
+    infers it, the launcher is the op's CompositeExplicitAutograd kernel (every device), and
+    the Autograd kernel only refuses an input that needs a gradient under grad mode, since the
+    derivatives live in each op's autograd.Function, before passing the call on.
+    """
+
+    def __init__(self, qualname: str, launcher: Callable) -> None:
+        namespace, name = qualname.split("::")
+        lib = _LIBRARIES.get(namespace)
+        if lib is None:
+            lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+        schema = torch.library.infer_schema(launcher, mutates_args=())
+        lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        lib.impl(name, launcher, "CompositeExplicitAutograd")
+        self.qualname, self.launcher, self._lib = qualname, launcher, lib
+        self.overload = overload = getattr(getattr(torch.ops, namespace), name).default
+        below_autograd = torch._C._after_autograd_keyset
+
+        def autograd_kernel(keyset, *args):
+            if torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args
+            ):
+                raise RuntimeError(
+                    f"{qualname} has no derivative of its own: call it through its tritonkit "
+                    "function, whose autograd.Function carries the backward"
+                )
+            return overload.redispatch(keyset & below_autograd, *args)
+
+        lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+
+    def register_fake(self, fake: Callable) -> Callable:
+        """Register ``fake`` (shapes, strides and dtypes of the outputs from the inputs') for
+        FakeTensor and meta tensors; usable as a decorator."""
+        torch.library.register_fake(self.qualname, fake, lib=self._lib)
+        return fake
+
+    def __call__(self, *args):
+        return self.overload(*args)
+
+
+def define_op(qualname: str) -> Callable[[Callable], Op]:
+    """Decorator: the launcher below becomes the operator ``qualname`` (see :class:`Op`)."""
+    return functools.partial(Op, qualname)
+
+
+def eager_direct(op: Op) -> Callable:
+    """A caller of ``op`` that runs its launcher directly in plain eager calls.
 
     torch.compile needs the op (it traces each call as one graph node), but in eager mode its
-    dispatch (the dispatcher, the autograd fallback, Dynamo's disable wrapper) costs more host
-    time than a small kernel takes on the GPU. Where ``_direct_call_allowed`` says the op adds
-    nothing, the launcher runs directly: the same function the op runs, with the same
-    arguments, so the results are the same.
+    dispatch (the dispatcher and the Autograd kernel) costs host time that a small kernel
+    does not take on the GPU. Where ``_direct_call_allowed`` says the op adds nothing, the
+    launcher runs directly: the same function the op runs, with the same arguments, so the
+    results are the same.
     """
-    launcher = op._init_fn
-    overload = op._opoverload
+    launcher = op.launcher
+    overload = op.overload
 
     def call(*args):
         if _direct_call_allowed(args):

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from tritonkit._autocast import autocast_dtype
 from tritonkit._utils import (
+    Op,
     apply,
     cdiv,
     check_choice,
@@ -711,9 +712,7 @@ def cross_entropy_bwd(
 
 
 # The launchers themselves are the ops (their annotations give the schemas).
-_cross_entropy_op = torch.library.custom_op("tritonkit::cross_entropy", mutates_args=())(
-    cross_entropy_fwd
-)
+_cross_entropy_op = Op("tritonkit::cross_entropy", cross_entropy_fwd)
 
 
 @_cross_entropy_op.register_fake
@@ -721,9 +720,7 @@ def _(logits, target, weight, ignore_index, reduction, label_smoothing, need_gra
     return _outputs(logits, reduction, need_grad, float32_loss)
 
 
-_cross_entropy_backward_op = torch.library.custom_op(
-    "tritonkit::cross_entropy_backward", mutates_args=()
-)(cross_entropy_bwd)
+_cross_entropy_backward_op = Op("tritonkit::cross_entropy_backward", cross_entropy_bwd)
 
 
 @_cross_entropy_backward_op.register_fake

@@ -31,6 +31,7 @@ from tritonkit._utils import (
     check_operand,
     check_same_shape,
     check_tensor,
+    define_op,
     eager_direct,
     elementwise_output,
     elementwise_rows,
@@ -882,7 +883,7 @@ def glu_bwd(
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tritonkit::bias_act", mutates_args=())
+@define_op("tritonkit::bias_act")
 def _bias_act_op(
     x: torch.Tensor, bias: torch.Tensor | None, activation: str, save_mask: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -899,7 +900,7 @@ def _(x, bias, activation, save_mask):
     return y, torch.empty(shape, dtype=torch.uint8, device=x.device)
 
 
-@torch.library.custom_op("tritonkit::bias_act_backward", mutates_args=())
+@define_op("tritonkit::bias_act_backward")
 def _bias_act_backward_op(
     grad: torch.Tensor,
     x: torch.Tensor | None,
@@ -934,7 +935,7 @@ def _(grad, x, bias, mask, activation, need_dx, need_dbias, bias_added):
     return dx, dbias
 
 
-@torch.library.custom_op("tritonkit::glu", mutates_args=())
+@define_op("tritonkit::glu")
 def _glu_op(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
     return glu_fwd(gate, up, activation)
 
@@ -944,7 +945,7 @@ def _(gate, up, activation):
     return elementwise_output([gate, up])
 
 
-@torch.library.custom_op("tritonkit::glu_backward", mutates_args=())
+@define_op("tritonkit::glu_backward")
 def _glu_backward_op(
     grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

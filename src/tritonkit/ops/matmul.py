@@ -58,6 +58,7 @@ from tritonkit._utils import (
     check_operand,
     check_same_device,
     check_tensor,
+    define_op,
     eager_direct,
     interpreter_enabled,
     next_power_of_2,
@@ -1463,7 +1464,7 @@ def scaled_matmul_fwd(
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tritonkit::matmul", mutates_args=())
+@define_op("tritonkit::matmul")
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     return matmul_fwd(a, b, out_dtype)
 
@@ -1473,7 +1474,7 @@ def _(a, b, out_dtype):
     return a.new_empty(matmul_shape("tritonkit.matmul", a.shape, b.shape), dtype=out_dtype)
 
 
-@torch.library.custom_op("tritonkit::linear", mutates_args=())
+@define_op("tritonkit::linear")
 def _linear_op(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -1491,7 +1492,7 @@ def _(x, weight, bias, residual, activation, save_z):
     return x.new_empty(shape), x.new_empty(shape if save_z else (0,))
 
 
-@torch.library.custom_op("tritonkit::scaled_matmul", mutates_args=())
+@define_op("tritonkit::scaled_matmul")
 def _scaled_matmul_op(
     a: torch.Tensor,
     b: torch.Tensor,

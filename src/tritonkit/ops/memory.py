@@ -15,7 +15,15 @@ import triton
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit._utils import LAYOUT_COPIES, apply, cdiv, check_tensor, eager_direct, next_power_of_2
+from tritonkit._utils import (
+    LAYOUT_COPIES,
+    apply,
+    cdiv,
+    check_tensor,
+    define_op,
+    eager_direct,
+    next_power_of_2,
+)
 from tritonkit.ops.elementwise import BiasActFunction
 
 
@@ -132,7 +140,7 @@ def _launch(x3: torch.Tensor, y: torch.Tensor, config: TransposeConfig) -> None:
     )
 
 
-@torch.library.custom_op("tritonkit::transpose", mutates_args=())
+@define_op("tritonkit::transpose")
 def _transpose_op(x: torch.Tensor) -> torch.Tensor:
     return transpose_fwd(x)
 

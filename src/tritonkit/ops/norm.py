@@ -57,6 +57,7 @@ from tritonkit._utils import (
     check_same_dtype,
     check_same_shape,
     check_tensor,
+    define_op,
     eager_direct,
     next_power_of_2,
     shared_memory_per_block,
@@ -1571,7 +1572,7 @@ def norm_bwd(
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tritonkit::norm", mutates_args=())
+@define_op("tritonkit::norm")
 def _norm_op(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -1592,7 +1593,7 @@ def _(x, residual, weight, bias, n_dims, eps, rms):
     return outputs[0], h, mean, rstd
 
 
-@torch.library.custom_op("tritonkit::norm_backward", mutates_args=())
+@define_op("tritonkit::norm_backward")
 def _norm_backward_op(
     grad: torch.Tensor,
     dres: torch.Tensor | None,

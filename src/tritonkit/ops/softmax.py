@@ -40,6 +40,7 @@ from tritonkit._utils import (
     apply,
     cdiv,
     check_tensor,
+    define_op,
     eager_direct,
     is_dense,
     next_power_of_2,
@@ -1064,7 +1065,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tritonkit::softmax", mutates_args=())
+@define_op("tritonkit::softmax")
 def _softmax_op(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return softmax_fwd(x, dim, log)
 
@@ -1074,7 +1075,7 @@ def _(x, dim, log):
     return plan_rows([x], (dim,), 1, count=False)[1][0]
 
 
-@torch.library.custom_op("tritonkit::softmax_backward", mutates_args=())
+@define_op("tritonkit::softmax_backward")
 def _softmax_backward_op(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return softmax_bwd(grad, y, dim, log)
 
