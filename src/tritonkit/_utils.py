@@ -142,13 +142,13 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _direct_call_allowed(args: tuple) -> bool:
-    """Whether a call may skip the custom op and run its launcher: plain eager, real tensors.
+    """Whether a call may skip the op (see Op) and run its launcher: plain eager, real tensors.
 
     The op is kept wherever something must see it as one op: outside plain eager mode
     (``_plain_eager``), under torch.profiler (its traces name each op), for tensor subclasses
     and meta tensors (their fake implementation), and for an input that needs a gradient under
-    grad mode (the op's autograd fallback then says it has no derivative; the derivatives live
-    in each op's autograd.Function).
+    grad mode (the op's Autograd kernel then says it has no derivative; the derivatives live in
+    each op's autograd.Function).
     """
     if not _plain_eager() or torch.autograd._profiler_enabled():
         return False
@@ -166,7 +166,8 @@ _LIBRARIES: dict[str, torch.library.Library] = {}
 
 
 class Op:
-    """A ``torch.library`` operator whose launcher the dispatcher calls with no Python between.
+    """A ``torch.library`` operator whose launcher the dispatcher reaches through one small
+    Autograd kernel.
 
     ``torch.library.custom_op`` wraps an implementation in Python layers (its Autograd kernel,
     Dynamo's disable wrappers, an alias check) that cost tens of microseconds on every call
