@@ -208,9 +208,6 @@ class Op:
         torch.library.register_fake(self.qualname, fake, lib=self._lib)
         return fake
 
-    def __call__(self, *args):
-        return self.overload(*args)
-
 
 def define_op(qualname: str) -> Callable[[Callable], Op]:
     """Decorator: the launcher below becomes the operator ``qualname`` (see :class:`Op`)."""
