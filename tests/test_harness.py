@@ -261,3 +261,23 @@ def test_max_ratio_bounds_the_relative_error_against_pytorchs():
     assert not passed and rel / torch_rel == pytest.approx(2.0, rel=1e-3)
     assert "relative L2 error" in detail and "1.5 x PyTorch's" in detail
     assert compare(ours, ref, same, Tolerance(1e-1, 0.0, 2.5))[0]
+
+
+def test_torch_factor_excuses_no_more_than_pytorchs_own_error():
+    """An output that misses atol + rtol passes under torch_factor only while its largest error
+    is within that multiple of PyTorch's largest same-dtype error; a NaN is never excused."""
+    from tritonkit.harness.check import compare
+    from tritonkit.harness.spec import Tolerance
+
+    ref = torch.linspace(-1.0, 1.0, 64, dtype=torch.float64)
+    same = (ref + 0.3).float()  # PyTorch off by 0.3 everywhere
+    tight = Tolerance(atol=1e-2, rtol=0.0)
+    for err, factor, expected in [(0.2, None, False), (0.2, 1.0, True), (0.5, 1.0, False)]:
+        ours = (ref - err).float()
+        tol = Tolerance(tight.atol, tight.rtol, torch_factor=factor)
+        passed, max_abs, _, _, detail = compare(ours, ref, same, tol)
+        assert passed == expected, (err, factor, detail)
+        assert max_abs == pytest.approx(err, rel=1e-5) or not passed
+    ours = (ref - 0.2).float()
+    ours[3] = float("nan")
+    assert not compare(ours, ref, same, Tolerance(1e-2, 0.0, torch_factor=10.0))[0]

@@ -25,11 +25,18 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 class Tolerance:
     """Elementwise bound against the float64 reference: ``|out - ref| <= atol + rtol * |ref|``;
     and, with ``max_ratio``, a relative L2 error at most that multiple of PyTorch's own (where
-    the output has enough elements for the ratio to mean something)."""
+    the output has enough elements for the ratio to mean something).
+
+    ``torch_factor``: an output that misses the elementwise bound still passes when its largest
+    error is at most this multiple of the largest error of PyTorch's own computation in the same
+    dtype. It is for outputs whose error follows the draw's conditioning (a gradient taken at an
+    intermediate rounded to the dtype), where a fixed bound cannot hold for every draw but
+    "no worse than PyTorch on the same inputs" can; special values are never excused."""
 
     atol: float
     rtol: float
     max_ratio: float | None = None
+    torch_factor: float | None = None
 
 
 # Computed in float32 and rounded once, an output is within half a unit in the last place of

@@ -43,10 +43,14 @@ NORM_TOLERANCE = {**DEFAULT_TOLERANCES, torch.float32: Tolerance(atol=1e-5, rtol
 # as PyTorch's unfused code does: on these shapes (and (64, 1000)) PyTorch's own same-dtype dx
 # needs an atol of 1.5e-3 (fp16) and 1.2e-2 (bf16) against float64. The bounds allow 2x that for
 # fp16 and 4x for bf16 (the interpreter truncates to bfloat16, doubling the rounding error).
+# That error follows the draw's conditioning: rounding a sum whose row has a small spread about
+# a large mean moves xhat by a large fraction (a (1, 5) bf16 draw with std 0.23 about 1: our dx
+# off by 0.068, PyTorch's by 0.110), so no fixed bound holds for every draw. Such a draw passes
+# when our error is no larger than PyTorch's own on the same inputs (torch_factor 1).
 ADD_NORM_GRAD_TOLERANCE = {
-    torch.float32: Tolerance(atol=2e-5, rtol=1e-5),
-    torch.float16: Tolerance(atol=3e-3, rtol=1e-3),
-    torch.bfloat16: Tolerance(atol=5e-2, rtol=2.0**-6),
+    torch.float32: Tolerance(atol=2e-5, rtol=1e-5, torch_factor=1.0),
+    torch.float16: Tolerance(atol=3e-3, rtol=1e-3, torch_factor=1.0),
+    torch.bfloat16: Tolerance(atol=5e-2, rtol=2.0**-6, torch_factor=1.0),
 }
 
 
