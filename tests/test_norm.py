@@ -169,6 +169,22 @@ def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch)
     assert spy.launches > 0
 
 
+@pytest.mark.parametrize(
+    "block_n, elems", [(None, 4), (16, 4), (64, 8), (64, 2)], ids=lambda v: f"{v}"
+)
+def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device, monkeypatch):
+    """LayerNorm's row forward with the first sweep's sums per thread (THREAD_ELEMS), lowered
+    to the test shapes and to every dtype: a row in one chunk or in chunks of 16 or 64 with a
+    partial last one, threads holding 2-8 values, some of them past the row's end."""
+    spy = _LaunchSpy(N._norm_fwd_row_kernel)
+    monkeypatch.setattr(N, "_norm_fwd_row_kernel", spy)
+    _row_chunks(monkeypatch, block_n)
+    thread_elems = lambda n, dtype, rms, block_n, warps: 0 if rms else min(elems, block_n)  # noqa: E731
+    monkeypatch.setattr(N, "_row_fwd_thread_elems", thread_elems)
+    assert_spec_passes("layer_norm", device)
+    assert spy.launches > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_row_forward_at_model_widths(dtype, device):
     """The default rule at widths it takes unpatched: a row in chunks that divide it (5120
@@ -180,6 +196,20 @@ def test_row_forward_at_model_widths(dtype, device):
         for name in ("layer_norm", "rms_norm"):
             shapes, cases = [(2, 3, 5120), (3, 3000), (2, 4096)], ("random", "grad")
             assert_spec_passes(name, device, shapes=shapes, dtypes=[dtype], cases=cases)
+    assert spy.launches > 0
+
+
+def test_row_forward_thread_sums_at_their_widths(device):
+    """16-bit LayerNorm rows that take the per-thread sums unpatched: 65536 columns in chunks
+    of 8192 (8 values a thread), and 40000 in chunks of 4096 with a partial last one."""
+    spy = _LaunchSpy(N._norm_fwd_row_kernel)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(N, "_norm_fwd_row_kernel", spy)
+        for dtype in (torch.bfloat16, torch.float16):
+            shapes = [(2, 65536), (3, 40000)]
+            assert_spec_passes(
+                "layer_norm", device, shapes=shapes, dtypes=[dtype], cases=("random", "stride2")
+            )
     assert spy.launches > 0
 
 
@@ -218,6 +248,13 @@ def test_row_forward_routing():
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
     assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)
+    # per-thread sums (ROW_FWD_THREAD_SUMS_MIN_COLS): 16-bit LayerNorm rows of 24576 or more
+    assert N._row_fwd_thread_elems(65536, bf16, False, 8192, 32) == 8
+    assert N._row_fwd_thread_elems(40000, torch.float16, False, 4096, 32) == 4
+    assert N._row_fwd_thread_elems(24576, bf16, False, 8192, 32) == 8
+    assert N._row_fwd_thread_elems(16384, bf16, False, 8192, 16) == 0
+    assert N._row_fwd_thread_elems(65536, fp32, False, 8192, 32) == 0
+    assert N._row_fwd_thread_elems(65536, bf16, True, 8192, 32) == 0
 
 
 def test_row_forward_chunks():
@@ -400,12 +437,16 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
 
 
 @pytest.mark.parametrize(
-    "wide", [None, 0, 1, "row"], ids=["in-registers", "chunks", "lanes", "row-kernel"]
+    "wide",
+    [None, 0, 1, "row", "row-threads"],
+    ids=["in-registers", "chunks", "lanes", "row-kernel", "row-thread-sums"],
 )
 def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
-    if wide == "row":  # one program per row (ROW_FWD), chunks of 128
+    if wide in ("row", "row-threads"):  # one program per row (ROW_FWD), chunks of 128
         _row_chunks(monkeypatch, 128)
+        if wide == "row-threads":  # sums per thread of 4 values (THREAD_ELEMS)
+            monkeypatch.setattr(N, "_row_fwd_thread_elems", lambda *args: 4)
     elif wide is not None:  # looped, statistics merged per chunk or summed per lane
         monkeypatch.setattr(N, "LOOP_STATS_LN", wide)
         monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)

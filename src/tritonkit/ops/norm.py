@@ -6,7 +6,8 @@ column axis.
 
 Forward: rows of 1536-65536 contiguous columns without a residual take one program each, the
 row width a compile-time constant (``ROW_FWD``: one compilation per width, as torch.compile
-does), two sweeps over chunks, the second re-reading the row from L2. Otherwise a row that fits
+does), two sweeps over chunks, the second re-reading the row from L2 (16-bit LayerNorm rows of
+24576 columns or more sum the first sweep per thread: ``ROW_FWD_THREAD_SUMS_MIN_COLS``). Otherwise a row that fits
 in registers (``MAX_FUSED_COLS``) is read once; a wider row is read twice (statistics, then the
 output, last chunk first), the second time from L2. Per row it
 saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
@@ -218,6 +219,17 @@ ROW_FWD_ELEMS_PER_THREAD_RMS = {4: 16, 8: 16, 16: 8, 32: 8}
 # 0.0660. RMSNorm gained only on the widest rows: (4096, 65536) 0.2794 / 0.2822, and lost
 # 0.3-0.8% on rows of 5-48 KiB ((16384, 4096) 0.0643 / 0.0638), so its rows over
 # ROW_FWD_STORE_MIN_BYTES_RMS take it (rows of 48-128 KiB were not measured).
+# 16-bit LayerNorm rows of ROW_FWD_THREAD_SUMS_MIN_COLS columns or more: the first sweep's sums
+# per thread (THREAD_ELEMS), not per lane. ptxas: at (4096, 65536) the per-lane sweep, fully
+# unrolled with seven chunk loads in flight, takes 53 registers a thread (one 32-warp program
+# per SM); per thread, the sweep stays a loop at 32 registers (two per SM). H200, same run
+# (run 139, benchmarks/NOTES.md), ms, per thread / per lane / copy of the row bytes: bf16
+# (4096, 65536) 0.2937-0.2940 / 0.2985-0.2992 / 0.2535-0.2537; fp16 0.2942-0.2947 /
+# 0.3612-0.3622; (8192, 32768) bf16 0.2535-0.2540 / 0.2546-0.2549; (6554, 40000) bf16 0.3189 /
+# 0.3481 (the sweep unrolled by tl.static_range: 0.3307, and 0.2923-0.2936 at 65536). 128 MiB
+# per tensor (run 140): per thread gained 0.7-1.1% at 24576 and 32768 columns, lost 1-3% at
+# 1536 (bf16), 4096, 8192 and 10240, and tied elsewhere.
+ROW_FWD_THREAD_SUMS_MIN_COLS = 24576
 ROW_FWD_STORE = "evict_first"
 ROW_FWD_STORE_MIN_BYTES_RMS = 65536
 ROW_FWD_SCALE_FIRST = True
@@ -794,6 +806,7 @@ def _norm_fwd_row_kernel(
     SCALE_FIRST: tl.constexpr,  # LayerNorm: x * rstd - mean * rstd, one FMA (16-bit rows)
     STORE: tl.constexpr,  # L2 policy of the output's stores (see ROW_FWD_STORE)
     BLOCK_N: tl.constexpr,
+    THREAD_ELEMS: tl.constexpr,  # LayerNorm, not WELFORD: >0, sums per thread (see below)
 ):
     """One row per program: statistics over chunks of BLOCK_N (per lane, reduced once at the
     end), then the output, re-reading the row (an L2 hit). LayerNorm shifts by the first
@@ -801,11 +814,38 @@ def _norm_fwd_row_kernel(
     (WELFORD: fp32 rows) or as sums about its own first value (16-bit rows: cheaper by up to
     11% on rows of several chunks, run 97, and a first value far off the lane's mean costs
     fp32 digits that a 16-bit row does not hold); the lanes are merged by Chan's formula. The
-    saved mean is relative to the first-element shift."""
+    saved mean is relative to the first-element shift.
+
+    THREAD_ELEMS: the statistics per thread instead of per lane, each thread's THREAD_ELEMS
+    contiguous values of a chunk summed in its registers about the thread's first value: two
+    sums a thread instead of three per lane, and a first sweep that stays a loop (see
+    ROW_FWD_THREAD_SUMS_MIN_COLS)."""
     o, i = _program_row(n_inner, OUTER)
     x_row = x_ptr + o * stride_xo + i * stride_xi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     s_offs = o * stride_so + i * stride_si
+    if THREAD_ELEMS > 0:
+        shift, mean, rstd = _row_thread_stats(
+            x_row, stride_xn, eps, N_COLS, SHIFT, BLOCK_N, THREAD_ELEMS
+        )  # fmt: skip
+    else:
+        shift, mean, rstd = _row_lane_stats(
+            x_row, stride_xn, eps, N_COLS, IS_RMS, SHIFT, WELFORD, BLOCK_N
+        )  # fmt: skip
+    _store_row_stats(mean_ptr, rstd_ptr, s_offs, mean, rstd, IS_RMS)
+    _row_fwd_output(
+        x_row, y_row, w_ptr, b_ptr, stride_xn, stride_yn, stride_w, stride_b, shift, mean, rstd,
+        N_COLS, IS_RMS, HAS_WEIGHT, HAS_BIAS, SCALE_FIRST, STORE, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
+def _row_lane_stats(
+    x_row, stride_xn, eps, N_COLS: tl.constexpr, IS_RMS: tl.constexpr, SHIFT: tl.constexpr,
+    WELFORD: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """(shift, mean relative to the shift, rstd) of a row by _norm_fwd_row_kernel's first
+    sweep, per lane (shift and mean 0 for RMSNorm)."""
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N_COLS
     x = tl.load(x_row + cols * stride_xn, mask=mask, other=0.0, eviction_policy="evict_last")
@@ -842,6 +882,7 @@ def _norm_fwd_row_kernel(
             acc2 += d * d
     if IS_RMS:
         rstd = tl.math.rsqrt(tl.sum(acc, axis=0) / N_COLS + eps)
+        mean = 0.0
     else:
         # Chan's merge of the lanes: n_j values each (0 past the row), their mean and M2.
         n_j = ((N_COLS - cols + BLOCK_N - 1) // BLOCK_N).to(tl.float32)
@@ -857,8 +898,68 @@ def _norm_fwd_row_kernel(
         m2 = tl.sum(lane_m2 + n_j * dev * dev, axis=0)
         # a lane's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
         rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+    return shift, mean, rstd
+
+
+@triton.jit
+def _store_row_stats(mean_ptr, rstd_ptr, s_offs, mean, rstd, IS_RMS: tl.constexpr):
+    if not IS_RMS:
         tl.store(mean_ptr + s_offs, mean)
     tl.store(rstd_ptr + s_offs, rstd)
+
+
+@triton.jit
+def _row_thread_stats(
+    x_row, stride_xn, eps, N_COLS: tl.constexpr, SHIFT: tl.constexpr, BLOCK_N: tl.constexpr,
+    V: tl.constexpr,
+):  # fmt: skip
+    """(shift, mean relative to the shift, rstd) of a LayerNorm row by _norm_fwd_row_kernel's first
+    sweep with THREAD_ELEMS = V: chunks of BLOCK_N seen as (BLOCK_N // V, V) tiles, one thread
+    per tile row, each thread's sums about its own first value; Chan's merge of the threads."""
+    T: tl.constexpr = BLOCK_N // V
+    offs = tl.arange(0, T)[:, None] * V + tl.arange(0, V)[None, :]
+    shift = 0.0
+    if SHIFT:
+        shift = tl.load(x_row).to(tl.float32)
+    mask = offs < N_COLS
+    x = tl.load(x_row + offs * stride_xn, mask=mask, other=0.0, eviction_policy="evict_last")
+    xs = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+    pivot = tl.sum(tl.where(offs % V == 0, xs, 0.0), axis=1)  # the thread's first value
+    d = tl.where(mask, xs - pivot[:, None], 0.0)
+    acc = tl.sum(d, axis=1)
+    acc2 = tl.sum(d * d, axis=1)
+    for start in range(BLOCK_N, N_COLS, BLOCK_N):
+        c = start + offs
+        mask = c < N_COLS
+        x = tl.load(x_row + c * stride_xn, mask=mask, other=0.0, eviction_policy="evict_last")
+        d = tl.where(mask, (x.to(tl.float32) - shift) - pivot[:, None], 0.0)
+        acc += tl.sum(d, axis=1)
+        acc2 += tl.sum(d * d, axis=1)
+    # The thread's count: V per full chunk, and its part of the last partial one.
+    tail: tl.constexpr = N_COLS % BLOCK_N
+    first = tl.arange(0, T) * V
+    n_t = (N_COLS // BLOCK_N) * V + tl.minimum(tl.maximum(tail - first, 0), V)
+    n_t = n_t.to(tl.float32)
+    per = tl.maximum(n_t, 1.0)
+    t_mean = pivot + acc / per
+    t_m2 = acc2 - acc * (acc / per)
+    mean = tl.sum(t_mean * n_t, axis=0) / N_COLS
+    dev = t_mean - mean
+    m2 = tl.sum(t_m2 + n_t * dev * dev, axis=0)
+    # a thread's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
+    rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+    return shift, mean, rstd
+
+
+@triton.jit
+def _row_fwd_output(
+    x_row, y_row, w_ptr, b_ptr, stride_xn, stride_yn, stride_w, stride_b, shift, mean, rstd,
+    N_COLS: tl.constexpr, IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SCALE_FIRST: tl.constexpr, STORE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """_norm_fwd_row_kernel's second sweep: the row again (an L2 hit), normalized, stored."""
+    cols = tl.arange(0, BLOCK_N)
     for start in range(0, N_COLS, BLOCK_N):
         c = start + cols
         mask = c < N_COLS
@@ -876,7 +977,7 @@ def _norm_fwd_row_kernel(
         if HAS_BIAS:
             b = tl.load(b_ptr + c * stride_b, mask=mask, eviction_policy="evict_last")
             y += b.to(tl.float32)
-        tl.store(y_row + c * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask,
+        tl.store(y_row + c * stride_yn, y.to(y_row.dtype.element_ty), mask=mask,
                  eviction_policy=STORE)  # fmt: skip
 
 
@@ -1362,8 +1463,19 @@ def _row_fwd_launch(x, weight, bias, y, mean, rstd, layout, eps, rms):
         SCALE_FIRST=ROW_FWD_SCALE_FIRST and not rms and x.element_size() == 2,
         STORE=_row_fwd_store(layout.n_cols, x.element_size(), rms),
         BLOCK_N=block_n,
+        THREAD_ELEMS=_row_fwd_thread_elems(layout.n_cols, x.dtype, rms, block_n, warps),
         num_warps=warps,
     )
+
+
+def _row_fwd_thread_elems(
+    n_cols: int, dtype: torch.dtype, rms: bool, block_n: int, warps: int
+) -> int:
+    """_norm_fwd_row_kernel's THREAD_ELEMS: each thread's share of a chunk for 16-bit LayerNorm
+    rows of ROW_FWD_THREAD_SUMS_MIN_COLS or more (see there), else 0 (per-lane sums)."""
+    if rms or dtype == torch.float32 or n_cols < ROW_FWD_THREAD_SUMS_MIN_COLS:
+        return 0
+    return max(block_n // (32 * warps), 1)
 
 
 def _looped_fwd_config(
