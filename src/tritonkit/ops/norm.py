@@ -7,9 +7,9 @@ column axis.
 Forward: rows of 1536-65536 contiguous columns without a residual take one program each, the
 row width a compile-time constant (``ROW_FWD``: one compilation per width, as torch.compile
 does), two sweeps over chunks, the second re-reading the row from L2 (16-bit LayerNorm rows of
-24576 columns or more sum the first sweep per thread: ``ROW_FWD_THREAD_SUMS_MIN_COLS``). Otherwise a row that fits
-in registers (``MAX_FUSED_COLS``) is read once; a wider row is read twice (statistics, then the
-output, last chunk first), the second time from L2. Per row it
+24576 columns or more sum the first sweep per thread: ``ROW_FWD_THREAD_SUMS_MIN_COLS``).
+Otherwise a row that fits in registers (``MAX_FUSED_COLS``) is read once; a wider row is read
+twice (statistics, then the output, last chunk first), the second time from L2. Per row it
 saves two fp32 values for the backward: rstd and, for LayerNorm, the mean. LayerNorm is stable
 on rows with a large mean and a small variance (fp32 rows of 1e4 + N(0, 1)): every value of
 an fp32 row is first shifted by the row's first element, which makes the subtraction of
