@@ -890,15 +890,29 @@ def _row_lane_stats(
             lane_mean = frame
             lane_m2 = acc2
         else:
-            per = tl.maximum(n_j, 1.0)
-            lane_mean = frame + acc / per
-            lane_m2 = acc2 - acc * (acc / per)
-        mean = tl.sum(lane_mean * n_j, axis=0) / N_COLS
-        dev = lane_mean - mean
-        m2 = tl.sum(lane_m2 + n_j * dev * dev, axis=0)
-        # a lane's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
-        rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+            lane_mean, lane_m2 = _pivot_moments(frame, acc, acc2, n_j)
+        mean, rstd = _merge_moments(lane_mean, lane_m2, n_j, eps, N_COLS)
     return shift, mean, rstd
+
+
+@triton.jit
+def _pivot_moments(pivot, acc, acc2, n):
+    """(mean, M2) of parts of n values each (0: none) from their sums of d and d^2, d = value -
+    pivot."""
+    per = tl.maximum(n, 1.0)
+    return pivot + acc / per, acc2 - acc * (acc / per)
+
+
+@triton.jit
+def _merge_moments(part_mean, part_m2, n, eps, N_COLS: tl.constexpr):
+    """(mean, rstd) of a row of N_COLS values from its parts' counts, means and M2 (Chan's
+    formula)."""
+    mean = tl.sum(part_mean * n, axis=0) / N_COLS
+    dev = part_mean - mean
+    m2 = tl.sum(part_m2 + n * dev * dev, axis=0)
+    # a part's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
+    rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+    return mean, rstd
 
 
 @triton.jit
@@ -940,14 +954,8 @@ def _row_thread_stats(
     first = tl.arange(0, T) * V
     n_t = (N_COLS // BLOCK_N) * V + tl.minimum(tl.maximum(tail - first, 0), V)
     n_t = n_t.to(tl.float32)
-    per = tl.maximum(n_t, 1.0)
-    t_mean = pivot + acc / per
-    t_m2 = acc2 - acc * (acc / per)
-    mean = tl.sum(t_mean * n_t, axis=0) / N_COLS
-    dev = t_mean - mean
-    m2 = tl.sum(t_m2 + n_t * dev * dev, axis=0)
-    # a thread's M2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
-    rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / N_COLS + eps)
+    t_mean, t_m2 = _pivot_moments(pivot, acc, acc2, n_t)
+    mean, rstd = _merge_moments(t_mean, t_m2, n_t, eps, N_COLS)
     return shift, mean, rstd
 
 
