@@ -278,6 +278,22 @@ def test_torch_factor_excuses_no_more_than_pytorchs_own_error():
         passed, max_abs, _, _, detail = compare(ours, ref, same, tol)
         assert passed == expected, (err, factor, detail)
         assert max_abs == pytest.approx(err, rel=1e-5) or not passed
+        # a pass on torch_factor's count says so; a pass within the bound says nothing
+        assert ("within 1 x PyTorch's own largest error 0.3" in detail) == (passed and bool(factor))
     ours = (ref - 0.2).float()
     ours[3] = float("nan")
     assert not compare(ours, ref, same, Tolerance(1e-2, 0.0, torch_factor=10.0))[0]
+
+
+def test_report_lists_checks_passed_on_pytorchs_error():
+    """render_checks names each check that passed only on torch_factor's count."""
+    from tritonkit.harness.report import render_checks
+
+    base = dict(op="toy", params="", shape="(1, 5)", dtype="bfloat16", rel_l2=0.1, ratio=0.6)
+    checks = [
+        dict(base, case="random", passed=True, detail=""),
+        dict(base, case="grad", passed=True, detail="output 0: |out - ref| = 0.07, but within"),
+    ]
+    out = render_checks(checks)
+    assert "2/2" in out and "Passed on PyTorch's own same-dtype error" in out
+    assert "toy  (1, 5) bfloat16 grad: output 0:" in out and "random:" not in out

@@ -35,6 +35,8 @@ def test_ill_conditioned_residual_draw_is_judged_against_pytorchs_error(device):
     case = dict(device=device, seed=158181338 - 7919, dtypes=[torch.bfloat16], shapes=[(1, 5)])
     (res,) = check_spec(spec, cases=("grad",), **case)
     assert res.passed, res.detail
+    if device.type == "cpu":  # the pass is said, with PyTorch's error beside ours
+        assert "within 2 x PyTorch's own largest error 0.11" in res.detail, res.detail
     if device.type == "cpu":  # the GPU rounds the sum to nearest and meets the fixed bound
         strict = {
             dt: dataclasses.replace(t, torch_factor=None) for dt, t in spec.grad_tolerance.items()
