@@ -307,6 +307,35 @@ def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
+    """The weight and bias partial rows summed over several row steps and column blocks, both
+    gradients in one launch (_colsum_config); many row groups (many partial rows)."""
+    monkeypatch.setattr(N, "sm_count", lambda device: 64)
+    monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)  # small row tiles: up to 64 row groups
+    monkeypatch.setattr(N, "COLSUM_MAX_ROWS", 4)
+    monkeypatch.setattr(N, "COLSUM_BLOCK_N", (8, 8))
+    assert N._colsum_config(37, 70, torch.device(device))[:2] == (4, 8)
+    assert_spec_passes(
+        name,
+        device,
+        shapes=[(37, 70), (300, 24)],
+        dtypes=[torch.float32, torch.bfloat16],
+        cases=("random", "transpose", "grad"),
+    )
+
+
+def test_colsum_config_fills_the_device():
+    cuda = torch.device("cuda")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(N, "sm_count", lambda device: 132)
+        # (16384, 4096) rows: 132 partial rows in one step, 128 programs of 32 columns
+        assert N._colsum_config(132, 4096, cuda) == (256, 32, 4)
+        # (4096, 65536) rows: 16 partial rows, columns capped at 128 per program
+        assert N._colsum_config(16, 65536, cuda) == (16, 128, 2)
+        assert N._colsum_config(1, 5, cuda) == (1, 32, 2)
+
+
 def test_backward_pipeline_depth_fits_shared_memory(monkeypatch):
     """On an H100/H200 (227 KiB per program): LayerNorm goes deeper on small tiles; no depth
     puts more tiles in flight than the shared memory holds; a tile too large for two stages

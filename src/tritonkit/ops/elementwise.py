@@ -331,19 +331,30 @@ def _bias_act_bwd_kernel(
 def _colsum_kernel(
     partial_ptr,  # fp32 [n_rows, n_cols], contiguous
     out_ptr,  # [n_cols]
+    partial2_ptr,  # a second pair summed alongside, when SECOND (a norm's weight and bias)
+    out2_ptr,
     n_rows,
     n_cols,
+    SECOND: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Second pass of the bias gradient: a fixed summation order, so results are deterministic.
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for start in range(0, n_rows, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-        acc += tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+        offs = rows[:, None] * n_cols + cols[None, :]
+        acc += tl.load(partial_ptr + offs, mask=mask, other=0.0)
+        if SECOND:
+            acc2 += tl.load(partial2_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+    if SECOND:
+        tl.store(
+            out2_ptr + cols, tl.sum(acc2, axis=0).to(out2_ptr.dtype.element_ty), mask=cols < n_cols
+        )
 
 
 @triton.jit
@@ -621,8 +632,8 @@ def column_sum(rows: Rows, out: torch.Tensor) -> None:
     )
     block_m, block_n = cs.final_block
     _colsum_kernel[(cdiv(rows.n_cols, block_n),)](
-        partial, out, splits, rows.n_cols, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=cs.final_warps,
+        partial, out, partial, out, splits, rows.n_cols, SECOND=False, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=cs.final_warps,
     )  # fmt: skip
 
 
@@ -813,8 +824,11 @@ def bias_act_bwd(
         _colsum_kernel[(cdiv(gr.n_cols, block_n),)](
             partial,
             dbias,
+            partial,
+            dbias,
             groups,
             gr.n_cols,
+            SECOND=False,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             num_warps=rs.final_warps,
