@@ -265,8 +265,8 @@ def test_gelu_16bit_tail_and_specials(dtype, device):
 
 ROW_SUM_CONFIGS = [
     E.RowSumConfig(warps=8, rows=2, programs_per_sm=4),
-    E.RowSumConfig(warps=4, rows=8, programs_per_sm=8, final_block=(128, 32), final_warps=8),
-    E.RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3, final_block=(8, 256)),
+    E.RowSumConfig(warps=4, rows=8, programs_per_sm=8),
+    E.RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3),
 ]
 SHAPES = [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)]
 
@@ -287,6 +287,31 @@ def test_bias_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
         ref = (g.double() * on).reshape(-1, shape[-1]).sum(0)
         tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: x + b rounded before the mask
         torch.testing.assert_close(db.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
+
+
+def test_partial_sum_config_fills_the_device(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(E, "sm_count", lambda device: 132)
+    # 132 partial rows of 4096 columns (the norms at (16384, 4096)): one step, 128 programs
+    assert E.partial_sum_config(132, 4096, cuda) == (256, 32, 4)
+    # 16 partial rows of 65536 (the wide norms): columns capped at 128 per program
+    assert E.partial_sum_config(16, 65536, cuda) == (16, 128, 2)
+    assert E.partial_sum_config(1, 5, cuda) == (1, 32, 2)
+
+
+@pytest.mark.parametrize("shape", [(300, 1000), (37, 129)])
+def test_bias_gradient_partial_rows_in_steps(shape, device, monkeypatch):
+    """The partial rows summed over several row steps and column blocks."""
+    monkeypatch.setattr(E, "PARTIAL_SUM_MAX_ROWS", 2)
+    monkeypatch.setattr(E, "PARTIAL_SUM_BLOCK_N", (16, 16))
+    monkeypatch.setattr(E, "sm_count", lambda device: 64)
+    x = torch.randn(shape, device=device)
+    b = torch.randn(shape[-1], device=device, requires_grad=True)
+    g = torch.randn(shape, device=device)
+    (db,) = torch.autograd.grad(tritonkit.bias_act(x, b, "gelu"), b, g)
+    xb = (x.double() + b.detach().double()).requires_grad_()
+    (ref,) = torch.autograd.grad(F.gelu(xb), xb, g.double())
+    torch.testing.assert_close(db.double(), ref.sum(0), rtol=1e-5, atol=1e-5)
 
 
 COLUMN_SUM_CONFIGS = [

@@ -10,6 +10,7 @@ from tritonkit import _utils
 from tritonkit.harness.check import check_spec, fresh_seed
 from tritonkit.harness.spec import OpSpec, Shapes, get_spec
 from tritonkit.nn.norm import LayerNorm, RMSNorm
+from tritonkit.ops import elementwise as E
 from tritonkit.ops import norm as N
 from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
@@ -310,12 +311,13 @@ def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
 @pytest.mark.parametrize("name", OPS)
 def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
     """The weight and bias partial rows summed over several row steps and column blocks, both
-    gradients in one launch (_colsum_config); many row groups (many partial rows)."""
+    gradients in one launch (partial_sum_config); many row groups (many partial rows)."""
     monkeypatch.setattr(N, "sm_count", lambda device: 64)
+    monkeypatch.setattr(E, "sm_count", lambda device: 64)
     monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)  # small row tiles: up to 64 row groups
-    monkeypatch.setattr(N, "COLSUM_MAX_ROWS", 4)
-    monkeypatch.setattr(N, "COLSUM_BLOCK_N", (8, 8))
-    assert N._colsum_config(37, 70, torch.device(device))[:2] == (4, 8)
+    monkeypatch.setattr(E, "PARTIAL_SUM_MAX_ROWS", 4)
+    monkeypatch.setattr(E, "PARTIAL_SUM_BLOCK_N", (8, 8))
+    assert E.partial_sum_config(37, 70, torch.device(device))[:2] == (4, 8)
     assert_spec_passes(
         name,
         device,
@@ -323,17 +325,6 @@ def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
         dtypes=[torch.float32, torch.bfloat16],
         cases=("random", "transpose", "grad"),
     )
-
-
-def test_colsum_config_fills_the_device():
-    cuda = torch.device("cuda")
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(N, "sm_count", lambda device: 132)
-        # (16384, 4096) rows: 132 partial rows in one step, 128 programs of 32 columns
-        assert N._colsum_config(132, 4096, cuda) == (256, 32, 4)
-        # (4096, 65536) rows: 16 partial rows, columns capped at 128 per program
-        assert N._colsum_config(16, 65536, cuda) == (16, 128, 2)
-        assert N._colsum_config(1, 5, cuda) == (1, 32, 2)
 
 
 def test_backward_pipeline_depth_fits_shared_memory(monkeypatch):

@@ -486,15 +486,14 @@ class RowSumConfig:
     vector of each row per thread), so the column sums accumulate in registers with no
     cross-thread reduction; each program walks a group of rows and writes one fp32 partial row
     (tall tiles reduced across warps ran at 20-70% of copy bandwidth; this shape at 80-95%,
-    benchmarks/NOTES.md). The second pass sums the partial rows in a fixed order.
+    benchmarks/NOTES.md). The second pass sums the partial rows in a fixed order
+    (partial_sum_config).
     """
 
     warps: int  # per first-pass program, whose columns are 32 * warps * 16 bytes wide
     rows: int  # rows per loop iteration: the 16-byte loads each thread has in flight
     programs_per_sm: int  # row groups x column blocks is about this many programs per SM
     stages: int = 1  # > 1: the loop's loads pipelined through shared memory
-    final_block: tuple[int, int] = (32, 128)  # second pass: partial rows x columns per program
-    final_warps: int = 4
 
 
 # By element size: the bias gradient summed beside dx or an activation's gradient (bias_act's
@@ -531,6 +530,31 @@ _COLUMN_SUMS: dict[int, ColumnSumConfig] = {
     2: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
     4: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
 }
+
+
+# The second pass over partial rows (_colsum_kernel) of a bias gradient (bias_act) or of a
+# norm's weight and bias gradients: columns per program narrowed until the programs about fill
+# the SMs (PARTIAL_SUM_BLOCK_N bounds it), up to PARTIAL_SUM_MAX_ROWS partial rows loaded in one
+# step. H200 (benchmarks/NOTES.md, runs 146-147, same run per line), 132 partial rows, us of
+# the whole backward: layer_norm (16384, 4096) bf16 103.3 against 110.6 with tiles of 32 x 128
+# at 4 warps, one launch per gradient (6.7-7.0 us a launch); rms_norm 102.4 / 104.8; fp32
+# layer_norm 198.4 / 208.4; bias_act (16384, 8192) bf16 relu 146.5 / 148.9, gelu 228.0 / 230.9.
+# (256, 32) tiles at 8 warps: layer_norm 105.2; (128, 32) at 4: 105.5; (64, 32) at 2: 107.3.
+# The (256, 32) tile at 4 warps takes 255 registers without spills (ptxas, sm_90a, two sums).
+PARTIAL_SUM_BLOCK_N = (32, 128)
+PARTIAL_SUM_MAX_ROWS = 256
+PARTIAL_SUM_ELEMS_PER_THREAD = 64
+PARTIAL_SUM_MIN_WARPS = 2
+
+
+def partial_sum_config(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of _colsum_kernel over ``n_rows`` partial rows."""
+    low, high = PARTIAL_SUM_BLOCK_N
+    per_sm = max(1, n_cols // sm_count(device))
+    block_n = max(low, min(high, 1 << (per_sm.bit_length() - 1)))
+    block_m = min(next_power_of_2(n_rows), PARTIAL_SUM_MAX_ROWS)
+    warps = block_m * block_n // (32 * PARTIAL_SUM_ELEMS_PER_THREAD)
+    return block_m, block_n, max(PARTIAL_SUM_MIN_WARPS, min(8, warps))
 
 
 @dataclass(frozen=True)
@@ -820,7 +844,7 @@ def bias_act_bwd(
         num_warps=cfg.num_warps,
     )
     if row_partials:
-        block_m, block_n = rs.final_block
+        block_m, block_n, warps = partial_sum_config(groups, gr.n_cols, grad.device)
         _colsum_kernel[(cdiv(gr.n_cols, block_n),)](
             partial,
             dbias,
@@ -831,7 +855,7 @@ def bias_act_bwd(
             SECOND=False,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            num_warps=rs.final_warps,
+            num_warps=warps,
         )
     return dx, dbias
 

@@ -64,7 +64,7 @@ from tritonkit._utils import (
     shared_memory_per_block,
     sm_count,
 )
-from tritonkit.ops.elementwise import _colsum_kernel
+from tritonkit.ops.elementwise import _colsum_kernel, partial_sum_config
 from tritonkit.ops.softmax import (
     RowConfig,
     RowLayout,
@@ -302,18 +302,6 @@ WIDE_BWD_STAGES_RMS = 3
 # Wide rows' first backward pass (the row sums), elements per thread for fp32 rows: dy and x
 # at ELEMS_PER_THREAD spill (layer_norm (4096, 65536) fp32: 260 bytes, benchmarks/spill_audit.py).
 BWD_SUMS_ELEMS_PER_THREAD_FP32 = 8
-# The weight and bias gradients' second pass (_colsum_kernel: the partial rows summed in a fixed
-# order, both gradients in one launch): columns per program narrowed until the programs about
-# fill the SMs (COLSUM_BLOCK_N bounds it), and up to COLSUM_MAX_ROWS partial rows loaded in
-# one step. H200, backward (dx, dw, db) through autograd, us (benchmarks/NOTES.md, run 146,
-# same run): layer_norm (16384, 4096) bf16 103.3 against 110.6 with one launch per gradient in
-# tiles of 32 x 128 at 4 warps (6.7-7.0 us a launch), rms_norm 102.4 / 104.8, fp32 layer_norm
-# 198.4 / 208.4; (256, 32) tiles at 8 warps 105.2, (128, 32) at 4 105.5, (64, 32) at 2 107.3.
-# The (256, 32) tile at 4 warps takes 255 registers without spills (ptxas, sm_90a).
-COLSUM_BLOCK_N = (32, 128)
-COLSUM_MAX_ROWS = 256
-COLSUM_ELEMS_PER_THREAD = 64
-COLSUM_MIN_WARPS = 2
 # LayerNorm of 16-bit rows in registers: shift by the first element too (see _shifts). H200
 # sweep (run 16), (16384, 4096) bf16, without: forward 3483 GB/s (3442 with), backward 2633
 # (2605); without the selects of EVEN_N the forward took 3270.
@@ -414,15 +402,6 @@ def _bwd_stages(
     else:
         stages = BWD_STAGES
     return _depth(stages, tile_bytes, inputs[0].device)
-
-
-def _colsum_config(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the partial-sum reduction over ``n_rows`` partial rows."""
-    low, high = COLSUM_BLOCK_N
-    block_n = max(low, min(high, pow2_floor(max(1, n_cols // sm_count(device)))))
-    block_m = min(next_power_of_2(n_rows), COLSUM_MAX_ROWS)
-    warps = max(COLSUM_MIN_WARPS, min(8, block_m * block_n // (32 * COLSUM_ELEMS_PER_THREAD)))
-    return block_m, block_n, warps
 
 
 def _bwd_grid(
@@ -1700,7 +1679,7 @@ def norm_bwd(
     )
     sums = [(part, out) for part, out in ((dw_part, dw), (db_part, db)) if out is not None]
     if sums:
-        block_m, block_c, warps = _colsum_config(groups, layout.n_cols, grad.device)
+        block_m, block_c, warps = partial_sum_config(groups, layout.n_cols, grad.device)
         (part, out), (part2, out2) = sums[0], sums[-1]
         _colsum_kernel[(cdiv(layout.n_cols, block_c),)](
             part, out, part2, out2, groups, layout.n_cols, SECOND=len(sums) == 2,
