@@ -221,6 +221,40 @@ def test_merge_joins_runs_of_one_gpu_and_refuses_two():
         report.merge([a, synthetic_results(gpu="Other GPU")])
 
 
+def test_merge_replaces_a_re_timed_case_and_keeps_the_history():
+    from _synthetic import synthetic_record
+
+    def run(records, ops, commit, checks=()):
+        doc = synthetic_results(records)
+        doc["ops"], doc["checks"] = ops, [{"op": op, "passed": True} for op in checks]
+        doc["fingerprint"] = {**doc["fingerprint"], "git_commit": commit}
+        return doc
+
+    gelu_bwd = {**synthetic_record(op="gelu"), "mode": "bwd"}
+    old = report.merge(
+        [
+            run(
+                [synthetic_record(op="relu"), synthetic_record(op="gelu")], ["relu"], "a", ["relu"]
+            ),
+            run([gelu_bwd], ["gelu"], "b", ["gelu", "gelu"]),
+        ]
+    )
+    new_gelu = synthetic_record(op="gelu")
+    new_gelu["note"] = "re-timed"
+    merged = report.merge([old, run([new_gelu], ["gelu"], "c", ["gelu"])])
+    # the re-timed case replaces its record in place; the other cases stay
+    assert [(r["op"], r["mode"]) for r in merged["bench"]] == [
+        ("relu", "fwd"),
+        ("gelu", "fwd"),
+        ("gelu", "bwd"),
+    ]
+    assert merged["bench"][1]["note"] == "re-timed"
+    # gelu's checks are the latest run's; relu's stay
+    assert [c["op"] for c in merged["checks"]] == ["relu", "gelu"]
+    assert merged["ops"] == ["relu", "gelu"]
+    assert [m["git_commit"] for m in merged["merged_from"]] == ["a", "b", "c"]
+
+
 def test_operator_name_wins_over_a_family_of_the_same_name():
     assert [s.name for s in spec.select(["matmul"])] == ["matmul"]
     assert {s.name for s in spec.select(["norm"])} >= {"layer_norm", "rms_norm"}

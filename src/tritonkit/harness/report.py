@@ -46,8 +46,22 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n")
 
 
+def _case_key(record: dict[str, Any]) -> tuple:
+    return (
+        record["op"],
+        json.dumps(record.get("params") or {}, sort_keys=True),
+        str(record["shape"]),
+        record["dtype"],
+        record["mode"],
+    )
+
+
 def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    """One results document from several runs on the same GPU (e.g. one per family)."""
+    """One results document from several runs on the same GPU (e.g. one per family, or an
+    operator re-timed after a change): a later document's bench record replaces an earlier
+    one of the same case (operator, parameters, shape, dtype, mode) in its place, and its
+    checks replace the earlier checks of the operators it checked. ``merged_from`` lists every
+    run that contributed, a merged document's own list included."""
     if not documents:
         raise ValueError("no results to merge")
     first = documents[0]
@@ -63,18 +77,25 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     # The latest run's ceilings head the report; each run's own are kept in merged_from (every
     # record's % of roofline was computed against its own run's ceilings).
     merged["ceilings"] = documents[-1]["ceilings"]
-    merged["ops"] = [op for d in documents for op in d["ops"]]
-    merged["checks"] = [c for d in documents for c in d["checks"]]
-    merged["bench"] = [r for d in documents for r in d["bench"]]
-    merged["merged_from"] = [
-        {
-            "date": d["fingerprint"]["date"],
-            "git_commit": d["fingerprint"]["git_commit"],
-            "ops": d["ops"],
-            "ceilings": d["ceilings"],
-        }
-        for d in documents
-    ]
+    bench: dict[tuple, dict[str, Any]] = {}
+    checks: list[dict[str, Any]] = []
+    ops: list[str] = []
+    history: list[dict[str, Any]] = []
+    for doc in documents:
+        for record in doc["bench"]:
+            bench[_case_key(record)] = record  # a replacement keeps the case's place
+        checked = {c["op"] for c in doc["checks"]}
+        checks = [c for c in checks if c["op"] not in checked] + list(doc["checks"])
+        ops = [op for op in ops if op not in doc["ops"]] + list(dict.fromkeys(doc["ops"]))
+        history += doc.get("merged_from") or [
+            {
+                "date": doc["fingerprint"]["date"],
+                "git_commit": doc["fingerprint"]["git_commit"],
+                "ops": doc["ops"],
+                "ceilings": doc["ceilings"],
+            }
+        ]
+    merged.update(bench=list(bench.values()), checks=checks, ops=ops, merged_from=history)
     return merged
 
 
