@@ -158,6 +158,39 @@ def test_tf32_follows_pytorch_settings():
         torch.set_float32_matmul_precision(before)
 
 
+def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(monkeypatch, device):
+    """IEEE fp32 with a K-major B (w.t(), F.linear's weight) copies B row-major above
+    _FMA_COPY_MIN_MNK, counted; results match float64; nothing else is copied."""
+    monkeypatch.setattr(mm, "_FMA_COPY_MIN_MNK", 1)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        a, w = torch.randn(37, 72, device=device), torch.randn(48, 72, device=device)
+        bias = torch.randn(48, device=device)
+        plan = lambda a, b: mm._plan_matmul(a, b, torch.float32)[0]  # noqa: E731
+        assert mm.fma_copies_b(plan(a, w.t()))
+        assert mm.fma_copies_b(plan(a[:, :64], w[:, :64].t()))  # a sliced weight: row stride 72
+        assert not mm.fma_copies_b(plan(a, w.t().contiguous()))  # already row-major
+        assert not mm.fma_copies_b(plan(a.half(), w.half().t()))  # tensor cores
+        assert not mm.fma_copies_b(plan(a[None].expand(2, 37, 72), w.t()))  # a batch
+        _utils.LAYOUT_COPIES.reset()
+        _close(matmul(a, w.t()), _ref(a, w.t()))
+        _close(matmul(a[:, :64], w[:, :64].t()), _ref(a[:, :64], w[:, :64].t()))
+        ref = F.silu(F.linear(a.double(), w.double(), bias.double()))
+        _close(linear(a, w, bias, "silu"), ref)
+        assert _utils.LAYOUT_COPIES.reset() == 3
+        _close(matmul(a, w.t().contiguous()), _ref(a, w.t()))
+        assert _utils.LAYOUT_COPIES.reset() == 0
+        torch.set_float32_matmul_precision("high")  # TF32: wgmma reads K-major B as it is
+        assert not mm.fma_copies_b(plan(a, w.t()))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    # Below the threshold (the default, 512^3) nothing is copied.
+    monkeypatch.undo()
+    assert mm._FMA_COPY_MIN_MNK > 37 * 48 * 72
+    assert not mm.fma_copies_b(mm._plan_matmul(a, w.t(), torch.float32)[0])
+
+
 # ---- variants, TMA, split-K, configs ------------------------------------------------------------
 
 

@@ -31,8 +31,9 @@ Every operand is read through its real strides: transposed and sliced views need
 (only batch dimensions that cannot be expressed with two strides are copied, and counted in
 ``_utils.LAYOUT_COPIES``). The exception is by choice: on Hopper, large FP8 and INT8 GEMMs
 whose operands are not K-major (wgmma reads 8-bit operands K-major only) first transpose them
-into a per-call K-major scratch buffer, also counted (``kmajor_copies``). Accumulation is fp32
-(int32 for INT8); outputs are rounded once.
+into a per-call K-major scratch buffer, also counted (``kmajor_copies``); and large IEEE fp32
+GEMMs (CUDA cores) whose B is K-major, as ``F.linear``'s weight is, first copy B row-major
+(``fma_copies_b``). Accumulation is fp32 (int32 for INT8); outputs are rounded once.
 """
 
 from __future__ import annotations
@@ -795,11 +796,16 @@ _TILES: dict[str, tuple[MatmulConfig, ...]] = {
         _cfg(64, 128, 32, 4, 4),
     ),
     # IEEE fp32 ("highest" precision in PyTorch) runs on the CUDA cores: FMA, no tensor cores.
+    # H200 (benchmarks/NOTES.md, run 152), 4096^3, one launch each, TFLOP/s, row-major B / A
+    # M-major: 64 x 64 x 16 at 4 warps 44.2 / 44.1, 64 x 128 x 16 37.3 / 47.9, 128 x 64 x 16
+    # 39.1 / 47.5, 64 x 64 x 32 42.8 / 45.8 (the old candidates, tuned: 38.9 / 41.4; cuBLAS
+    # SGEMM 51.0 / 51.8).
     "ieee": (
+        _cfg(64, 64, 16, 4, 4),
+        _cfg(64, 128, 16, 4, 4),
+        _cfg(128, 64, 16, 4, 4),
         _cfg(64, 64, 32, 4, 3),
-        _cfg(128, 64, 32, 8, 3),
-        _cfg(64, 128, 32, 8, 3),
-        _cfg(128, 128, 32, 8, 2),
+        _cfg(128, 128, 16, 8, 3),
     ),
 }
 # Only where TMA stores the output: a half-tile epilogue buys a 4th stage, and producer /
@@ -1304,12 +1310,42 @@ def _tuned(p: _Problem, epi: _Epilogue, kind: str, split: int = 1) -> MatmulConf
     return _tuning.remembered("matmul", (tuple(key.items()), p.m, sizes), choose)
 
 
+# IEEE fp32 GEMMs run tl.dot on the CUDA cores (FMA), which read a K-major B (the weight of
+# F.linear: b = w.t()) through a transposed shared-memory tile. H200 (benchmarks/NOTES.md, run
+# 152), 4096^3, TFLOP/s: B K-major 10.3 tuned (21.7 at the best tile timed) against 38.9 with B
+# row-major, cuBLAS 50.6; tritonkit.linear in fp32 10.3 against F.linear's 50.6. So above
+# _FMA_COPY_MIN_MNK such a B is first copied row-major (memory.transpose_fwd: K * N elements
+# read and written, counted in LAYOUT_COPIES).
+_FMA_COPY_MIN_MNK = 512**3
+
+
+def fma_copies_b(p: _Problem) -> bool:
+    """Whether the best path first copies ``p``'s B row-major (see ``_FMA_COPY_MIN_MNK``): an
+    IEEE fp32 GEMM of one matrix with a K-major B, large, not split over K."""
+    a, b = p.a.tensor, p.b.tensor
+    if a.dtype != torch.float32 or _tf32_enabled() or p.n_batch != 1:
+        return False
+    stride_k, stride_n = p.b.strides[2:]
+    if not (stride_k == 1 and stride_n != 1 and p.n > 1):
+        return False
+    if p.m * p.n * p.k < _FMA_COPY_MIN_MNK:
+        return False
+    return split_k_for(p.m, p.n, p.k, 1, sm_count(b.device)) == 1
+
+
 def _run(
     p: _Problem | None, epi: _Epilogue, path: str = "best", config: MatmulConfig | None = None
 ) -> None:
-    """Compute ``p`` along ``path``: a variant name, or "best" (persistent, split-K if skinny)."""
+    """Compute ``p`` along ``path``: a variant name, or "best" (persistent, split-K if skinny,
+    a K-major fp32 B copied row-major for the CUDA cores)."""
     if p is None or p.m == 0 or p.n == 0:
         return
+    if config is None and path == "best" and fma_copies_b(p):
+        b = p.b.tensor
+        # b is a (K, N) view with unit K stride: b.t() is an (N, K) row-major view (a slice's
+        # row stride may exceed K), which the tiled transpose copies into (K, N) row-major.
+        LAYOUT_COPIES.count += 1
+        p = dataclasses.replace(p, b=_matrix(transpose_fwd(b.t())))
     if config is None:
         if path in _FIXED:
             config = _fixed_config(path, p.a.tensor.element_size())
@@ -1685,9 +1721,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(a, b)``, with autograd.
 
     1-D operands, batched operands and batch broadcasting behave as in ``torch.matmul``.
-    Transposed and sliced views are read through their strides, without a copy. float32 uses
-    TF32 exactly when PyTorch would (``torch.backends.cuda.matmul.allow_tf32`` or
-    ``torch.get_float32_matmul_precision() != "highest"``); accumulation is float32.
+    Transposed and sliced views are read through their strides, without a copy, except that a
+    large float32 GEMM without TF32 (computed on the CUDA cores) first copies a K-major ``b``
+    (e.g. ``w.t()``) row-major, which it reads 4x faster (``K * N`` elements; counted in
+    reports). float32 uses TF32 exactly when PyTorch would
+    (``torch.backends.cuda.matmul.allow_tf32`` or ``torch.get_float32_matmul_precision() !=
+    "highest"``); accumulation is float32.
 
     Args:
         a: float32, float16 or bfloat16 tensor with at least 1 dimension, on a CUDA device.
@@ -1718,7 +1757,8 @@ def linear(
     The bias, the activation and the residual add run in the GEMM's epilogue: the product
     never makes a round trip through memory. The backward pass keeps the pre-activation
     ``x @ W^T + b`` (only when an activation needs it) and computes dX, dW and the bias
-    gradient.
+    gradient. A large float32 product without TF32 first copies the weight transposed (see
+    ``matmul``).
 
     Args:
         x: float32, float16 or bfloat16 tensor of shape ``(..., in_features)``.
