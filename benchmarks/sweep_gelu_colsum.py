@@ -69,6 +69,7 @@ def column_sum_candidates(elem_size: int) -> list:
     (rows, columns) at some warps, in some row splits (torch.compile's own split reduction for
     this shape: 8 x 64 tiles, 4 warps, 16 splits)."""
     from tritonkit.ops import elementwise as E
+    from tritonkit.ops._core.reduce import PartialSumConfig
 
     C = E.ColumnSumConfig
     default = E._COLUMN_SUMS[elem_size]
@@ -82,7 +83,7 @@ def column_sum_candidates(elem_size: int) -> list:
         C(block_m=8, block_n=64, warps=8, splits=16),
         C(block_m=8, block_n=64, warps=4, splits=8),
         C(block_m=8, block_n=64, warps=4, splits=32),
-        C(block_m=8, block_n=64, warps=4, splits=16, final_block=(16, 64)),
+        C(block_m=8, block_n=64, warps=4, splits=16, final=PartialSumConfig(64, 64, max_rows=16)),
     ]
     return [default] + [c for c in cands if c != default]
 
@@ -91,8 +92,8 @@ def _label(cfg) -> str:
     s = f"r{cfg.block_m} c{cfg.block_n} w{cfg.warps} s{cfg.splits}"
     if cfg.evict != "evict_first":
         s += " keep"
-    m, n = cfg.final_block
-    return s + f" f{m}x{n}w{cfg.final_warps}"
+    f = cfg.final
+    return s + f" f{f.max_rows}x{f.min_block_n}-{f.max_block_n}w{f.min_warps}-{f.max_warps}"
 
 
 # ---- measurement helpers --------------------------------------------------------------------

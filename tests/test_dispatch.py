@@ -11,15 +11,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tritonkit
-from tritonkit import _utils
 from tritonkit.nn import LayerNorm
+from tritonkit.ops._core.registry import Op, eager_direct
 
 
 def _double(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-_probe_op = _utils.Op("tritonkit_test::double", _double)
+_probe_op = Op("tritonkit_test::double", _double)
 
 
 @_probe_op.register_fake
@@ -39,7 +39,7 @@ def probe():
         return overload(*args)
 
     op = SimpleNamespace(launcher=_probe_op.launcher, overload=counted)
-    return _utils.eager_direct(op), dispatched
+    return eager_direct(op), dispatched
 
 
 class _Recorder(TorchDispatchMode):

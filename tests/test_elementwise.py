@@ -10,8 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import tritonkit
-from tritonkit import _utils
 from tritonkit.ops import elementwise as E
+from tritonkit.ops._core import reduce as R
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv
+from tritonkit.ops._core.math import ACTIVATIONS, GELU_Q16_COEFFS
+from tritonkit.ops._core.reduce import PARTIAL_SUMS, PartialSumConfig
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors
 
@@ -116,9 +119,9 @@ def test_chunked_projection_is_read_in_place(device):
     proj = torch.randn(6, 2 * 40, device=device)
     gate, up = proj.chunk(2, dim=-1)
     assert not gate.is_contiguous()
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = tritonkit.swiglu(gate, up)
-    assert _utils.LAYOUT_COPIES.reset() == 0
+    assert LAYOUT_COPIES.reset() == 0
     torch.testing.assert_close(out, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
 
 
@@ -131,9 +134,9 @@ def test_permuted_input_keeps_pytorch_output_strides(device):
 
 def test_strided_input_is_copied_and_counted(device):
     x = torch.randn(5, 16, device=device)[:, ::2]
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = tritonkit.silu(x)
-    assert _utils.LAYOUT_COPIES.reset() == 1
+    assert LAYOUT_COPIES.reset() == 1
     torch.testing.assert_close(out, F.silu(x), rtol=1e-5, atol=1e-6)
 
 
@@ -199,10 +202,10 @@ def test_gelu_q16_coefficients_are_the_documented_fit():
             w /= w.sum()
         coef[k] = float(np.float32(c[k] / u_max**k)) * u_max**k
     fitted = coef / u_max ** np.arange(deg + 1)
-    np.testing.assert_allclose(fitted, E.GELU_Q16_COEFFS, rtol=1e-6)
+    np.testing.assert_allclose(fitted, GELU_Q16_COEFFS, rtol=1e-6)
     # The claims of the comment: the error, and q decreasing to 0 beyond the fitted range.
     dense = np.linspace(0.0, u_max, 100001)
-    c64 = np.array(E.GELU_Q16_COEFFS)
+    c64 = np.array(GELU_Q16_COEFFS)
     err = np.abs(np.exp2(np.polynomial.polynomial.polyval(dense, c64) - _log2_q(dense)) - 1)
     assert err.max() < 1.9e-5
     assert c64[-1] < 0
@@ -234,9 +237,9 @@ def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
     y = torch.empty(x.shape, dtype=torch.float32, device=device)
     n = x.numel()
     # Through the kernel with a float32 output: the interpreter's own bf16 store truncates.
-    E._bias_act_fwd_kernel[(_utils.cdiv(n, 1024),)](
+    E._bias_act_fwd_kernel[(cdiv(n, 1024),)](
         x, x, y, y, 1, n, n, 0, n, 0,  # x, bias, y, mask, rows, cols, strides
-        ACT=E.ACTIVATIONS["gelu"], HAS_BIAS=False, BIAS_IS_ROW=False, STORE_MASK=False,
+        ACT=ACTIVATIONS["gelu"], HAS_BIAS=False, BIAS_IS_ROW=False, STORE_MASK=False,
         PHI16=True, INT64=False, BLOCK_M=1, BLOCK_N=1024,
     )  # fmt: skip
     xd = x.double()
@@ -289,21 +292,18 @@ def test_bias_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
         torch.testing.assert_close(db.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
 
 
-def test_partial_sum_config_fills_the_device(monkeypatch):
-    cuda = torch.device("cuda")
-    monkeypatch.setattr(E, "sm_count", lambda device: 132)
+def test_partial_sum_config_fills_the_device():
     # 132 partial rows of 4096 columns (the norms at (16384, 4096)): one step, 128 programs
-    assert E.partial_sum_config(132, 4096, cuda) == (256, 32, 4)
+    assert PARTIAL_SUMS.launch(132, 4096, sms=132) == (256, 32, 4)
     # 16 partial rows of 65536 (the wide norms): columns capped at 128 per program
-    assert E.partial_sum_config(16, 65536, cuda) == (16, 128, 2)
-    assert E.partial_sum_config(1, 5, cuda) == (1, 32, 2)
+    assert PARTIAL_SUMS.launch(16, 65536, sms=132) == (16, 128, 2)
+    assert PARTIAL_SUMS.launch(1, 5, sms=132) == (1, 32, 2)
 
 
 @pytest.mark.parametrize("shape", [(300, 1000), (37, 129)])
 def test_bias_gradient_partial_rows_in_steps(shape, device, monkeypatch):
     """The partial rows summed over several row steps and column blocks."""
-    monkeypatch.setattr(E, "PARTIAL_SUM_MAX_ROWS", 2)
-    monkeypatch.setattr(E, "PARTIAL_SUM_BLOCK_N", (16, 16))
+    monkeypatch.setattr(R, "PARTIAL_SUMS", PartialSumConfig(16, 16, max_rows=2))
     monkeypatch.setattr(E, "sm_count", lambda device: 64)
     x = torch.randn(shape, device=device)
     b = torch.randn(shape[-1], device=device, requires_grad=True)
@@ -316,8 +316,17 @@ def test_bias_gradient_partial_rows_in_steps(shape, device, monkeypatch):
 
 COLUMN_SUM_CONFIGS = [
     E.ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
-    E.ColumnSumConfig(block_m=4, block_n=32, warps=2, splits=3, evict="", final_block=(2, 64)),
-    E.ColumnSumConfig(block_m=16, block_n=128, warps=8, splits=64, final_block=(32, 32)),
+    E.ColumnSumConfig(
+        block_m=4,
+        block_n=32,
+        warps=2,
+        splits=3,
+        evict="",
+        final=PartialSumConfig(64, 64, max_rows=2),
+    ),
+    E.ColumnSumConfig(
+        block_m=16, block_n=128, warps=8, splits=64, final=PartialSumConfig(32, 32, max_rows=32)
+    ),
 ]
 
 

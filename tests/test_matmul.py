@@ -14,9 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonkit import _tuning, _utils
+from tritonkit import _tuning
 from tritonkit.nn.linear import Linear
 from tritonkit.ops import matmul as mm
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops.matmul import (
     VARIANTS,
     MatmulConfig,
@@ -31,7 +33,7 @@ from tritonkit.ops.matmul import (
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors
 
-INTERPRETED = _utils.interpreter_enabled()
+INTERPRETED = interpreter_enabled()
 BF16_DOT_SKIP = "the Triton interpreter computes bf16 tl.dot wrongly: checked on the GPU only"
 
 
@@ -110,9 +112,9 @@ def test_any_strides_without_copies(layout, device):
     else:
         a = torch.randn(3, 70, 40, device=device).transpose(1, 2)
         b = torch.randn(3, 50, 70, device=device).transpose(1, 2)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = matmul(a, b)
-    assert _utils.LAYOUT_COPIES.reset() == 0
+    assert LAYOUT_COPIES.reset() == 0
     _close(out, _ref(a, b))
 
 
@@ -120,9 +122,9 @@ def test_batch_dimensions_beyond_two_strides_are_copied_and_counted(device):
     # batch strides (120, 360, 30): no two of the three dimensions merge
     a = torch.randn(2, 3, 4, 5, 6, device=device).permute(1, 0, 2, 3, 4)
     b = torch.randn(6, 2, device=device).expand(3, 1, 4, 6, 2)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = matmul(a, b)
-    assert _utils.LAYOUT_COPIES.reset() > 0
+    assert LAYOUT_COPIES.reset() > 0
     _close(out, _ref(a, b))
 
 
@@ -173,14 +175,14 @@ def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(monkeypatch, devi
         assert not mm.fma_copies_b(plan(a, w.t().contiguous()))  # already row-major
         assert not mm.fma_copies_b(plan(a.half(), w.half().t()))  # tensor cores
         assert not mm.fma_copies_b(plan(a[None].expand(2, 37, 72), w.t()))  # a batch
-        _utils.LAYOUT_COPIES.reset()
+        LAYOUT_COPIES.reset()
         _close(matmul(a, w.t()), _ref(a, w.t()))
         _close(matmul(a[:, :64], w[:, :64].t()), _ref(a[:, :64], w[:, :64].t()))
         ref = F.silu(F.linear(a.double(), w.double(), bias.double()))
         _close(linear(a, w, bias, "silu"), ref)
-        assert _utils.LAYOUT_COPIES.reset() == 3
+        assert LAYOUT_COPIES.reset() == 3
         _close(matmul(a, w.t().contiguous()), _ref(a, w.t()))
-        assert _utils.LAYOUT_COPIES.reset() == 0
+        assert LAYOUT_COPIES.reset() == 0
         torch.set_float32_matmul_precision("high")  # TF32: wgmma reads K-major B as it is
         assert not mm.fma_copies_b(plan(a, w.t()))
     finally:
@@ -561,9 +563,9 @@ def test_int8_row_major_b_is_copied_k_major_and_exact(m, n, k, kmajor_route, dev
     a = _int8((m, k), device, m)
     b = _int8((k, n), device, n)  # row-major: a @ b as a user writes it
     assert mm.kmajor_copies(a, b) == (False, True)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = int8_matmul(a, b)
-    assert _utils.LAYOUT_COPIES.reset() == 1
+    assert LAYOUT_COPIES.reset() == 1
     assert kmajor_route[-1] == (True, (False, True))  # TMA, a row-major, b K-major
     assert out.dtype == torch.int32 and torch.equal(out, _int_mm_ref(a, b))
     assert torch.equal(b, _int8((k, n), device, n))  # the input is left as it was
@@ -576,9 +578,9 @@ def test_int8_column_major_a_is_copied_too(kmajor_route, device):
     a = _int8((40, 48), device, 1).t().contiguous().t()  # M-major
     b = _int8((32, 48), device, 2).t()  # K-major already
     assert mm.kmajor_copies(a, b) == (True, False)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = int8_matmul(a, b)
-    assert _utils.LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    assert LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
     assert torch.equal(out, _int_mm_ref(a, b))
 
 
@@ -593,9 +595,9 @@ def test_int8_column_major_a_is_copied_too(kmajor_route, device):
 def test_int8_odd_shapes_keep_the_strided_path(m, n, k, why, kmajor_route, device):
     a, b = _int8((m, k), device, 3), _int8((k, n), device, 4)
     assert mm.kmajor_copies(a, b) == (False, False), why
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = int8_matmul(a, b)
-    assert _utils.LAYOUT_COPIES.reset() == 0 and not kmajor_route[-1][0]
+    assert LAYOUT_COPIES.reset() == 0 and not kmajor_route[-1][0]
     assert torch.equal(out, _int_mm_ref(a, b))
 
 
@@ -604,21 +606,21 @@ def test_kmajor_copy_threshold_and_forcing(tma_in_interpreter, device):
     # Below the threshold (the default, 512^3): read in place, no copy.
     assert mm._KMAJOR_COPY_MIN_MNK > 40 * 32 * 64
     assert mm.kmajor_copies(a, b) == (False, False)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     exact = _int_mm_ref(a, b)
-    assert torch.equal(int8_matmul(a, b), exact) and _utils.LAYOUT_COPIES.reset() == 0
+    assert torch.equal(int8_matmul(a, b), exact) and LAYOUT_COPIES.reset() == 0
     # kmajor=True forces the copy (sweeps time both routes), kmajor=False forbids it.
     out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=True)
-    assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 1
+    assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 1
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
         assert mm.kmajor_copies(a, b) == (False, True)
         out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=False)
-        assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 0
+        assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
         # A forced pointer-path config would not read a copy: none is made.
         cfg = MatmulConfig(16, 32, 32, SPLIT_K=2)
         out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, config=cfg)
-        assert torch.equal(out, exact) and _utils.LAYOUT_COPIES.reset() == 0
+        assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
 
 
 def test_kmajor_copy_needs_tma(monkeypatch, device):
@@ -636,9 +638,9 @@ def test_fp8_row_major_b_is_copied_k_major(kmajor_route, device):
     b = torch.randn(96, 40, device=device).to(torch.float8_e4m3fn)  # row-major
     sa, sb = torch.tensor(0.5, device=device), torch.rand(1, 40, device=device) + 0.5
     assert mm.kmajor_copies(a, b, torch.bfloat16) == (False, True)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = scaled_matmul(a, b, sa, sb, torch.float32)
-    assert _utils.LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    assert LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
     _close(out, (a.double() @ b.double()) * 0.5 * sb.double())
 
 

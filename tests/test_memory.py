@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tritonkit
-from tritonkit import _utils
+from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops.memory import STRIDED, TransposeConfig, transpose_fwd
 
 from _checks import assert_spec_passes
@@ -26,18 +26,18 @@ def test_transpose_variants_agree(config, shape, device):
 
 def test_transpose_reads_any_strides_without_copy(device):
     x = torch.randn(4, 30, 20, device=device).transpose(-1, -2)[:, 3:, :]
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = tritonkit.transpose(x)
-    assert _utils.LAYOUT_COPIES.reset() == 0
+    assert LAYOUT_COPIES.reset() == 0
     assert out.is_contiguous()
     assert torch.equal(out, x.transpose(-2, -1).contiguous())
 
 
 def test_transpose_batch_dims_without_common_stride_are_copied(device):
     x = torch.randn(4, 6, 5, 3, device=device).permute(1, 0, 2, 3)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = tritonkit.transpose(x)
-    assert _utils.LAYOUT_COPIES.reset() == 1
+    assert LAYOUT_COPIES.reset() == 1
     assert torch.equal(out, x.transpose(-2, -1).contiguous())
 
 

@@ -6,12 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonkit import _utils
 from tritonkit.harness.check import check_spec, fresh_seed
 from tritonkit.harness.spec import OpSpec, Shapes, get_spec
 from tritonkit.nn.norm import LayerNorm, RMSNorm
-from tritonkit.ops import elementwise as E
 from tritonkit.ops import norm as N
+from tritonkit.ops._core import reduce as R
+from tritonkit.ops._core.layout import LAYOUT_COPIES, next_power_of_2
+from tritonkit.ops._core.reduce import PartialSumConfig
 from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
 
@@ -155,7 +156,7 @@ def _row_chunks(monkeypatch, block_n):
     default rule)."""
     monkeypatch.setattr(N, "ROW_FWD_MIN_COLS", 1)
     if block_n is not None:
-        config = lambda n, element_size, rms: (min(block_n, _utils.next_power_of_2(n)), 1)  # noqa: E731
+        config = lambda n, element_size, rms: (min(block_n, next_power_of_2(n)), 1)  # noqa: E731
         monkeypatch.setattr(N, "_row_fwd_config", config)
 
 
@@ -267,7 +268,7 @@ def test_row_forward_chunks():
         for element_size in (2, 4):
             for rms in (False, True):
                 block_n, warps = N._row_fwd_config(n, element_size, rms)
-                assert block_n & (block_n - 1) == 0 and block_n <= _utils.next_power_of_2(n)
+                assert block_n & (block_n - 1) == 0 and block_n <= next_power_of_2(n)
                 low = 32 * warps * N.ROW_FWD_ELEMS_PER_THREAD[0]
                 if not rms and n % low == 0:
                     assert n % block_n == 0, (n, element_size, block_n, warps)
@@ -313,11 +314,10 @@ def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
     """The weight and bias partial rows summed over several row steps and column blocks, both
     gradients in one launch (partial_sum_config); many row groups (many partial rows)."""
     monkeypatch.setattr(N, "sm_count", lambda device: 64)
-    monkeypatch.setattr(E, "sm_count", lambda device: 64)
     monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)  # small row tiles: up to 64 row groups
-    monkeypatch.setattr(E, "PARTIAL_SUM_MAX_ROWS", 4)
-    monkeypatch.setattr(E, "PARTIAL_SUM_BLOCK_N", (8, 8))
-    assert E.partial_sum_config(37, 70, torch.device(device))[:2] == (4, 8)
+    config = PartialSumConfig(8, 8, max_rows=4)
+    monkeypatch.setattr(R, "PARTIAL_SUMS", config)
+    assert config.launch(37, 70, sms=64)[:2] == (4, 8)
     assert_spec_passes(
         name,
         device,
@@ -566,13 +566,13 @@ def test_strided_inputs_without_a_copy(device):
     base = torch.randn(8, 40, device=device)
     w = torch.randn(20, device=device)
     for x in (base[:, ::2], base.t()[:20].t(), base[:, 5:25]):
-        _utils.LAYOUT_COPIES.reset()
+        LAYOUT_COPIES.reset()
         _matches_float64(
             lambda x, w: rms_norm(x, 20, w, 1e-6),
             lambda x, w: F.rms_norm(x, (20,), w, 1e-6),
             [x, w],
         )
-        assert _utils.LAYOUT_COPIES.reset() == 0
+        assert LAYOUT_COPIES.reset() == 0
 
 
 def test_rms_norm_default_eps_matches_pytorch(device):

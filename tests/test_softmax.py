@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from tritonkit import _utils
 from tritonkit.nn.softmax import LogSoftmax, Softmax
 from tritonkit.ops import softmax as S
+from tritonkit.ops._core.layout import LAYOUT_COPIES, next_power_of_2
 from tritonkit.ops.softmax import log_softmax, softmax
 
 from _checks import assert_spec_passes, compile_backend
@@ -44,7 +44,7 @@ def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch
     monkeypatch.setattr(S, "ROW_BWD_MIN_COLS", 1)
     monkeypatch.setattr(S, "ROW_BWD_MIN_COLS_LOG", 1)
     if block_n is not None:
-        config = lambda n, element_size: (min(block_n, _utils.next_power_of_2(n)), 1)  # noqa: E731
+        config = lambda n, element_size: (min(block_n, next_power_of_2(n)), 1)  # noqa: E731
         monkeypatch.setattr(S, "_row_bwd_config", config)
     assert_spec_passes(
         name,
@@ -188,9 +188,9 @@ def _grads_match(ours_fn, ref_fn, x, rtol=1e-5, atol=1e-6):
 def test_non_last_dim_without_a_copy(name, dim, device):
     ours, ref = OPS[name]
     x = torch.randn(3, 17, 5, 4, device=device)
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     _grads_match(lambda t: ours(t, dim), lambda t: ref(t, dim), x)
-    assert _utils.LAYOUT_COPIES.reset() == 0
+    assert LAYOUT_COPIES.reset() == 0
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -198,17 +198,17 @@ def test_permuted_and_sliced_inputs_without_a_copy(name, device):
     ours, ref = OPS[name]
     base = torch.randn(6, 40, 9, device=device)
     for x, dim in ((base.permute(2, 0, 1), 1), (base[:, 3:30, ::2], -1), (base.transpose(0, 2), 0)):
-        _utils.LAYOUT_COPIES.reset()
+        LAYOUT_COPIES.reset()
         _grads_match(lambda t, d=dim: ours(t, d), lambda t, d=dim: ref(t, d), x)
-        assert _utils.LAYOUT_COPIES.reset() == 0
+        assert LAYOUT_COPIES.reset() == 0
 
 
 def test_layout_with_no_strided_view_is_copied_and_counted(device):
     # Three row dims whose strides cannot merge into two axes.
     x = torch.randn(4, 6, 5, 8, device=device).permute(1, 3, 0, 2)[:, ::2, :, ::2]
-    _utils.LAYOUT_COPIES.reset()
+    LAYOUT_COPIES.reset()
     out = softmax(x, 2)
-    assert _utils.LAYOUT_COPIES.reset() == 1
+    assert LAYOUT_COPIES.reset() == 1
     torch.testing.assert_close(out, torch.softmax(x, 2), rtol=1e-5, atol=1e-6)
 
 

@@ -4,11 +4,11 @@ replace.
 Autocast does not know tritonkit's custom ops, so each public function whose PyTorch
 counterpart autocast casts applies the same policy itself, before its checks: matmul and
 linear run in the autocast dtype ("lower precision"); softmax, log_softmax and layer_norm run
-in float32 on CUDA; cross_entropy returns a float32 loss. The tables follow PyTorch's
-(aten/src/ATen/autocast_mode.cpp): per device type, the ops each policy lists, by the name of
-the tritonkit function. Functions PyTorch does not cast under autocast (the elementwise family,
-rms_norm) are not cast here either; the fused residual norms have no PyTorch counterpart and
-follow their inputs' dtypes.
+in float32 on CUDA; cross_entropy returns a float32 loss. Each public function declares its
+policy beside its definition (``@policy``), following PyTorch's lists
+(aten/src/ATen/autocast_mode.cpp). Functions PyTorch does not cast under autocast (the
+elementwise family, rms_norm) are not cast here either; the fused residual norms have no
+PyTorch counterpart and follow their inputs' dtypes.
 """
 
 from __future__ import annotations
@@ -18,17 +18,26 @@ import torch
 LOWER = "lower"  # the autocast dtype (float16 or bfloat16, as the autocast context says)
 FP32 = "fp32"
 
-POLICY: dict[str, dict[str, str]] = {
-    "cuda": {
-        "matmul": LOWER,
-        "linear": LOWER,
-        "softmax": FP32,
-        "log_softmax": FP32,
-        "layer_norm": FP32,
-        "cross_entropy": FP32,  # log_softmax and nll_loss: fp32
-    },
-    "cpu": {"matmul": LOWER, "linear": LOWER, "cross_entropy": FP32},
-}
+# By device type, the policy of each tritonkit function that has one, by the function's name.
+# Filled by ``policy`` where each public function is defined.
+POLICY: dict[str, dict[str, str]] = {"cuda": {}, "cpu": {}}
+
+
+def policy(cuda: str | None = None, cpu: str | None = None, names: tuple[str, ...] = ()):
+    """Decorator: declare, beside a public function, the cast torch.autocast makes on each device
+    type for the PyTorch function it replaces (``LOWER`` or ``FP32``); ``names`` adds other
+    names the function's body looks the policy up by (log_softmax's shared body, say). The
+    function is returned unchanged: its body calls ``autocast_dtype`` with its own name."""
+
+    def declare(fn):
+        for device_type, p in (("cuda", cuda), ("cpu", cpu)):
+            if p is not None:
+                for name in (fn.__name__, *names):
+                    POLICY[device_type][name] = p
+        return fn
+
+    return declare
+
 
 # Autocast casts floating tensors of these dtypes only (float64 is left as it is).
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)

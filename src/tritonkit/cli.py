@@ -21,7 +21,7 @@ def _enable_interpreter_without_gpu() -> bool:
     """Turn on the interpreter on a machine with no GPU; returns whether kernels are interpreted."""
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
-    from tritonkit._utils import interpreter_enabled
+    from tritonkit.ops._core.device import interpreter_enabled
 
     return interpreter_enabled()
 

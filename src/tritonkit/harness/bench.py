@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from tritonkit import _utils
 from tritonkit._hardware import Profile
 from tritonkit.harness import roofline, stats, timing
 from tritonkit.harness.check import _flatten, _upcast, compare
 from tritonkit.harness.spec import MODES, OpSpec, Unavailable, dtype_name
 from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
+from tritonkit.ops._core.layout import LAYOUT_COPIES
 
 OURS = "tritonkit"
 
@@ -150,9 +150,9 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         record["note"] = "nothing could run"
         return record
     if OURS in runnable:  # inputs tritonkit had to copy for lack of a strided view, per call
-        _utils.LAYOUT_COPIES.reset()
+        LAYOUT_COPIES.reset()
         runnable[OURS]()
-        record["layout_copies"] = _utils.LAYOUT_COPIES.reset()
+        record["layout_copies"] = LAYOUT_COPIES.reset()
     host_us: dict[str, float] = {}
     record["l2_flush"] = timing.FLUSH  # how the L2 was emptied before each sample
     samples = time_interleaved(runnable, host_times=host_us)

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from tritonkit._utils import interpreter_enabled
 from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
+from tritonkit.ops._core.device import interpreter_enabled
 
 MIN_ELEMENTS_FOR_RATIO = 64
 CASES = (

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tritonkit._utils import interpreter_enabled
+from tritonkit.ops._core.device import interpreter_enabled
 
 
 def _git_commit() -> str:

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from tritonkit._utils import check_choice
+from tritonkit.ops._core.validate import check_choice
 from tritonkit.ops.matmul import linear
 
 _ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")

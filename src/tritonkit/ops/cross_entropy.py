@@ -46,20 +46,18 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit._autocast import autocast_dtype
-from tritonkit._utils import (
-    Op,
-    apply,
-    cdiv,
+from tritonkit._autocast import FP32, autocast_dtype, policy
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.math import aligned_row, edge_cols, fast_exp
+from tritonkit.ops._core.registry import Op, apply, eager_direct
+from tritonkit.ops._core.rows import pow2_floor
+from tritonkit.ops._core.validate import (
     check_choice,
     check_operand,
     check_same_device,
     check_tensor,
-    eager_direct,
-    next_power_of_2,
 )
-from tritonkit.ops._math import aligned_row, edge_cols, fast_exp
-from tritonkit.ops.softmax import pow2_floor
 
 # ----------------------------------------------------------------------------------------------
 # Configs: every block size of the family is chosen here (benchmarks/sweep_ce.py sweeps them).
@@ -135,7 +133,7 @@ def rows_config(n_rows: int, n_segments: int) -> tuple[int, int]:
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@kernel
 def _ce_prep_kernel(
     t_ptr,  # int64 targets [n_rows]
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
@@ -235,7 +233,7 @@ def _segment_offsets(row_off, first, stride_n, ALIGN: tl.constexpr, BLOCK_N: tl.
     return off
 
 
-@triton.jit
+@kernel
 def _ce_stats_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # int64 targets [n_rows]
@@ -303,7 +301,7 @@ def _segment_cols(first, start, offs, ALIGN: tl.constexpr):
         return (start + offs)[None, :]
 
 
-@triton.jit
+@kernel
 def _ce_rows_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides: only x[i, t_i] is read
     t_ptr,  # int64 targets [n_rows]
@@ -391,7 +389,7 @@ def _ce_rows_kernel(
         tl.store(lse_ptr + rows, lse, mask=row_in)
 
 
-@triton.jit
+@kernel
 def _ce_grad_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # int64 targets [n_rows]
@@ -491,7 +489,7 @@ def _grad(x, is_t, coefs, w_ptr, cols, cols_in, stride_w, HAS_WEIGHT: tl.constex
     return tl.where(ignored[:, None], 0.0, g)
 
 
-@triton.jit
+@kernel
 def _ce_reduce_kernel(
     loss_ptr,  # fp32 per-row losses [n_rows], contiguous
     stats_ptr,  # fp32 [2]: the mean denominator first
@@ -767,6 +765,7 @@ class CrossEntropyFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
+@policy(cuda=FP32, cpu=FP32)
 def cross_entropy(
     input: torch.Tensor,
     target: torch.Tensor,

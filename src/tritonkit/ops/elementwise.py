@@ -22,154 +22,20 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit._utils import (
+from tritonkit.ops._core.device import sm_count
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import (
     Rows,
-    apply,
     as_rows,
     cdiv,
-    check_choice,
-    check_operand,
-    check_same_shape,
-    check_tensor,
-    define_op,
-    eager_direct,
     elementwise_output,
     elementwise_rows,
     next_power_of_2,
-    sm_count,
 )
-from tritonkit.ops._math import fast_exp
-
-# Activation codes: constexpr integers so that each activation compiles to its own kernel.
-_ACT_NONE = tl.constexpr(0)
-_ACT_RELU = tl.constexpr(1)
-_ACT_GELU = tl.constexpr(2)
-_ACT_GELU_TANH = tl.constexpr(3)
-_ACT_SILU = tl.constexpr(4)
-ACTIVATIONS: dict[str, int] = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
-
-_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2)
-_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2*pi)
-_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
-_GELU_TANH_C = tl.constexpr(0.044715)
-
-# GELU's Phi where the output has 16 bits (_gelu_q16): log2(0.5 * erfc(u / sqrt 2)) ~ sum of
-# GELU_Q16_COEFFS[k] * u**k, the minimax fit on u in [0, 13] (q(13) = 2**-126.9 is below
-# float32's smallest normal, which ex2.approx.ftz returns as 0), fitted in float64 with numpy:
-# Lawson's reweighted least squares on 4001 points, the coefficients rounded to float32 from
-# the highest down, the lower ones refitted after each rounding (tests/test_elementwise.py
-# repeats the fit). Max relative error of q on [0, 13] with these float32 coefficients:
-# 1.8e-5 in float64 arithmetic; evaluated in float32 as the kernel does, 2.0e-5 for u <= 6 and
-# 5.0e-5 near u = 13 (cancellation between terms). c9 < 0 and the derivative has no positive
-# root: q decreases on (0, inf), and Horner's rule gives -inf at u = inf, so q(inf) = 0.
-GELU_Q16_COEFFS = (
-    -1.0000253915786743,
-    -1.1510510444641113,
-    -0.4586363434791565,
-    -0.054088860750198364,
-    0.008723306469619274,
-    -0.0010343962348997593,
-    8.552986400900409e-05,
-    -4.61730633105617e-06,
-    1.4528676217651082e-07,
-    -2.0123762656254485e-09,
-)
-_Q16_C0, _Q16_C1, _Q16_C2, _Q16_C3, _Q16_C4 = (tl.constexpr(c) for c in GELU_Q16_COEFFS[:5])
-_Q16_C5, _Q16_C6, _Q16_C7, _Q16_C8, _Q16_C9 = (tl.constexpr(c) for c in GELU_Q16_COEFFS[5:])
-
-
-# ----------------------------------------------------------------------------------------------
-# Kernels
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _gelu_parts(z):
-    """(Phi(z), exp(-z*z/2)) in fp32: the standard normal CDF and the Gaussian's kernel.
-
-    Phi from Abramowitz & Stegun 7.1.26 applied to erfc(|z|/sqrt(2)): |error| <= 7.5e-8, about
-    one float32 unit in the last place of values near 1 (libdevice's erf is as close, with
-    twice the instructions, and GELU is bound by them on bf16). Computing 0.5*erfc directly
-    avoids the cancellation of 1 + erf(z) for z << 0. NaN propagates; +-inf give 1 and 0.
-    """
-    a = tl.abs(z) * _SQRT1_2
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    # The A&S coefficients halved, so that p * e is 0.5 * erfc(a).
-    p = 0.5307027145 * t - 0.7265760135
-    p = (p * t + 0.7107068705) * t - 0.142248368
-    p = (p * t + 0.127414796) * t
-    e = tl.exp2(a * a * -1.4426950408889634)  # exp(-a^2) == exp(-z^2 / 2)
-    half_erfc = p * e
-    return tl.where(z < 0.0, half_erfc, 1.0 - half_erfc), e
-
-
-@triton.jit
-def _gelu_q16(u):
-    """0.5 * erfc(u / sqrt(2)) for u >= 0 to 1.8e-5 relative, for Phi rounded to 16 bits.
-
-    One exp2 of a degree-9 polynomial (GELU_Q16_COEFFS): 9 FMAs and one MUFU, where
-    _gelu_parts needs a division and an exp2 around 8 multiply-adds. bf16 GELU was bound by
-    instruction issue (benchmarks/NOTES.md); the forward kernel's SASS for sm_90 (ptxas, 16
-    elements per thread) has 20 instructions per element with this Phi, 29.5 with
-    _gelu_parts (SiLU, at 97% of copy bandwidth: 19.5). u = inf gives 0, NaN stays NaN.
-    """
-    p = _Q16_C9 * u + _Q16_C8
-    p = p * u + _Q16_C7
-    p = p * u + _Q16_C6
-    p = p * u + _Q16_C5
-    p = p * u + _Q16_C4
-    p = p * u + _Q16_C3
-    p = p * u + _Q16_C2
-    p = p * u + _Q16_C1
-    p = p * u + _Q16_C0
-    return tl.exp2(p)
-
-
-@triton.jit
-def _act(z, ACT: tl.constexpr, PHI16: tl.constexpr = False):
-    """act(z) in fp32. NaN propagates and +-inf give what the float64 formula gives.
-
-    PHI16: GELU's Phi from _gelu_q16, accurate enough for an output rounded to 16 bits (the
-    matmul epilogue calls this without it: _gelu_parts).
-    """
-    if ACT == _ACT_RELU:
-        # where(z < 0) rather than maximum(): max(NaN, 0) is 0 on the GPU, PyTorch gives NaN.
-        out = tl.where(z < 0.0, 0.0, z)
-    elif ACT == _ACT_GELU:
-        if PHI16:
-            q = _gelu_q16(tl.abs(z))
-            cdf = tl.where(z < 0.0, q, 1.0 - q)
-        else:
-            cdf, _ = _gelu_parts(z)
-        out = z * cdf
-    elif ACT == _ACT_GELU_TANH:
-        # 0.5 * z * (1 + tanh(u)) == z * sigmoid(2u): no cancellation in 1 + tanh(u) for u << 0.
-        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
-        out = z / (1.0 + fast_exp(-2.0 * u))
-    elif ACT == _ACT_SILU:
-        out = z / (1.0 + fast_exp(-z))
-    else:
-        out = z
-    return out
-
-
-@triton.jit
-def _act_grad(z, ACT: tl.constexpr):
-    """d act(z) / dz in fp32, as PyTorch's backward formulas (relu is handled by the caller)."""
-    if ACT == _ACT_GELU:
-        cdf, e = _gelu_parts(z)
-        out = cdf + z * _INV_SQRT_2PI * e
-    elif ACT == _ACT_GELU_TANH:
-        u = _SQRT_2_OVER_PI * (z + _GELU_TANH_C * z * z * z)
-        s = 1.0 / (1.0 + fast_exp(-2.0 * u))  # (1 + tanh u) / 2
-        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * z * z)
-        out = s + 2.0 * z * s * (1.0 - s) * du
-    elif ACT == _ACT_SILU:
-        s = 1.0 / (1.0 + fast_exp(-z))
-        out = s * (1.0 + z * (1.0 - s))
-    else:
-        out = tl.full(z.shape, 1.0, tl.float32)
-    return out
+from tritonkit.ops._core.math import ACT_NONE, ACT_RELU, ACTIVATIONS, act, act_grad
+from tritonkit.ops._core.reduce import PartialSumConfig, sum_partials
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.validate import check_choice, check_operand, check_same_shape, check_tensor
 
 
 @triton.jit
@@ -194,7 +60,7 @@ def _tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INT64: t
     return pid_n, rows, cols, mask
 
 
-@triton.jit
+@kernel
 def _bias_act_fwd_kernel(
     x_ptr,  # input rows, unit column stride
     b_ptr,  # bias: one row broadcast over all rows, or rows shaped like x; unused without bias
@@ -210,7 +76,7 @@ def _bias_act_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BIAS_IS_ROW: tl.constexpr,  # load the bias tile once and reuse it for every row of the tile
     STORE_MASK: tl.constexpr,
-    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from _gelu_q16
+    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from gelu_q16
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -225,7 +91,7 @@ def _bias_act_fwd_kernel(
         else:
             b = tl.load(b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask)
             z += b.to(tl.float32)
-    y = _act(z, ACT, PHI16)
+    y = act(z, ACT, PHI16)
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
@@ -243,7 +109,7 @@ def _bias_act_fwd_kernel(
         )
 
 
-@triton.jit
+@kernel
 def _bias_act_bwd_kernel(
     dy_ptr,  # upstream gradient rows
     x_ptr,  # forward input rows (unused when ACT is none or FROM_MASK)
@@ -275,7 +141,7 @@ def _bias_act_bwd_kernel(
     pid_g, pid_n = _tile_ids(tl.program_id(0), n_cols, BLOCK_N, INT64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    if HAS_BIAS and BIAS_IS_ROW and ACT != _ACT_NONE and not FROM_MASK:
+    if HAS_BIAS and BIAS_IS_ROW and ACT != ACT_NONE and not FROM_MASK:
         b_row = tl.load(b_ptr + cols, mask=col_mask).to(tl.float32)
     # One partial sum per column: the tile's rows sit in the same thread (TileConfig.
     # for_row_sums), so each iteration's sum over them is register adds, and BLOCK_M can grow
@@ -298,7 +164,7 @@ def _bias_act_bwd_kernel(
             bits = (packed[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1
             on = tl.reshape(bits, [BLOCK_M, BLOCK_N]) != 0
             dz = tl.where(on, dy, 0.0)
-        elif ACT != _ACT_NONE:
+        elif ACT != ACT_NONE:
             z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
             z = z.to(tl.float32)
             if HAS_BIAS:
@@ -309,10 +175,10 @@ def _bias_act_bwd_kernel(
                         b_ptr + rows[:, None] * stride_bm + cols[None, :], mask=mask, other=0.0
                     )
                     z += b.to(tl.float32)
-            if ACT == _ACT_RELU:
+            if ACT == ACT_RELU:
                 dz = tl.where(z > 0.0, dy, 0.0)  # as threshold_backward: NaN upstream stays out
             else:
-                dz = dy * _act_grad(z, ACT)
+                dz = dy * act_grad(z, ACT)
         else:
             dz = dy
         if STORE_DX:
@@ -327,37 +193,7 @@ def _bias_act_bwd_kernel(
         tl.store(dbias_partial_ptr + pid_g * n_cols + cols, acc, mask=col_mask)
 
 
-@triton.jit
-def _colsum_kernel(
-    partial_ptr,  # fp32 [n_rows, n_cols], contiguous
-    out_ptr,  # [n_cols]
-    partial2_ptr,  # a second pair summed alongside, when SECOND (a norm's weight and bias)
-    out2_ptr,
-    n_rows,
-    n_cols,
-    SECOND: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    # Second pass of the bias gradient: a fixed summation order, so results are deterministic.
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for start in range(0, n_rows, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-        offs = rows[:, None] * n_cols + cols[None, :]
-        acc += tl.load(partial_ptr + offs, mask=mask, other=0.0)
-        if SECOND:
-            acc2 += tl.load(partial2_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
-    if SECOND:
-        tl.store(
-            out2_ptr + cols, tl.sum(acc2, axis=0).to(out2_ptr.dtype.element_ty), mask=cols < n_cols
-        )
-
-
-@triton.jit
+@kernel
 def _colsum_split_kernel(
     x_ptr,  # rows to sum, unit column stride
     partial_ptr,  # fp32 [splits, n_cols]: one partial row per row split
@@ -390,7 +226,7 @@ def _colsum_split_kernel(
     tl.store(partial_ptr + pid_s * n_cols + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
-@triton.jit
+@kernel
 def _glu_fwd_kernel(
     gate_ptr,  # gate rows
     up_ptr,  # up rows
@@ -401,7 +237,7 @@ def _glu_fwd_kernel(
     stride_um,
     stride_ym,
     ACT: tl.constexpr,
-    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from _gelu_q16
+    PHI16: tl.constexpr,  # GELU: y has 16 bits, Phi from gelu_q16
     INT64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -409,13 +245,13 @@ def _glu_fwd_kernel(
     _, rows, cols, mask = _tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
-    y = _act(g, ACT, PHI16) * u
+    y = act(g, ACT, PHI16) * u
     tl.store(
         y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask
     )
 
 
-@triton.jit
+@kernel
 def _glu_bwd_kernel(
     dy_ptr,
     gate_ptr,
@@ -438,8 +274,8 @@ def _glu_bwd_kernel(
     dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask).to(tl.float32)
     g = tl.load(gate_ptr + rows[:, None] * stride_gm + cols[None, :], mask=mask).to(tl.float32)
     u = tl.load(up_ptr + rows[:, None] * stride_um + cols[None, :], mask=mask).to(tl.float32)
-    dgate = dy * u * _act_grad(g, ACT)
-    dup = dy * _act(g, ACT)  # _gelu_parts' Phi, shared with _act_grad
+    dgate = dy * u * act_grad(g, ACT)
+    dup = dy * act(g, ACT)  # _gelu_parts' Phi, shared with act_grad
     dg_ptrs = dgate_ptr + rows[:, None] * stride_dgm + cols[None, :]
     tl.store(dg_ptrs, dgate.to(dgate_ptr.dtype.element_ty), mask=mask)
     tl.store(
@@ -470,7 +306,7 @@ _BWD_VECTORS: dict[tuple[str, int], int] = {
     ("gelu", 2): 2,
     ("gelu_tanh", 2): 2,
 }
-# GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (_gelu_q16) instead of
+# GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (gelu_q16) instead of
 # _gelu_parts. False restores the old path (the sweep times both); float32 always uses the old.
 _GELU_PHI16 = True
 # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
@@ -487,7 +323,7 @@ class RowSumConfig:
     cross-thread reduction; each program walks a group of rows and writes one fp32 partial row
     (tall tiles reduced across warps ran at 20-70% of copy bandwidth; this shape at 80-95%,
     benchmarks/NOTES.md). The second pass sums the partial rows in a fixed order
-    (partial_sum_config).
+    (``_core.reduce.sum_partials``).
     """
 
     warps: int  # per first-pass program, whose columns are 32 * warps * 16 bytes wide
@@ -506,20 +342,25 @@ _ROW_SUMS: dict[int, RowSumConfig] = {
 }
 
 
+_FINAL_COLUMN_SUMS = PartialSumConfig(
+    min_block_n=128, max_block_n=128, max_rows=16, min_warps=4, max_warps=4
+)
+
+
 @dataclass(frozen=True)
 class ColumnSumConfig:
     """A plain column sum (add's broadcast gradient, bias_act's without an activation or dx):
     programs of (column block, row split), each summing its rows into a tile of per-lane sums
     reduced once after the loop (_colsum_split_kernel), then the splits' partial rows summed in
-    a fixed order (_colsum_kernel)."""
+    a fixed order (``_core.reduce.sum_partials``)."""
 
     block_m: int  # rows per loop iteration
     block_n: int  # columns per program
     warps: int
     splits: int  # row splits: partial rows
     evict: str = "evict_first"  # the rows are read once
-    final_block: tuple[int, int] = (16, 128)  # second pass: partial rows x columns per program
-    final_warps: int = 4
+    # The second pass: up to 16 partial rows x 128 columns per program, 4 warps.
+    final: PartialSumConfig = _FINAL_COLUMN_SUMS
 
 
 # By element size. H200 (benchmarks/NOTES.md, run 30), grad (16384, 8192) bf16: 0.0674 ms with
@@ -530,31 +371,6 @@ _COLUMN_SUMS: dict[int, ColumnSumConfig] = {
     2: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
     4: ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
 }
-
-
-# The second pass over partial rows (_colsum_kernel) of a bias gradient (bias_act) or of a
-# norm's weight and bias gradients: columns per program narrowed until the programs about fill
-# the SMs (PARTIAL_SUM_BLOCK_N bounds it), up to PARTIAL_SUM_MAX_ROWS partial rows loaded in one
-# step. H200 (benchmarks/NOTES.md, runs 146-147, same run per line), 132 partial rows, us of
-# the whole backward: layer_norm (16384, 4096) bf16 103.3 against 110.6 with tiles of 32 x 128
-# at 4 warps, one launch per gradient (6.7-7.0 us a launch); rms_norm 102.4 / 104.8; fp32
-# layer_norm 198.4 / 208.4; bias_act (16384, 8192) bf16 relu 146.5 / 148.9, gelu 228.0 / 230.9.
-# (256, 32) tiles at 8 warps: layer_norm 105.2; (128, 32) at 4: 105.5; (64, 32) at 2: 107.3.
-# The (256, 32) tile at 4 warps takes 255 registers without spills (ptxas, sm_90a, two sums).
-PARTIAL_SUM_BLOCK_N = (32, 128)
-PARTIAL_SUM_MAX_ROWS = 256
-PARTIAL_SUM_ELEMS_PER_THREAD = 64
-PARTIAL_SUM_MIN_WARPS = 2
-
-
-def partial_sum_config(n_rows: int, n_cols: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of _colsum_kernel over ``n_rows`` partial rows."""
-    low, high = PARTIAL_SUM_BLOCK_N
-    per_sm = max(1, n_cols // sm_count(device))
-    block_n = max(low, min(high, 1 << (per_sm.bit_length() - 1)))
-    block_m = min(next_power_of_2(n_rows), PARTIAL_SUM_MAX_ROWS)
-    warps = block_m * block_n // (32 * PARTIAL_SUM_ELEMS_PER_THREAD)
-    return block_m, block_n, max(PARTIAL_SUM_MIN_WARPS, min(8, warps))
 
 
 @dataclass(frozen=True)
@@ -600,7 +416,7 @@ def _bwd_vectors(activation: str, elem_size: int) -> int:
 
 
 def _phi16(activation: str, out: torch.Tensor) -> bool:
-    """Whether a forward GELU computes Phi with _gelu_q16 (its output rounded to 16 bits)."""
+    """Whether a forward GELU computes Phi with gelu_q16 (its output rounded to 16 bits)."""
     return _GELU_PHI16 and activation == "gelu" and out.element_size() == 2
 
 
@@ -654,11 +470,7 @@ def column_sum(rows: Rows, out: torch.Tensor) -> None:
         BLOCK_N=cs.block_n,
         num_warps=cs.warps,
     )
-    block_m, block_n = cs.final_block
-    _colsum_kernel[(cdiv(rows.n_cols, block_n),)](
-        partial, out, partial, out, splits, rows.n_cols, SECOND=False, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=cs.final_warps,
-    )  # fmt: skip
+    sum_partials(partial, out, config=cs.final)
 
 
 def _bias_layout(shape: torch.Size, bias: torch.Tensor | None) -> str:
@@ -844,19 +656,7 @@ def bias_act_bwd(
         num_warps=cfg.num_warps,
     )
     if row_partials:
-        block_m, block_n, warps = partial_sum_config(groups, gr.n_cols, grad.device)
-        _colsum_kernel[(cdiv(gr.n_cols, block_n),)](
-            partial,
-            dbias,
-            partial,
-            dbias,
-            groups,
-            gr.n_cols,
-            SECOND=False,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=warps,
-        )
+        sum_partials(partial, dbias)
     return dx, dbias
 
 

@@ -49,23 +49,20 @@ import triton
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit._autocast import autocast_dtype, cast
-from tritonkit._utils import (
+from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.math import ACTIVATIONS, act
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.validate import (
     FLOAT_DTYPES,
-    LAYOUT_COPIES,
-    apply,
-    cdiv,
     check_choice,
     check_operand,
     check_same_device,
     check_tensor,
-    define_op,
-    eager_direct,
-    interpreter_enabled,
-    next_power_of_2,
-    sm_count,
 )
-from tritonkit.ops.elementwise import ACTIVATIONS, _act, call_bias_act_backward
+from tritonkit.ops.elementwise import call_bias_act_backward
 from tritonkit.ops.memory import transpose_fwd
 
 try:  # host-side TMA descriptors (triton >= 3.3)
@@ -284,7 +281,7 @@ def _epilogue(
     if STORE_Z:
         z_ptrs = z_ptr + rm[:, None] * stride_zm + rn[None, :] * stride_zn
         tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
-    acc = _act(acc, ACT)
+    acc = act(acc, ACT)
     if HAS_RES:
         res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :] * stride_rn, mask=mask)
         acc = acc + res.to(tl.float32)
@@ -484,7 +481,7 @@ def _matmul_tile(
             tl.store(c_ptrs, out.to(out_ty), mask=mask)
 
 
-@triton.jit
+@kernel
 def _matmul_kernel(
     a_ptr,  # A [batch..., M, K], any strides
     b_ptr,  # B [batch..., K, N], any strides
@@ -580,7 +577,7 @@ def _matmul_kernel(
         )  # fmt: skip
 
 
-@triton.jit
+@kernel
 def _splitk_reduce_kernel(
     ws_ptr,  # [SPLIT_K, M, N] partial tiles, contiguous
     c_ptr,  # [M, N] output
@@ -1719,6 +1716,7 @@ def _check_bias(op: str, bias: torch.Tensor, n: int, dtype: torch.dtype, ref: to
         raise ValueError(f"{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
 
 
+@policy(cuda=LOWER, cpu=LOWER)
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(a, b)``, with autograd.
 
@@ -1747,6 +1745,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return apply(MatmulFunction, a, b)
 
 
+@policy(cuda=LOWER, cpu=LOWER)
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -11,23 +11,17 @@ are coalesced, writes land ``M`` elements apart, one 32-byte sector per element.
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit._utils import (
-    LAYOUT_COPIES,
-    apply,
-    cdiv,
-    check_tensor,
-    define_op,
-    eager_direct,
-    next_power_of_2,
-)
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.elementwise import BiasActFunction
 
 
-@triton.jit
+@kernel
 def _transpose_kernel(
     x_ptr,  # input [batch, M, N], any strides
     y_ptr,  # output [batch, N, M], contiguous

@@ -49,38 +49,34 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit._autocast import autocast_dtype, cast
-from tritonkit._utils import (
-    LAYOUT_COPIES,
-    apply,
-    cdiv,
+from tritonkit._autocast import FP32, autocast_dtype, cast, policy
+from tritonkit.ops._core.device import shared_memory_per_block, sm_count
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.reduce import sum_partials
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.rows import (
+    RowConfig,
+    RowLayout,
+    col_ids,
+    evict_kwargs,
+    load_chunk,
+    n_steps,
+    plan_rows,
+    pow2_floor,
+    program_row,
+    reverse_start,
+    row_config,
+    row_program_config,
+    row_program_warps,
+    row_warps,
+    tile_rows,
+)
+from tritonkit.ops._core.validate import (
     check_operand,
     check_same_dtype,
     check_same_shape,
     check_tensor,
-    define_op,
-    eager_direct,
-    next_power_of_2,
-    shared_memory_per_block,
-    sm_count,
-)
-from tritonkit.ops.elementwise import _colsum_kernel, partial_sum_config
-from tritonkit.ops.softmax import (
-    RowConfig,
-    RowLayout,
-    _chunk,
-    _col_ids,
-    _evict_kwargs,
-    _n_steps,
-    _program_row,
-    _reverse_start,
-    _tile_rows,
-    _warps,
-    plan_rows,
-    pow2_floor,
-    row_config,
-    row_program_config,
-    row_program_warps,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -357,7 +353,7 @@ def norm_config(
         if per_sm > 0:
             programs = min(cfg.n_tiles, per_sm * sm_count(device))
         per_thread = elems_per_thread or FUSED_ELEMS_PER_THREAD
-        warps = _warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS)
+        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
 
@@ -366,7 +362,7 @@ def _fit_chunk(block_r: int, block_n: int, per_thread: int) -> tuple[int, int]:
     """(BLOCK_N, warps) of a tile of ``block_r`` rows: at most ``block_n`` columns, narrowed so
     that ``per_thread`` elements per thread fit MAX_WARPS."""
     block_n = min(block_n, pow2_floor(per_thread * 32 * MAX_WARPS // block_r))
-    return block_n, _warps(block_r * block_n, per_thread, MAX_WARPS)
+    return block_n, row_warps(block_r * block_n, per_thread, MAX_WARPS)
 
 
 def _bwd_tile_elems(n_row_tensors: int, dtype: torch.dtype) -> int:
@@ -415,7 +411,7 @@ def _bwd_grid(
     else:
         block_n, col_blocks = cfg.BLOCK_N, 1
         target = (BWD_PROGRAMS_PER_SM if rms else BWD_PROGRAMS_PER_SM_LN) * sm_count(device)
-    warps = _warps(cfg.BLOCK_R * block_n, BWD_ELEMS_PER_THREAD, MAX_WARPS)
+    warps = row_warps(cfg.BLOCK_R * block_n, BWD_ELEMS_PER_THREAD, MAX_WARPS)
     return block_n, warps, col_blocks, max(1, min(cfg.n_tiles, target))
 
 
@@ -458,10 +454,10 @@ def _chunk_raw(
     0 where masked (a start at or past n_cols loads nothing), with the L2 policy EVICT ("" for
     none). Converted by ``_raw_sum`` where used, so that a prefetched chunk's loads do not stall
     the warp before it is needed."""
-    x = _chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, EVICT)
+    x = load_chunk(x_rows, start, cols, n_cols, stride_xn, row_mask, 0.0, EVICT)
     r = x
     if HAS_RESIDUAL:
-        r = _chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, EVICT)
+        r = load_chunk(r_rows, start, cols, n_cols, stride_rn, row_mask, 0.0, EVICT)
     return x, r
 
 
@@ -504,7 +500,7 @@ def _fwd_tile_load(
     """(x or x + residual in fp32, LayerNorm's shift) of row tile ``tile``; the shift is each
     row's first element as stored (the backward shifts by the same value). Nothing is read past
     the last tile. EVICT: the L2 policy of x's load."""
-    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+    o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
     row_mask = row_mask & (tile < n_tiles)
     x_rows = x_ptr + o * stride_xo + i * stride_xi
     r_rows = r_ptr + o * stride_ro + i * stride_ri
@@ -522,7 +518,7 @@ def _fwd_tile_load(
     return x, shift
 
 
-@triton.jit
+@kernel
 def _norm_fwd_kernel(
     x_ptr,  # input, seen as (n_outer, n_cols, n_inner) with the strides below
     r_ptr,  # residual, when HAS_RESIDUAL
@@ -578,7 +574,7 @@ def _norm_fwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    cols = _col_ids(BLOCK_N, INT64)
+    cols = col_ids(BLOCK_N, INT64)
     if not LOOPED:  # the affine parameters are loaded once per program
         col_mask = cols < n_cols
         # With REREAD the weight and bias stay in L2 while the rows stream through it.
@@ -597,9 +593,9 @@ def _norm_fwd_kernel(
             SHIFT, HAS_RESIDUAL, BLOCK_R, INT64, OUTER, "evict_last" if REREAD else "",
         )  # fmt: skip
     # A grid-stride walk; a constant trip count of 1 with ONE_TILE (see softmax's kernels).
-    for step in tl.range(0, _n_steps(n_tiles, ONE_TILE), num_stages=STAGES):
+    for step in tl.range(0, n_steps(n_tiles, ONE_TILE), num_stages=STAGES):
         tile = tl.program_id(0) + step * n_programs
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+        o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         r_rows = r_ptr + o * stride_ro + i * stride_ri
         y_rows = y_ptr + o * stride_yo + i * stride_yi
@@ -695,7 +691,7 @@ def _norm_fwd_kernel(
             # load is issued before the statistics are reduced, which it does not need.
             if LOOP_PREFETCH:
                 xr_next, rr_next = _chunk_raw(
-                    src_rows, r_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
+                    src_rows, r_rows, reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
                     src_stride, stride_rn, row_mask, src_res, DROP,
                 )  # fmt: skip
             if IS_RMS:
@@ -706,11 +702,11 @@ def _norm_fwd_kernel(
                 # E[d^2] - E[d]^2 may round below 0; a NaN stays NaN (tl.maximum would drop it)
                 rstd = tl.math.rsqrt(tl.where(m2 < 0.0, 0.0, m2) / n_cols + eps)
             for k in range(0, n_chunks):
-                start = _reverse_start(k, n_chunks, BLOCK_N)
+                start = reverse_start(k, n_chunks, BLOCK_N)
                 c = start + cols
                 mask = row_mask[:, None] & (c < n_cols)[None, :]
                 xr, rr, xr_next, rr_next = _chunk_step(
-                    src_rows, r_rows, _reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
+                    src_rows, r_rows, reverse_start(k + LOOP_PREFETCH, n_chunks, BLOCK_N), cols,
                     n_cols, src_stride, stride_rn, row_mask, xr_next, rr_next, src_res, DROP,
                     LOOP_PREFETCH,
                 )  # fmt: skip
@@ -775,7 +771,7 @@ def _norm_fwd_kernel(
         tl.store(rstd_ptr + s_offs, rstd, mask=row_mask)
 
 
-@triton.jit
+@kernel
 def _norm_fwd_row_kernel(
     x_ptr,  # input, seen as (n_outer, N_COLS, n_inner) with the strides below
     w_ptr,  # weight [N_COLS], when HAS_WEIGHT
@@ -819,7 +815,7 @@ def _norm_fwd_row_kernel(
     contiguous values of a chunk summed in its registers about the thread's first value: two
     sums a thread instead of three per lane, and a first sweep that stays a loop (see
     ROW_FWD_THREAD_SUMS_MIN_COLS)."""
-    o, i = _program_row(n_inner, OUTER)
+    o, i = program_row(n_inner, OUTER)
     x_row = x_ptr + o * stride_xo + i * stride_xi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     s_offs = o * stride_so + i * stride_si
@@ -1029,7 +1025,7 @@ def _add_pairs(a1, b1, a2, b2):
     return a1 + a2, b1 + b2
 
 
-@triton.jit
+@kernel
 def _norm_bwd_sums_kernel(
     dy_ptr,  # upstream gradient of the normalized output
     x_ptr,  # forward input (x, or x + residual as stored)
@@ -1061,9 +1057,9 @@ def _norm_bwd_sums_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # First pass of the wide-row backward: the two row sums that dx needs, over chunks.
-    cols = _col_ids(BLOCK_N, INT64)
+    cols = col_ids(BLOCK_N, INT64)
     for tile in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+        o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         s_offs = o * stride_so + i * stride_si
@@ -1099,7 +1095,7 @@ def _bwd_tile_load(
 ):  # fmt: skip
     """(dy, x, dres, shift, mean, rstd) of row tile ``tile``, tiles as stored (dres 0 without
     HAS_DRES); nothing is read past the last tile."""
-    o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+    o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
     row_mask = row_mask & (tile < n_tiles)
     mask = row_mask[:, None] & col_mask[None, :]
     x_rows = x_ptr + o * stride_xo + i * stride_xi
@@ -1122,7 +1118,7 @@ def _bwd_tile_load(
     return dy, x, dres, shift, mean, rstd
 
 
-@triton.jit
+@kernel
 def _norm_bwd_kernel(
     dy_ptr,  # upstream gradient of the normalized output
     x_ptr,  # forward input (x, or x + residual as stored)
@@ -1174,7 +1170,7 @@ def _norm_bwd_kernel(
     # weight and bias partial sums stay in registers and one row of each reaches memory.
     pid_n = tl.program_id(0)
     pid_g = tl.program_id(1)
-    cols = _col_ids(BLOCK_N, INT64)
+    cols = col_ids(BLOCK_N, INT64)
     if INT64:
         pid_n = tl.cast(pid_n, tl.int64)
     cols += pid_n * BLOCK_N
@@ -1198,7 +1194,7 @@ def _norm_bwd_kernel(
             BLOCK_R, INT64, OUTER,
         )  # fmt: skip
     for tile in tl.range(pid_g, n_tiles, n_groups, num_stages=STAGES):
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+        o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         s_offs = o * stride_so + i * stride_si
         mask = row_mask[:, None] & col_mask[None, :]
         # With PREFETCH the next tile's loads (rows and saved statistics) are issued before
@@ -1368,7 +1364,7 @@ def norm_fwd(
         PREFETCH=FWD_PREFETCH and stages is None and cfg.programs < cfg.n_tiles,  # a next tile
         LOOP_PREFETCH=cfg.LOOPED and (LOOP_PREFETCH_RMS if rms else LOOP_PREFETCH),
         LOOP_STATS=LOOP_STATS_RMS if rms else (LOOP_STATS_LN_RES16 if res16 else LOOP_STATS_LN),
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT),
+        **evict_kwargs(cfg.LOOPED and LOOP_EVICT),
         STAGES=stages,
         REREAD=reread,
         SUM_FIRST=sum_first,
@@ -1679,12 +1675,7 @@ def norm_bwd(
     )
     sums = [(part, out) for part, out in ((dw_part, dw), (db_part, db)) if out is not None]
     if sums:
-        block_m, block_c, warps = partial_sum_config(groups, layout.n_cols, grad.device)
-        (part, out), (part2, out2) = sums[0], sums[-1]
-        _colsum_kernel[(cdiv(layout.n_cols, block_c),)](
-            part, out, part2, out2, groups, layout.n_cols, SECOND=len(sums) == 2,
-            BLOCK_M=block_m, BLOCK_N=block_c, num_warps=warps,
-        )  # fmt: skip
+        sum_partials(*sums[0], *(sums[1] if len(sums) > 1 else ()))
     return dx, _or_empty(dw, grad), _or_empty(db, grad)
 
 
@@ -1873,6 +1864,7 @@ def _rms_eps(eps: float | None) -> float:
     return torch.finfo(torch.float32).eps if eps is None else eps
 
 
+@policy(cuda=FP32)
 def layer_norm(
     x: torch.Tensor,
     normalized_shape: int | Sequence[int],

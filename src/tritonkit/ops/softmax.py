@@ -24,29 +24,32 @@ Arithmetic is fp32 whatever the storage dtype; each output is rounded once.
 
 from __future__ import annotations
 
-import functools
-import itertools
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from tritonkit._autocast import autocast_dtype, cast
-from tritonkit._utils import (
-    LAYOUT_COPIES,
-    apply,
-    cdiv,
-    check_tensor,
-    define_op,
-    eager_direct,
-    is_dense,
-    next_power_of_2,
-    sm_count,
+from tritonkit._autocast import FP32, autocast_dtype, cast, policy
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import next_power_of_2
+from tritonkit.ops._core.math import LOG2E, aligned_row, edge_cols, fast_exp
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.rows import (
+    RowConfig,
+    RowLayout,
+    col_ids,
+    evict_kwargs,
+    load_chunk,
+    n_steps,
+    plan_rows,
+    program_row,
+    reverse_start,
+    row_config,
+    row_program_config,
+    tile_rows,
 )
-from tritonkit.ops._math import LOG2E, aligned_row, edge_cols, fast_exp
+from tritonkit.ops._core.validate import check_tensor
 
 # ----------------------------------------------------------------------------------------------
 # Configs: every block size of the family is chosen here (benchmarks/sweep_norms.py sweeps them).
@@ -152,79 +155,6 @@ ALIGNED_ELEMS_PER_THREAD_BWD = {8: 16, 16: 8, 32: 8}
 _INT32_LIMIT = 2**31
 
 
-@dataclass(frozen=True)
-class RowConfig:
-    """Launch config of a row-reduction kernel over a (n_outer, n_cols, n_inner) layout."""
-
-    BLOCK_R: int  # rows per tile
-    BLOCK_N: int  # columns per tile: the whole row, or one chunk of the looped path
-    LOOPED: bool  # the row does not fit in one tile: two sweeps over chunks
-    num_warps: int
-    programs: int  # grid size; each program walks tiles pid, pid + programs, ...
-    n_tiles: int
-    n_iblocks: int  # tiles along the inner row axis per outer index
-
-
-def pow2_floor(n: int) -> int:
-    """The largest power of 2 <= n (block sizes must be powers of 2; configs need not be)."""
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def _warps(elems: int, elems_per_thread: int, max_warps: int) -> int:
-    return max(1, min(max_warps, next_power_of_2(max(1, elems // (32 * elems_per_thread)))))
-
-
-def row_config(
-    layout: RowLayout,
-    device: torch.device,
-    *,
-    max_fused: int,
-    loop_block: int,
-    tile_elems: int,
-    adjacent_rows: int,
-    elems_per_thread: int,
-    loop_elems_per_thread: int,
-    max_warps: int,
-    loop_programs_per_sm: int,
-) -> RowConfig:
-    """Tile shape, warps and grid for one row-reduction launch (shared by softmax and norms).
-
-    The family's constants are passed in by its own config function, so each family tunes its
-    kernels in one place.
-    """
-    _, stride_n, stride_i = layout.strides[0]
-    rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
-    rows = next_power_of_2(layout.n_inner)
-    if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
-        block_r = min(rows, pow2_floor(adjacent_rows))
-        widest = max(1, tile_elems // block_r)
-    else:
-        block_r = 1
-        widest = max_fused
-    block_n = next_power_of_2(layout.n_cols)
-    looped = block_n > widest
-    if looped:
-        block_n = pow2_floor(min(loop_block, widest))
-    else:  # short rows: several per tile
-        block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
-    n_iblocks = cdiv(layout.n_inner, block_r)
-    n_tiles = layout.n_outer * n_iblocks
-    programs = n_tiles
-    if looped:
-        programs = max(1, min(n_tiles, loop_programs_per_sm * sm_count(device)))
-    return RowConfig(
-        BLOCK_R=block_r,
-        BLOCK_N=block_n,
-        LOOPED=looped,
-        num_warps=_warps(
-            block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
-        ),
-        programs=programs,
-        n_tiles=n_tiles,
-        n_iblocks=n_iblocks,
-    )
-
-
 def softmax_config(layout: RowLayout, device: torch.device, backward: bool) -> RowConfig:
     """The softmax family's config (forward or backward) from the module constants."""
     return row_config(
@@ -239,216 +169,6 @@ def softmax_config(layout: RowLayout, device: torch.device, backward: bool) -> R
         max_warps=MAX_WARPS,
         loop_programs_per_sm=LOOP_PROGRAMS_PER_SM_BWD if backward else LOOP_PROGRAMS_PER_SM_FWD,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Layout: same-shaped tensors as (n_outer, n_cols, n_inner) with real strides.
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RowLayout:
-    """Tensors of one shape seen as ``(n_outer, n_cols, n_inner)``, reduced along the middle.
-
-    ``strides[k]`` is ``(outer, col, inner)`` for the k-th tensor of the plan. Per-row tensors
-    (statistics) have shape ``keepdim`` and a col stride of 0.
-    """
-
-    n_outer: int
-    n_cols: int
-    n_inner: int
-    strides: tuple[tuple[int, int, int], ...]
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_outer * self.n_inner
-
-    def needs_int64(self) -> bool:
-        """Whether some element lies 2**31 or more elements from its tensor's base."""
-        return any(
-            (self.n_outer - 1) * so + (self.n_cols - 1) * sn + (self.n_inner - 1) * si
-            >= _INT32_LIMIT
-            for so, sn, si in self.strides
-        )
-
-
-def _layout(
-    shape: Sequence[int], reduced: Sequence[int], tensors: Sequence[tuple[Sequence[int], bool]]
-) -> RowLayout | None:
-    """The common (outer, col, inner) view of tensors given as (strides, has_cols), or None.
-
-    The reduced dims must merge into one strided axis in logical order (a weight is indexed by
-    the logical column). The other dims may be merged in any order (rows are independent); they
-    are ordered by the first tensor's strides, so that the inner axis is its smallest-stride
-    one. None: more than two row axes remain, or the reduced dims do not merge.
-    """
-    red = [d for d in reduced if shape[d] != 1]
-    n_cols = math.prod(shape[d] for d in reduced)
-    col_strides = []
-    for strides, has_cols in tensors:
-        if not has_cols or not red:
-            col_strides.append(0 if not has_cols else 1)
-            continue
-        for a, b in itertools.pairwise(red):
-            if strides[a] != shape[b] * strides[b]:
-                return None
-        col_strides.append(strides[red[-1]])
-    row_dims = [d for d in range(len(shape)) if d not in reduced and shape[d] != 1]
-    row_dims.sort(key=lambda d: -tensors[0][0][d])
-    groups: list[tuple[int, list[int]]] = []
-    for d in row_dims:
-        here = [strides[d] for strides, _ in tensors]
-        if groups and all(g == shape[d] * s for g, s in zip(groups[-1][1], here)):
-            groups[-1] = (groups[-1][0] * shape[d], here)
-        else:
-            groups.append((shape[d], here))
-    if len(groups) > 2:
-        return None
-    while len(groups) < 2:
-        groups.insert(0, (1, [0] * len(tensors)))
-    (n_outer, so), (n_inner, si) = groups
-    strides = tuple((a, b, c) for a, b, c in zip(so, col_strides, si))
-    return RowLayout(n_outer, n_cols, n_inner, strides)
-
-
-# A layout is a pure function of shapes and strides; a model calls the same few many times, and
-# working one out again costs more host time than a small kernel's launch.
-_cached_layout = functools.lru_cache(maxsize=4096)(_layout)
-
-
-def new_like(t: torch.Tensor) -> torch.Tensor:
-    """A new tensor shaped like t: with t's strides when t is dense, else contiguous."""
-    if is_dense(t):
-        return torch.empty_like(t)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-
-
-def keepdim_shape(shape: Sequence[int], reduced: Sequence[int]) -> tuple[int, ...]:
-    return tuple(1 if d in reduced else s for d, s in enumerate(shape))
-
-
-def plan_rows(
-    inputs: Sequence[torch.Tensor],
-    reduced: Sequence[int],
-    n_outputs: int,
-    row_inputs: Sequence[torch.Tensor] = (),
-    n_row_outputs: int = 0,
-    count: bool = True,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], RowLayout | None]:
-    """Plan a row-reduction pass: (inputs, outputs, row outputs, layout).
-
-    Outputs are shaped like ``inputs[0]`` (its strides when it is dense); row outputs are fp32
-    per-row statistics of shape ``keepdim_shape``, contiguous; ``row_inputs`` are such
-    statistics from an earlier pass. The layout's strides are in the order inputs, outputs,
-    row inputs, row outputs. When the tensors have no common strided view, the non-contiguous
-    inputs are copied (counted in ``LAYOUT_COPIES`` when ``count``; fake tensors pass False)
-    and the outputs are contiguous. The layout is None for an empty tensor.
-    """
-    first = inputs[0]
-    shape = tuple(first.shape)
-    outputs = [new_like(first) for _ in range(n_outputs)]
-    keep = keepdim_shape(shape, reduced)
-    row_outputs = [
-        torch.empty(keep, dtype=torch.float32, device=first.device) for _ in range(n_row_outputs)
-    ]
-    inputs = list(inputs)
-    if first.numel() == 0:
-        return inputs, outputs, row_outputs, None
-
-    def attempt() -> RowLayout | None:
-        described = [(t.stride(), True) for t in (*inputs, *outputs)]
-        described += [(t.stride(), False) for t in (*row_inputs, *row_outputs)]
-        key = (shape, tuple(reduced), tuple(described))
-        try:
-            return _cached_layout(*key)
-        except TypeError:  # symbolic sizes (torch.compile's dynamic shapes) do not hash
-            return _layout(*key)
-
-    layout = attempt()
-    if layout is None:
-        copied = []
-        for t in inputs:
-            if not t.is_contiguous():
-                if count:
-                    LAYOUT_COPIES.count += 1
-                t = t.contiguous()
-            copied.append(t)
-        inputs = copied
-        outputs = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in outputs]
-        layout = attempt()
-        assert layout is not None  # contiguous tensors always have this view
-    return inputs, outputs, row_outputs, layout
-
-
-# ----------------------------------------------------------------------------------------------
-# Kernels
-# ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _tile_rows(
-    tile, n_inner, n_iblocks, BLOCK_R: tl.constexpr, INT64: tl.constexpr, OUTER: tl.constexpr
-):
-    """(outer index, inner indices [BLOCK_R], row mask) of row tile ``tile``; without OUTER
-    (one outer index) the outer index is 0 and no integer division is made."""
-    if INT64:  # offsets past 2**31 elements: 64-bit index arithmetic, only when needed
-        tile = tl.cast(tile, tl.int64)
-    if OUTER:
-        o = tile // n_iblocks
-        i = (tile % n_iblocks) * BLOCK_R + tl.arange(0, BLOCK_R)
-    else:
-        o = tile * 0
-        i = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-    return o, i, i < n_inner
-
-
-@triton.jit
-def _program_row(n_inner, OUTER: tl.constexpr):
-    """(outer, inner) index of the row of a one-row-per-program launch (int64)."""
-    row = tl.program_id(0).to(tl.int64)
-    o = row * 0
-    i = row
-    if OUTER:
-        o = row // n_inner
-        i = row % n_inner
-    return o, i
-
-
-@triton.jit
-def _n_steps(n_tiles, ONE_TILE: tl.constexpr):
-    """Tiles this program walks (pid, pid + programs, ...); 1 with ONE_TILE (grid = tiles)."""
-    if ONE_TILE:
-        n = 1
-    else:
-        n = tl.cdiv(n_tiles - tl.program_id(0), tl.num_programs(0))
-    return n
-
-
-@triton.jit
-def _col_ids(BLOCK_N: tl.constexpr, INT64: tl.constexpr):
-    cols = tl.arange(0, BLOCK_N)
-    if INT64:
-        cols = cols.to(tl.int64)
-    return cols
-
-
-@triton.jit
-def _chunk(rows, start, cols, n_cols, stride_n, row_mask, other: tl.constexpr, EVICT: tl.constexpr):
-    """Load the chunk of columns [start, start + BLOCK_N) of a tile of rows, masked to the row
-    (a start at or past n_cols loads nothing), with the L2 eviction policy EVICT ("" for none;
-    no default: an omitted string constexpr fails to compile for the GPU in triton 3.6)."""
-    c = start + cols
-    mask = row_mask[:, None] & (c < n_cols)[None, :]
-    return tl.load(
-        rows[:, None] + c[None, :] * stride_n, mask=mask, other=other, eviction_policy=EVICT
-    )
-
-
-@triton.jit
-def _reverse_start(k, n_chunks, BLOCK_N: tl.constexpr):
-    """First column of the k-th chunk of a sweep from the last chunk to the first; past the
-    row (all masked) for k = n_chunks, the prefetch after the last one."""
-    return tl.where(k < n_chunks, (n_chunks - 1 - k) * BLOCK_N, n_chunks * BLOCK_N)
 
 
 @triton.jit
@@ -510,10 +230,10 @@ def _row_max_sum(
         m = tl.full([BLOCK_R, BLOCK_N], float("-inf"), tl.float32)
         s = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
     if PREFETCH:
-        x_next = _chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
+        x_next = load_chunk(x_rows, 0, cols, n_cols, stride_n, row_mask, float("-inf"), EVICT)
     for start in range(0, n_cols, BLOCK_N):
         # One load per iteration: this chunk, or with PREFETCH the next one.
-        loaded = _chunk(
+        loaded = load_chunk(
             x_rows, start + PREFETCH * BLOCK_N, cols, n_cols, stride_n, row_mask, float("-inf"),
             EVICT,
         )  # fmt: skip
@@ -541,7 +261,7 @@ def _row_max_sum(
     return row_max, row_sum
 
 
-@triton.jit
+@kernel
 def _softmax_fwd_kernel(
     x_ptr,  # input, seen as (n_outer, n_cols, n_inner) with the strides below
     y_ptr,  # output, same view
@@ -567,12 +287,12 @@ def _softmax_fwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    cols = _col_ids(BLOCK_N, INT64)
+    cols = col_ids(BLOCK_N, INT64)
     # A grid-stride walk over tiles; with ONE_TILE a constant trip count of 1, which the compiler
     # removes (a loop around one tile's body cost 2-19% in benchmarks/exp_row_launch.py).
-    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+    for step in range(0, n_steps(n_tiles, ONE_TILE)):
         tile = tl.program_id(0) + step * tl.num_programs(0)
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+        o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         x_rows = x_ptr + o * stride_xo + i * stride_xi
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         if LOOPED:
@@ -584,11 +304,11 @@ def _softmax_fwd_kernel(
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # Last chunk first: the chunks read last by the first sweep are still in L2.
             if PREFETCH:
-                x_next = _chunk(x_rows, _reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
+                x_next = load_chunk(x_rows, reverse_start(0, n_chunks, BLOCK_N), cols, n_cols,
                                 stride_xn, row_mask, 0.0, DROP)  # fmt: skip
             for k in range(0, n_chunks):
-                start = _reverse_start(k, n_chunks, BLOCK_N)
-                loaded = _chunk(x_rows, _reverse_start(k + PREFETCH, n_chunks, BLOCK_N), cols,
+                start = reverse_start(k, n_chunks, BLOCK_N)
+                loaded = load_chunk(x_rows, reverse_start(k + PREFETCH, n_chunks, BLOCK_N), cols,
                                 n_cols, stride_xn, row_mask, 0.0, DROP)  # fmt: skip
                 if PREFETCH:
                     x = x_next
@@ -620,7 +340,7 @@ def _softmax_fwd_kernel(
             )
 
 
-@triton.jit
+@kernel
 def _softmax_bwd_kernel(
     dy_ptr,  # upstream gradient, seen as (n_outer, n_cols, n_inner)
     y_ptr,  # forward output (softmax, or log_softmax when LOG)
@@ -650,12 +370,12 @@ def _softmax_bwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy).
-    cols = _col_ids(BLOCK_N, INT64)
+    cols = col_ids(BLOCK_N, INT64)
     # A grid-stride walk over tiles; with ONE_TILE a constant trip count of 1, which the compiler
     # removes (a loop around one tile's body cost 2-19% in benchmarks/exp_row_launch.py).
-    for step in range(0, _n_steps(n_tiles, ONE_TILE)):
+    for step in range(0, n_steps(n_tiles, ONE_TILE)):
         tile = tl.program_id(0) + step * tl.num_programs(0)
-        o, i, row_mask = _tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
+        o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
         dy_rows = dy_ptr + o * stride_dyo + i * stride_dyi
         y_rows = y_ptr + o * stride_yo + i * stride_yi
         dx_rows = dx_ptr + o * stride_dxo + i * stride_dxi
@@ -663,14 +383,14 @@ def _softmax_bwd_kernel(
             # softmax needs sum(dy * y), log_softmax only sum(dy): y is not read in this sweep.
             acc = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
             if PREFETCH:
-                dy_next = _chunk(dy_rows, 0, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
+                dy_next = load_chunk(dy_rows, 0, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
                 if not LOG:
-                    y_next = _chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
+                    y_next = load_chunk(y_rows, 0, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
             for start in range(0, n_cols, BLOCK_N):
                 at = start + PREFETCH * BLOCK_N
-                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
+                dy_loaded = load_chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, KEEP)
                 if not LOG:
-                    y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
+                    y_loaded = load_chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, KEEP)
                 if PREFETCH:
                     dy = dy_next
                     dy_next = dy_loaded
@@ -689,14 +409,14 @@ def _softmax_bwd_kernel(
             n_chunks = tl.cdiv(n_cols, BLOCK_N)
             # In reverse, as in the forward.
             if PREFETCH:
-                first = _reverse_start(0, n_chunks, BLOCK_N)
-                dy_next = _chunk(dy_rows, first, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
-                y_next = _chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
+                first = reverse_start(0, n_chunks, BLOCK_N)
+                dy_next = load_chunk(dy_rows, first, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
+                y_next = load_chunk(y_rows, first, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
             for k in range(0, n_chunks):
-                start = _reverse_start(k, n_chunks, BLOCK_N)
-                at = _reverse_start(k + PREFETCH, n_chunks, BLOCK_N)
-                dy_loaded = _chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
-                y_loaded = _chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
+                start = reverse_start(k, n_chunks, BLOCK_N)
+                at = reverse_start(k + PREFETCH, n_chunks, BLOCK_N)
+                dy_loaded = load_chunk(dy_rows, at, cols, n_cols, stride_dyn, row_mask, 0.0, DROP)
+                y_loaded = load_chunk(y_rows, at, cols, n_cols, stride_yn, row_mask, 0.0, DROP)
                 if PREFETCH:
                     dy, y = dy_next, y_next
                     dy_next, y_next = dy_loaded, y_loaded
@@ -733,7 +453,7 @@ def _softmax_bwd_kernel(
             )
 
 
-@triton.jit
+@kernel
 def _softmax_bwd_row_kernel(
     dy_ptr,  # upstream gradient, seen as (n_outer, N_COLS, n_inner), columns contiguous
     y_ptr,  # forward output (softmax, or log_softmax when LOG)
@@ -752,7 +472,7 @@ def _softmax_bwd_row_kernel(
 ):
     """One row per program: sum(dy * y) (log_softmax: sum(dy)) over chunks of BLOCK_N, then dx,
     re-reading dy and y (L2 hits)."""
-    o, i = _program_row(n_inner, OUTER)
+    o, i = program_row(n_inner, OUTER)
     dy_row = dy_ptr + o * stride_dyo + i * stride_dyi
     y_row = y_ptr + o * stride_yo + i * stride_yi
     dx_row = dx_ptr + o * stride_dxo + i * stride_dxi
@@ -796,7 +516,7 @@ def _bwd_row_dx(dy_row, y_row, dx_row, n_cols, total, LOG: tl.constexpr, BLOCK_N
         tl.store(dx_row + c, dx.to(dx_row.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@kernel
 def _softmax_fwd_aligned_kernel(
     x_ptr,  # input, seen as (n_outer, n_cols, n_inner), columns contiguous
     y_ptr,  # output, whose rows start at the same offsets within 16 bytes as x's
@@ -813,7 +533,7 @@ def _softmax_fwd_aligned_kernel(
 ):
     """One row per program, two sweeps as in the looped _softmax_fwd_kernel (CHUNK_MAX), over
     the row's aligned body in chunks and its edge (see ALIGNED)."""
-    o, i = _program_row(n_inner, OUTER)
+    o, i = program_row(n_inner, OUTER)
     x_off = o * stride_xo + i * stride_xi
     y_off = o * stride_yo + i * stride_yi
     head, n_body = aligned_row(x_off, n_cols, VEC)
@@ -843,7 +563,7 @@ def _softmax_fwd_aligned_kernel(
         tl.store(y_body + c, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy="evict_first")
 
 
-@triton.jit
+@kernel
 def _softmax_bwd_aligned_kernel(
     dy_ptr,  # as in _softmax_bwd_row_kernel; every tensor's rows start at the same offsets
     y_ptr,  # within 16 bytes
@@ -863,7 +583,7 @@ def _softmax_bwd_aligned_kernel(
 ):
     """One row per program: sum(dy * y) (log_softmax: sum(dy)), then dx, over the row's aligned
     body in chunks and its edge (see ALIGNED)."""
-    o, i = _program_row(n_inner, OUTER)
+    o, i = program_row(n_inner, OUTER)
     dy_off = o * stride_dyo + i * stride_dyi
     y_off = o * stride_yo + i * stride_yi
     dx_off = o * stride_dxo + i * stride_dxi
@@ -899,12 +619,6 @@ def _launch_kwargs(cfg: RowConfig, layout: RowLayout) -> dict:
         "BLOCK_N": cfg.BLOCK_N,
         "num_warps": cfg.num_warps,
     }
-
-
-def _evict_kwargs(evict: bool) -> dict:
-    """L2 policies of a looped kernel's two sweeps (LOOP_EVICT): keep what the first reads for
-    the second, and let the second's reads and writes go first."""
-    return {"KEEP": "evict_last" if evict else "", "DROP": "evict_first" if evict else ""}
 
 
 def misaligned_rows(layout: RowLayout, tensors: Sequence[torch.Tensor]) -> int:
@@ -970,26 +684,10 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_FWD,
         CHUNK_MAX=cfg.LOOPED and LOOP_CHUNK_MAX,
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT_FWD),
+        **evict_kwargs(cfg.LOOPED and LOOP_EVICT_FWD),
         **_launch_kwargs(cfg, layout),
     )
     return y
-
-
-def row_program_warps(row_bytes: int, table: Sequence[tuple[int, int]]) -> int:
-    """Warps of a one-row-per-program kernel: those of the first (bytes, warps) entry of
-    ``table`` whose bytes hold the row; 32 for wider rows."""
-    return next((w for limit, w in table if row_bytes <= limit), MAX_WARPS)
-
-
-def row_program_config(
-    n_cols: int, element_size: int, table: Sequence[tuple[int, int]], elems_per_thread: dict
-) -> tuple[int, int]:
-    """(BLOCK_N, warps) of a one-row-per-program kernel: warps by the row's bytes
-    (row_program_warps), chunks of ``elems_per_thread[warps]`` elements per thread."""
-    warps = row_program_warps(n_cols * element_size, table)
-    block_n = 32 * warps * elems_per_thread[warps]
-    return min(block_n, next_power_of_2(n_cols)), warps
 
 
 def _row_bwd_config(n_cols: int, element_size: int) -> tuple[int, int]:
@@ -1054,7 +752,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
         LOG=log,
         LOOPED=cfg.LOOPED,
         PREFETCH=cfg.LOOPED and LOOP_PREFETCH_BWD,
-        **_evict_kwargs(cfg.LOOPED and LOOP_EVICT_BWD),
+        **evict_kwargs(cfg.LOOPED and LOOP_EVICT_BWD),
         **_launch_kwargs(cfg, layout),
     )
     return dx
@@ -1137,6 +835,7 @@ def _softmax(op: str, x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
     return apply(SoftmaxFunction, x, d, log)
 
 
+@policy(cuda=FP32)
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)``, with autograd.
 
@@ -1156,6 +855,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return _softmax("tritonkit.softmax", x, dim, False)
 
 
+@policy(cuda=FP32)
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.log_softmax(x, dim)``, with autograd; computed as ``x - max - log(sum(exp))``.
 
