@@ -1,0 +1,76 @@
+"""Device code the optimizer kernels share: table lookups, block loads and stores, PyTorch's
+lerp, stochastic rounding."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tritonkit.ops._core.device import interpreter_enabled
+
+# Triton's CPU interpreter truncates float32 to bfloat16 instead of rounding to nearest; the
+# Newton-Schulz iteration rounds to bfloat16 at every product, and truncation's bias makes the
+# iterates drift from PyTorch's (4% after 20 Muon steps, against <1% with rounding).
+_INTERPRETING = tl.constexpr(interpreter_enabled())
+
+
+@triton.jit
+def torch_lerp(start, end, weight):
+    """``torch.lerp(start, end, weight)`` with ATen's formula (``Lerp.h``): ``start + w (end -
+    start)`` for ``|w| < 0.5``, else ``end - (end - start)(1 - w)``, so that a moment updated
+    here rounds as ``exp_avg.lerp_(grad, 1 - beta1)`` does in PyTorch."""
+    small = start + weight * (end - start)
+    large = end - (end - start) * (1.0 - weight)
+    return tl.where(tl.abs(weight) < 0.5, small, large)
+
+
+@triton.jit
+def to_bfloat16(x):
+    """float32 ``x`` rounded to nearest (ties to even) bfloat16, also under the interpreter."""
+    if _INTERPRETING:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)  # NaN stays NaN
+    return x.to(tl.bfloat16)
+
+
+@triton.jit
+def round_stochastic(x, seed, offsets, DTYPE: tl.constexpr, OVERFLOW: tl.constexpr):
+    """float32 ``x`` rounded to the 16-bit ``DTYPE`` up or down at random, with the probability
+    that makes the rounding unbiased: E[round(x)] = x.
+
+    The two candidates are x rounded toward zero and its neighbour away from zero (the bit
+    pattern plus one: sign-magnitude formats order magnitudes as integers). ``OVERFLOW`` is
+    the magnitude from which round-to-nearest gives infinity; there it is kept, as PyTorch's
+    rounding would give. NaN and infinities pass through.
+    """
+    low = x.to(DTYPE, fp_downcast_rounding="rtz")
+    high = (low.to(tl.int16, bitcast=True) + 1).to(DTYPE, bitcast=True)
+    low32 = low.to(tl.float32)
+    frac = tl.div_rn(x - low32, high.to(tl.float32) - low32)  # in [0, 1); NaN for NaN/inf
+    out = tl.where(tl.rand(seed, offsets) < frac, high, low)
+    return tl.where(tl.abs(x) >= OVERFLOW, x.to(DTYPE), out)
+
+
+@triton.jit
+def load_f32(ptr, offs, mask, MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + offs).to(tl.float32)
+
+
+@triton.jit
+def store_as(ptr, offs, value, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ptr + offs, value.to(ptr.dtype.element_ty))
+
+
+@triton.jit
+def entry(table_ptr, row, t, n_tensors, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """The address of tensor ``t`` in ``row`` of the table, typed; 16-byte aligned if known."""
+    ptr = tl.load(table_ptr + row * n_tensors + t).to(tl.pointer_type(DTYPE))
+    if ALIGNED:
+        ptr = tl.multiple_of(ptr, 16)
+    return ptr

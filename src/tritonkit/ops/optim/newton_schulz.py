@@ -1,0 +1,232 @@
+"""Newton-Schulz orthogonalization (Muon's core), batched over same-shape matrices.
+
+``torch.optim.Muon`` runs, per matrix X (bfloat16, Frobenius-normalized, the wide way round),
+``ns_steps`` times::
+
+    A = X @ X.T;  B = b * A + c * (A @ A);  X = a * X + B @ X
+
+Two of the three products are symmetric: ``X @ X.T`` and, A being symmetric, ``A @ A =
+A @ A.T``. One kernel computes all three: with ``SYMMETRIC`` its programs cover only the tiles
+on and below the diagonal and each also stores its tile's transpose above it, which halves
+those products' FLOPs (a third of the iteration's); its epilogue is ``alpha * acc + beta * C``
+(the ``addmm`` of PyTorch's code, rounded once to bfloat16 as cuBLAS rounds it). Every
+matrix of a batch is one grid row (program id 1), so same-shape parameters share one launch
+per product. A tall X (rows > cols) is never transposed in memory: the products read it
+through swapped strides (``X.T @ X``, ``X @ B``), which is the same iteration on X.T.
+
+Under the CPU interpreter, where ``tl.dot`` on bfloat16 is wrong, tiles are upcast to float32
+before the product (``UPCAST``): bfloat16 products are exact in float32, so the result is
+what the GPU's bfloat16 tensor cores with float32 accumulation compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops.optim.math import to_bfloat16
+
+# torch.optim.Muon's defaults (Keller Jordan's quintic iteration).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+PRODUCTS = ("fused", "matmul")
+
+
+@dataclass(frozen=True)
+class NSConfig:
+    """Tiles of the Newton-Schulz GEMM (symmetric products need ``block_m == block_n``), and
+    how the third product runs: ``"fused"``, this module's kernel with the ``a X + B X``
+    epilogue (PyTorch's rounding), or ``"matmul"``, ``tritonkit.matmul`` on ``B' = a I + B``
+    (the identity folded into B's epilogue, which rounds B's diagonal with ``a`` in it)."""
+
+    product: str = "fused"
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+DEFAULT_NS = NSConfig()
+INTERPRETER_NS = NSConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1)
+
+
+def default_ns_config() -> NSConfig:
+    return INTERPRETER_NS if interpreter_enabled() else DEFAULT_NS
+
+
+@triton.jit
+def _lower_tile(pid):
+    """Tile (i, j), j <= i, of the lower triangle, numbered row by row: pid = i(i+1)/2 + j."""
+    i = ((tl.sqrt(8.0 * pid.to(tl.float32) + 1.0) - 1.0) * 0.5).to(tl.int32)
+    i = tl.where(i * (i + 1) // 2 > pid, i - 1, i)  # the float estimate may be one off
+    i = tl.where((i + 1) * (i + 2) // 2 <= pid, i + 1, i)
+    return i, pid - i * (i + 1) // 2
+
+
+@triton.jit
+def _grouped_tile(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Tile (i, j) in groups of GROUP_M rows, so that consecutive programs share operands in L2."""
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
+
+
+@kernel
+def _ns_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, out_ptr,  # batched operands: out = alpha * (a @ b) + beta * c
+    M, N, K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_ob, stride_om, stride_on,
+    alpha, beta, diag,  # out = alpha * (a @ b) + beta * c + diag * I
+    SYMMETRIC: tl.constexpr,  # a @ b is symmetric: lower-triangle tiles, each stored twice
+    HAS_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask in the K loop
+    UPCAST: tl.constexpr,  # float32 products (the interpreter's bfloat16 dot is wrong)
+):  # fmt: skip
+    pid = tl.program_id(0)
+    batch = tl.program_id(1).to(tl.int64)
+    if SYMMETRIC:
+        tm, tn = _lower_tile(pid)
+    else:
+        tm, tn = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    rm = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge read a valid row instead (their results are not stored),
+    # which keeps the operand loads unmasked.
+    a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    in_m = rm < M
+    in_n = rn < N
+    out = acc * alpha
+    if HAS_C:
+        c_ptrs = c_ptr + batch * stride_cb + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+        c = tl.load(c_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
+        out += beta * c.to(tl.float32)
+    out += tl.where(rm[:, None] == rn[None, :], diag, 0.0)
+    out = to_bfloat16(out)
+    o_ptrs = out_ptr + batch * stride_ob + rm[:, None] * stride_om + rn[None, :] * stride_on
+    tl.store(o_ptrs, out, mask=in_m[:, None] & in_n[None, :])
+    if SYMMETRIC:  # noqa: SIM102 (a constexpr test, resolved when the kernel compiles)
+        if tm != tn:  # the mirror tile, transposed in registers so that the store coalesces
+            t_ptrs = out_ptr + batch * stride_ob + rn[:, None] * stride_om + rm[None, :] * stride_on
+            tl.store(t_ptrs, tl.trans(out), mask=in_n[:, None] & in_m[None, :])
+
+
+def ns_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    out: torch.Tensor,
+    alpha: float,
+    beta: float,
+    symmetric: bool,
+    config: NSConfig,
+    diag: float = 0.0,
+) -> None:
+    """``out = alpha * (a @ b) + beta * c + diag * I`` over a batch (3-D views, any strides); with
+    ``symmetric`` the caller promises that the product is symmetric (``b`` holds ``a``
+    transposed), and only the lower triangle's tiles are computed."""
+    n_batch, m, k = a.shape
+    n = b.shape[2]
+    if symmetric:
+        tiles = cdiv(m, config.block_m)
+        grid = (tiles * (tiles + 1) // 2, n_batch)
+    else:
+        grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), n_batch)
+    cc = out if c is None else c
+    _ns_gemm_kernel[grid](
+        a, b, cc, out,
+        m, n, k,
+        *a.stride(), *b.stride(), *cc.stride(), *out.stride(),
+        alpha, beta, diag,
+        SYMMETRIC=symmetric,
+        HAS_C=c is not None,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        EVEN_K=k % config.block_k == 0,
+        UPCAST=interpreter_enabled(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+class NSWorkspace:
+    """The buffers of one batch of same-shape matrices: X and its next iterate (``rows x
+    cols``), the Gram matrix A and the polynomial B (``s x s``, s = min(rows, cols)), bf16."""
+
+    def __init__(self, n_batch: int, rows: int, cols: int, device: torch.device) -> None:
+        s = min(rows, cols)
+        self.rows, self.cols = rows, cols
+        self.x = torch.empty((n_batch, rows, cols), dtype=torch.bfloat16, device=device)
+        self.x_next = torch.empty_like(self.x)
+        self.gram = torch.empty((n_batch, s, s), dtype=torch.bfloat16, device=device)
+        self.poly = torch.empty_like(self.gram)
+
+    def result(self, steps: int) -> torch.Tensor:
+        """The buffer that holds X after ``steps`` iterations (they alternate)."""
+        return self.x if steps % 2 == 0 else self.x_next
+
+
+def newton_schulz_(
+    ws: NSWorkspace,
+    steps: int,
+    coefficients: tuple[float, float, float],
+    config: NSConfig,
+) -> torch.Tensor:
+    """Run ``steps`` iterations on ``ws.x`` (already normalized); returns ``ws.result(steps)``.
+
+    Per iteration: A = X X^T (symmetric), B = c A A + b A (symmetric), X' = a X + B X (wide)
+    or a X + X B (tall, where the Gram matrix is X^T X), 3 launches for the whole batch.
+    """
+    a_coef, b_coef, c_coef = coefficients
+    tall = ws.rows > ws.cols
+    fused = config.product == "fused"
+    cur, nxt = ws.x, ws.x_next
+    for _ in range(steps):
+        xs = cur.transpose(1, 2) if tall else cur
+        ns_gemm(xs, xs.transpose(1, 2), None, ws.gram, 1.0, 0.0, True, config)
+        # A is exactly symmetric (mirrored), so A A = A A^T: read A row-major as the B operand.
+        diag = 0.0 if fused else a_coef
+        ns_gemm(ws.gram, ws.gram, ws.gram, ws.poly, c_coef, b_coef, True, config, diag)
+        if fused:
+            a_op, b_op = (cur, ws.poly) if tall else (ws.poly, cur)
+            ns_gemm(a_op, b_op, cur, nxt, 1.0, a_coef, False, config)
+        else:
+            from tritonkit.functional import matmul  # the public GEMM (no cycle at import)
+
+            nxt = matmul(cur, ws.poly) if tall else matmul(ws.poly, cur)
+        cur, nxt = nxt, cur
+    out = ws.result(steps)
+    if cur is not out:  # "matmul" returns new tensors: the result goes where callers look
+        out.copy_(cur)
+    return out

@@ -1,0 +1,374 @@
+"""What tritonkit's optimizers share: parameter checks, the non-finite gradient policy, the
+GradScaler protocol, gradient tables and the state_dict layout of ``torch.optim``."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch.optim import Optimizer
+
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
+from tritonkit.ops.optim.nonfinite import launch_nonfinite_check
+from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, ChunkConfig, TensorTable
+
+NONFINITE = ("raise", "skip", "propagate")
+PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class NonFiniteGradError(FloatingPointError):
+    """A gradient held NaN or an infinity; the step was not taken (nothing was written)."""
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_hyper(op: str, name: str, value: Any, ok: bool, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{op}: {name} must be {expected}, got {value!r}")
+
+
+def check_lr(op: str, lr: Any) -> None:
+    if isinstance(lr, torch.Tensor):
+        check_hyper(op, "lr", lr, lr.numel() == 1, "a float or a 1-element tensor")
+        if lr.device.type != "meta":
+            lr = float(lr.detach().reshape(()).cpu())
+        else:
+            return
+    check_hyper(op, "lr", lr, isinstance(lr, (int, float)) and lr >= 0, "a number >= 0")
+
+
+def check_params(op: str, gi: int, params: Sequence[Any]) -> None:
+    """Every parameter is a dense floating-point tensor of a dtype and device the kernels take
+    (a TypeError naming it otherwise)."""
+    for i, p in enumerate(params):
+        where = f"param_groups[{gi}]['params'][{i}] (shape {tuple(p.shape)})"
+        if p.layout != torch.strided:
+            raise TypeError(f"{op}: {where} must be a strided tensor, got layout {p.layout}")
+        if p.dtype not in PARAM_DTYPES:
+            raise TypeError(
+                f"{op}: {where} must have dtype float32, float16 or bfloat16, got {_name(p.dtype)}"
+            )
+        on_cpu_ok = p.device.type == "cpu" and interpreter_enabled()
+        if p.device.type != "cuda" and not on_cpu_ok:
+            hint = (
+                " (CPU tensors run only under the Triton interpreter: TRITON_INTERPRET=1)"
+                if p.device.type == "cpu"
+                else ""
+            )
+            raise TypeError(f"{op}: {where} must be on a CUDA device, got {p.device}{hint}")
+        if not is_dense(p):
+            raise ValueError(
+                f"{op}: {where} must be dense (contiguous or a permutation of a contiguous "
+                f"tensor), got strides {p.stride()}"
+            )
+
+
+class GradRow:
+    """The gradient row of a tensor table: re-pointed only when a gradient was reallocated.
+
+    Gradients are checked (dtype, shape, layout) only when their addresses change, which
+    ``zero_grad(set_to_none=False)`` or PyTorch's caching allocator often avoid. A gradient
+    whose strides differ from its parameter's (possible only when assigned by hand) is copied
+    into the parameter's layout for the step, and counted in ``LAYOUT_COPIES``.
+    """
+
+    __slots__ = ("copies", "index", "op", "params", "ptrs", "row", "table")
+
+    def __init__(
+        self, op: str, table: TensorTable, row: int, params: Sequence[torch.Tensor]
+    ) -> None:
+        self.op, self.table, self.row, self.params = op, table, row, list(params)
+        self.ptrs: tuple[int, ...] | None = None
+        self.copies: list[torch.Tensor] = []
+
+    def refresh(self) -> None:
+        grads = [p.grad for p in self.params]
+        ptrs = tuple([g.data_ptr() for g in grads])
+        if ptrs == self.ptrs and not self.copies:
+            return
+        used = []
+        self.copies = []
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g.is_sparse:
+                raise TypeError(f"{self.op}: the gradient of parameter {i} is sparse")
+            if g.dtype != p.dtype or g.shape != p.shape or g.device != p.device:
+                raise TypeError(
+                    f"{self.op}: the gradient of a parameter of shape {tuple(p.shape)}, "
+                    f"{_name(p.dtype)} on {p.device} must match it, got shape "
+                    f"{tuple(g.shape)}, {_name(g.dtype)} on {g.device}"
+                )
+            if g.stride() != p.stride() and p.numel() > 1:
+                g = torch.empty_like(p).copy_(g)
+                LAYOUT_COPIES.count += 1
+                self.copies.append(g)
+            used.append(g.data_ptr())
+        self.ptrs = ptrs
+        self.table.set_row_ptrs(self.row, tuple(used))
+
+
+class NonFiniteGuard:
+    """The non-finite policy of one optimizer: one device flag for the whole step.
+
+    ``raise``: a check pass over every gradient, then one host sync; a NaN or an infinity
+    raises ``NonFiniteGradError`` naming the parameters before anything is written.
+    ``skip``: the same pass, no sync; the step kernels read the flag and return at once when
+    it is set, so the step is skipped on the device (params, states and step counts
+    unchanged), as ``torch.amp.GradScaler`` skips one; ``found_inf`` then holds 1.0.
+    ``propagate``: no check; NaN and infinities flow into the parameters as in ``torch.optim``.
+    Under a ``GradScaler`` (its ``found_inf``), its flag is used and no pass runs.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.found_inf: torch.Tensor | None = None  # this optimizer's flag, once allocated
+
+    def flag(
+        self,
+        tables: Sequence[tuple[TensorTable, int, torch.dtype, torch.Tensor]],
+        config: ChunkConfig,
+        scaler_found_inf: torch.Tensor | None,
+        names: Callable[[int, int], str],
+    ) -> torch.Tensor | None:
+        """The flag the step kernels must read (None: none), after the check if one runs.
+
+        ``tables``: (table, gradient row, gradient dtype, per-tensor flags) per launch.
+        """
+        if scaler_found_inf is not None:
+            return scaler_found_inf
+        if self.mode == "propagate" or not tables:
+            return None
+        device = tables[0][0].device
+        if self.found_inf is None or self.found_inf.device != device:
+            self.found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        else:
+            self.found_inf.zero_()
+        for table, row, dtype, flags in tables:
+            launch_nonfinite_check(table, row, dtype, flags, self.found_inf, config)
+        if self.mode == "raise" and self.found_inf.item() != 0:
+            bad = []
+            for k, (_, _, _, flags) in enumerate(tables):
+                bad += [names(k, int(i)) for i in flags.nonzero().flatten().tolist()]
+                flags.zero_()
+            raise NonFiniteGradError(
+                f"non-finite gradient (NaN or inf) in {', '.join(bad)}: the step was not "
+                "taken and no parameter or state was changed"
+            )
+        return self.found_inf
+
+
+def scaler_inputs(opt: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(found_inf, grad_scale) set by ``torch.amp.GradScaler.step`` on an optimizer that
+    declares ``_step_supports_amp_scaling``, or None each."""
+    return getattr(opt, "found_inf", None), getattr(opt, "grad_scale", None)
+
+
+def device_groups(
+    params: Iterable[tuple[int, torch.Tensor]],
+) -> dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]]:
+    """(index, parameter) pairs grouped by (device, dtype), in order."""
+    out: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
+    for i, p in params:
+        out.setdefault((p.device, p.dtype), []).append((i, p))
+    return out
+
+
+def state_like(
+    p: torch.Tensor, t: torch.Tensor | None, dtype: torch.dtype, fill: float = 0.0
+) -> torch.Tensor:
+    """``t`` as a state tensor of ``p`` (p's device and strides, ``dtype``), copied only if it
+    is not one already; zeros (or ``fill``) where ``t`` is None."""
+    if t is None:
+        return torch.full_like(p, fill, dtype=dtype, memory_format=torch.preserve_format)
+    if t.device == p.device and t.dtype == dtype and t.stride() == p.stride():
+        return t
+    out = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
+    return out.copy_(t)
+
+
+def step_values(
+    states: Sequence[dict[str, Any]], device: torch.device, counts: Sequence[int]
+) -> torch.Tensor:
+    """Each tensor's step count repeated once per program (float32 on ``device``)."""
+    values = [
+        torch.as_tensor(s.get("step", 0.0)).detach().reshape(()).to(device, torch.float32)
+        for s in states
+    ]
+    stacked = torch.stack(values) if values else torch.zeros(0, device=device)
+    return torch.repeat_interleave(stacked, torch.tensor(counts, device=device)).contiguous()
+
+
+def is_finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class Plan(Protocol):
+    """The tensors of one param group of one (device, dtype), laid out for its launches."""
+
+    table: TensorTable  # its gradient row is ``grad_row``
+    grad_row: int
+    p_dtype: torch.dtype
+    params: list[torch.Tensor]
+    index: list[int]  # each parameter's position in its group
+    flags: torch.Tensor  # float32 per tensor: the non-finite check's
+    grads: GradRow
+
+    def launch(
+        self,
+        opt: Any,
+        group: dict[str, Any],
+        flag: torch.Tensor | None,
+        grad_scale: torch.Tensor | None,
+    ) -> None: ...
+
+
+class FusedOptimizer(Optimizer):
+    """A ``torch.optim.Optimizer`` whose step is a few multi-tensor launches per param group.
+
+    A subclass says how to check a group (``_check_group``), what in a group changes the
+    layout of its launches (``_plan_key``) and how to lay out a group's parameters that have
+    gradients (``_make_plans``). Plans are cached per group and rebuilt only when the set of
+    parameters with gradients, the layout key or the state (``load_state_dict``,
+    ``add_param_group``) changes; a step otherwise costs a few dictionary reads per group,
+    one pass over the gradients' addresses and the launches.
+    """
+
+    op = "tritonkit.optim"
+    _group_defaults: ClassVar[dict[str, Any]] = {}  # keys a loaded torch group may lack
+
+    def __init__(
+        self,
+        params: Any,
+        defaults: dict[str, Any],
+        nonfinite: str,
+        chunks: ChunkConfig = DEFAULT_CHUNKS,
+    ) -> None:
+        if nonfinite not in NONFINITE:
+            raise ValueError(
+                f"{self.op}: nonfinite must be one of {list(NONFINITE)}, got {nonfinite!r}"
+            )
+        self.chunks = chunks
+        self.guard = NonFiniteGuard(nonfinite)
+        self._plans: dict[int, tuple[tuple, list[Plan]]] = {}
+        self._version = 0
+        self._seed = random.Random(torch.initial_seed()).getrandbits(31)
+        super().__init__(params, defaults)
+        self._step_supports_amp_scaling = True  # GradScaler passes found_inf and grad_scale
+
+    def _check_group(self, gi: int, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _plan_key(self, group: dict[str, Any]) -> tuple:
+        return ()
+
+    def _make_plans(
+        self, group: dict[str, Any], entries: list[tuple[int, torch.Tensor]]
+    ) -> list[Plan]:
+        raise NotImplementedError
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
+        self._version += 1
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self._group_defaults.items():
+                group.setdefault(key, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.optim``'s layout: ``step`` as a standalone float32 tensor (on the CPU, or on
+        the parameter's device for capturable groups), as ``torch.optim.Adam`` stores it."""
+        sd = super().state_dict()
+        capturable = {}
+        for g in sd["param_groups"]:
+            for i in g["params"]:
+                capturable[i] = g.get("capturable", False)
+        state = {}
+        for i, st in sd["state"].items():
+            st = dict(st)
+            step = st.get("step")
+            if isinstance(step, torch.Tensor):
+                device = step.device if capturable.get(i) else "cpu"
+                st["step"] = step.detach().to(device, torch.float32, copy=True)
+            state[i] = st
+        sd["state"] = state
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by this class or by the matching ``torch.optim`` class."""
+        super().load_state_dict(state_dict)
+        self._after_load(state_dict)
+        self._plans.clear()
+        self._version += 1
+
+    def _after_load(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+    def _group_plans(self, gi: int, group: dict[str, Any]) -> list[Plan]:
+        params = group["params"]
+        with_grad = tuple([p.grad is not None for p in params])
+        key = (id(params), len(params), with_grad, self._plan_key(group), self._version)
+        cached = self._plans.get(gi)
+        if cached is None or cached[0] != key:
+            entries = [(i, p) for i, (p, has) in enumerate(zip(params, with_grad)) if has]
+            plans = self._make_plans(group, entries) if entries else []
+            cached = self._plans[gi] = (key, plans)
+        for plan in cached[1]:
+            plan.grads.refresh()
+        return cached[1]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One optimization step over every parameter that has a gradient.
+
+        Args:
+            closure: optional; reevaluates the model (with autograd) and returns the loss.
+
+        Returns:
+            The closure's loss, or None.
+
+        Raises:
+            NonFiniteGradError: with ``nonfinite="raise"``, when a gradient holds NaN or an
+                infinity; nothing was written.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = [
+            (gi, group, plan)
+            for gi, group in enumerate(self.param_groups)
+            for plan in self._group_plans(gi, group)
+        ]
+        if not work:
+            return loss
+        found_inf, grad_scale = scaler_inputs(self)
+
+        def name(k: int, i: int) -> str:
+            gi, _, plan = work[k]
+            shape = tuple(plan.params[i].shape)
+            return f"param_groups[{gi}]['params'][{plan.index[i]}] (shape {shape})"
+
+        flag = self.guard.flag(
+            [(plan.table, plan.grad_row, plan.p_dtype, plan.flags) for _, _, plan in work],
+            self.chunks,
+            found_inf,
+            name,
+        )
+        self._seed = (self._seed * 1103515245 + 12345) % 2**31  # one random stream per step
+        for _, group, plan in work:
+            plan.launch(self, group, flag, grad_scale)
+        return loss
+
+    @property
+    def found_inf_flag(self) -> torch.Tensor | None:
+        """The device flag of the last checked step: 1.0 if it met a non-finite gradient (and
+        was skipped), else 0.0; None before the first check (or with ``"propagate"``)."""
+        return self.guard.found_inf
