@@ -89,14 +89,21 @@ class GradRow:
 
     def refresh(self) -> None:
         grads = [p.grad for p in self.params]
-        ptrs = tuple([g.data_ptr() for g in grads])
-        if ptrs == self.ptrs and not self.copies:
+        try:
+            ptrs = tuple([g.data_ptr() for g in grads])
+        except RuntimeError:  # a gradient without strided storage (sparse): checked below
+            ptrs = None
+        if ptrs == self.ptrs and ptrs is not None and not self.copies:
             return
         used = []
         self.copies = []
-        for i, (p, g) in enumerate(zip(self.params, grads)):
-            if g.is_sparse:
-                raise TypeError(f"{self.op}: the gradient of parameter {i} is sparse")
+        for p, g in zip(self.params, grads):
+            if g.layout != torch.strided:
+                raise TypeError(
+                    f"{self.op}: the gradient of a parameter of shape {tuple(p.shape)} must be "
+                    f"a strided (dense) tensor, got layout {g.layout} (sparse gradients are "
+                    "not supported)"
+                )
             if g.dtype != p.dtype or g.shape != p.shape or g.device != p.device:
                 raise TypeError(
                     f"{self.op}: the gradient of a parameter of shape {tuple(p.shape)}, "

@@ -26,8 +26,9 @@ def torch_lerp(start, end, weight):
 
 @triton.jit
 def to_bfloat16(x):
-    """float32 ``x`` rounded to nearest (ties to even) bfloat16, also under the interpreter."""
+    """``x`` rounded to nearest (ties to even) bfloat16, also under the interpreter."""
     if _INTERPRETING:
+        x = x.to(tl.float32)
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
         x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)  # NaN stays NaN
@@ -61,6 +62,9 @@ def load_f32(ptr, offs, mask, MASKED: tl.constexpr):
 
 @triton.jit
 def store_as(ptr, offs, value, mask, MASKED: tl.constexpr):
+    """Store float32 ``value`` rounded to nearest in the pointer's dtype."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        value = to_bfloat16(value)
     if MASKED:
         tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
     else:
