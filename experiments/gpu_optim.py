@@ -43,6 +43,18 @@ from pathlib import Path
 import torch
 
 RESULTS: dict = {"checks": {}, "adamw": [], "adamw_sweep": [], "muon": [], "train": {}}
+DEV = "cuda"
+DRY = False  # --dry-run: every section on the CPU under the Triton interpreter, tiny sizes
+
+
+def dim(n: int) -> int:
+    """A size: as given on the GPU, divided by 64 in a dry run."""
+    return max(4, n // 64) if DRY else n
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
 
 
 def log(*args) -> None:
@@ -88,13 +100,13 @@ def mlp(seed=1, dtype=torch.float32):
         torch.nn.Linear(256, 128, bias=False),
         torch.nn.GELU(),
         torch.nn.Linear(128, 10),
-    ).to("cuda", dtype)
+    ).to(DEV, dtype)
 
 
 def train(pairs, steps, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
     for _ in range(steps):
-        x = torch.randn(32, 64, device="cuda", generator=gen)
+        x = torch.randn(32, 64, device=DEV, generator=gen)
         for model, opts in pairs:
             for o in opts:
                 o.zero_grad()
@@ -132,12 +144,12 @@ def correctness():
 
     # 16-bit parameters with master weights follow float32 AdamW on the same gradients.
     torch.manual_seed(0)
-    p = torch.nn.Parameter(torch.randn(4096, 1000, device="cuda").bfloat16())
+    p = torch.nn.Parameter(torch.randn(dim(4096), 1000, device=DEV).bfloat16())
     q = torch.nn.Parameter(p.detach().float())
     o = tko.AdamW([p], lr=1e-3, master_weights=True)
     r = torch.optim.AdamW([q], lr=1e-3, foreach=False)
     for _ in range(10):
-        g = torch.randn(p.shape, device="cuda").bfloat16()
+        g = torch.randn(p.shape, device=DEV).bfloat16()
         p.grad, q.grad = g, g.float()
         o.step()
         r.step()
@@ -152,7 +164,7 @@ def correctness():
         before = [p.detach().clone() for p in model.parameters()]
         state = copy.deepcopy(o.state_dict()["state"])
         o.zero_grad()
-        model(torch.randn(8, 64, device="cuda")).square().mean().backward()
+        model(torch.randn(8, 64, device=DEV)).square().mean().backward()
         model[2].weight.grad[1, 1] = float("nan")
         raised = False
         try:
@@ -191,12 +203,14 @@ def correctness():
 
     # CUDA graph: a capturable step (tensor lr) captured once, replayed.
     try:
+        if DRY:
+            raise RuntimeError("no CUDA graphs in a dry run")
         model = mlp()
         ref = copy.deepcopy(model)
-        lr = torch.tensor(1e-3, device="cuda")
+        lr = torch.tensor(1e-3, device=DEV)
         o = tko.AdamW(model.parameters(), lr=lr, capturable=True, nonfinite="skip")
         r = torch.optim.AdamW(ref.parameters(), lr=1e-3, foreach=False)
-        x = torch.randn(32, 64, device="cuda")
+        x = torch.randn(32, 64, device=DEV)
         for m, opt in ((model, o), (ref, r)):
             m(x).square().mean().backward()
             opt.step()
@@ -219,11 +233,16 @@ def correctness():
     # Muon: one step on identical gradients, then 20 steps of a model.
     torch.manual_seed(0)
     worst = 0.0
-    for shape in ((1024, 4096), (4096, 1024), (2048, 2048), (300, 700)):
-        p = torch.nn.Parameter(torch.randn(shape, device="cuda") * 0.02)
+    for shape in (
+        (dim(1024), dim(4096)),
+        (dim(4096), dim(1024)),
+        (dim(2048), dim(2048)),
+        (300, 700),
+    ):
+        p = torch.nn.Parameter(torch.randn(shape, device=DEV) * 0.02)
         q = torch.nn.Parameter(p.detach().clone())
         o, r = tko.Muon([p], lr=2e-2), torch.optim.Muon([q], lr=2e-2)
-        g = torch.randn(shape, device="cuda")
+        g = torch.randn(shape, device=DEV)
         p.grad, q.grad = g, g.clone()
         o.step()
         r.step()
@@ -239,13 +258,14 @@ def correctness():
 
     from tritonkit.ops.optim.newton_schulz import NSConfig
 
-    for shape in ((8, 1024, 4096), (4, 4096, 1024), (2, 2048, 2048)):
-        g = torch.randn(shape, device="cuda")
+    for shape in ((8, dim(1024), dim(4096)), (4, dim(4096), dim(1024)), (2, dim(2048), dim(2048))):
+        g = torch.randn(shape, device=DEV)
         ref16 = torch.stack(
             [_zeropower_via_newtonschulz(x, (3.4445, -4.7750, 2.0315), 5, 1e-7) for x in g]
         ).float()
         ref64 = torch.stack([_ns64(x) for x in g]).float()
-        for product in ("fused", "matmul"):
+        # (tritonkit.matmul on bfloat16 needs the GPU: the interpreter's bf16 dot is wrong)
+        for product in ("fused",) if DRY else ("fused", "matmul"):
             out = newton_schulz(g, config=NSConfig(product=product)).float()
             check(f"NS {shape} {product} vs torch bf16 (rel L2)", rel(out, ref16), 1e-2)
             e_ours, e_torch = rel(out, ref64), rel(ref16, ref64)
@@ -270,9 +290,13 @@ def _ns64(g):
 
 def gpu_ms(fn, iters=20, warmup=3, repeats=5) -> float:
     """Median over repeats of the mean GPU time per call of back-to-back calls."""
-    for _ in range(warmup):
+    for _ in range(1 if DRY else warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
+    if DRY:  # timings mean nothing here: one call, to run the code
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -287,28 +311,29 @@ def gpu_ms(fn, iters=20, warmup=3, repeats=5) -> float:
 
 def wall_and_host_ms(fn, iters=20, warmup=3) -> tuple[float, float]:
     """(wall time per call of a loop with one sync at the end, host time inside the call)."""
-    for _ in range(warmup):
+    for _ in range(1 if DRY else warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
+    iters = 1 if DRY else iters
     host = 0.0
     t0 = time.perf_counter()
     for _ in range(iters):
         h = time.perf_counter()
         fn()
         host += time.perf_counter() - h
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t0) / iters * 1e3, host / iters * 1e3
 
 
 def copy_gbps() -> float:
-    src = torch.empty(2**28, device="cuda")  # 1 GiB
+    src = torch.empty(dim(2**28), device=DEV)  # 1 GiB
     dst = torch.empty_like(src)
     ms = gpu_ms(lambda: dst.copy_(src), iters=10)
-    return 2 * 2**30 / (ms * 1e-3) / 1e9
+    return 2 * 4 * src.numel() / (ms * 1e-3) / 1e9
 
 
 def llama_1b_shapes():
-    d, ff, kv, vocab, layers = 2048, 8192, 512, 128256, 16
+    d, ff, kv, vocab, layers = dim(2048), dim(8192), dim(512), dim(128256), 2 if DRY else 16
     shapes = [(vocab, d)]
     for _ in range(layers):
         shapes += [(d,), (d, d), (kv, d), (kv, d), (d, d), (d,), (ff, d), (ff, d), (d, ff)]
@@ -328,16 +353,16 @@ def adamw(quick: bool):
     log(f"   copy bandwidth {bw:.0f} GB/s (1 GiB fp32, read + write)")
 
     def make(shapes):
-        params = [torch.nn.Parameter(torch.randn(s, device="cuda") * 0.02) for s in shapes]
-        grads = [[torch.randn(s, device="cuda") * 1e-3 for s in shapes] for _ in range(2)]
+        params = [torch.nn.Parameter(torch.randn(s, device=DEV) * 0.02) for s in shapes]
+        grads = [[torch.randn(s, device=DEV) * 1e-3 for s in shapes] for _ in range(2)]
         for p, g in zip(params, grads[0]):
             p.grad = g
         return params, grads
 
     # Sweep of the chunk config on the 100M-element parameter.
-    params, grads = make([(100_000_000,)])
+    params, grads = make([(dim(100_000_000),)])
     n = params[0].numel()
-    for block in (1024, 2048, 4096, 8192):
+    for block in (1024, 2048) if DRY else (1024, 2048, 4096, 8192):
         for warps in (4, 8):
             o = tko.AdamW(params, lr=1e-3, nonfinite="propagate", chunks=ChunkConfig(block, warps))
             ms = gpu_ms(o.step)
@@ -351,23 +376,23 @@ def adamw(quick: bool):
     chunks = ChunkConfig(best["block"], best["num_warps"])
     RESULTS["adamw_chunks"] = {"block": chunks.block, "num_warps": chunks.num_warps}
     del params, grads
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache() if DEV == "cuda" else None
 
     cases = [
-        ("1 x 100M", [(100_000_000,)]),
-        ("24 x 4096x1024", [(4096, 1024)] * 24),
+        ("1 x 100M", [(dim(100_000_000),)]),
+        ("24 x 4096x1024", [(dim(4096), dim(1024))] * 24),
         ("Llama-1B (147 tensors)", llama_1b_shapes()),
     ]
     for name, shapes in cases:
         RESULTS["adamw"].append(_adamw_case(name, shapes, chunks))
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache() if DEV == "cuda" else None
 
 
 def _adamw_case(name, shapes, chunks):
     import tritonkit.optim as tko
 
-    params = [torch.nn.Parameter(torch.randn(s, device="cuda") * 0.02) for s in shapes]
-    grads = [[torch.randn(s, device="cuda") * 1e-3 for s in shapes] for _ in range(2)]
+    params = [torch.nn.Parameter(torch.randn(s, device=DEV) * 0.02) for s in shapes]
+    grads = [[torch.randn(s, device=DEV) * 1e-3 for s in shapes] for _ in range(2)]
     for p, g in zip(params, grads[0]):
         p.grad = g
     n = sum(p.numel() for p in params)
@@ -419,10 +444,12 @@ def muon(quick: bool):
     from tritonkit.ops.optim.newton_schulz import NSConfig
 
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(4096, 4096, device="cuda") * 0.02) for _ in range(8)]
+    params = [
+        torch.nn.Parameter(torch.randn(dim(4096), dim(4096), device=DEV) * 0.02) for _ in range(8)
+    ]
     for p in params:
         p.grad = torch.randn_like(p)
-    flops_torch = 8 * 5 * 3 * 2 * 4096**3
+    flops_torch = 8 * 5 * 3 * 2 * dim(4096) ** 3
     ref = torch.optim.Muon(params, lr=1e-3)
     t_ms = gpu_ms(ref.step, iters=5, repeats=3)
     RESULTS["muon"].append(
@@ -434,13 +461,13 @@ def muon(quick: bool):
     )
     configs = [
         NSConfig(),
+        NSConfig(block_n=256),
         NSConfig(num_warps=4, num_stages=4),
-        NSConfig(block_k=128, num_stages=3),
+        NSConfig(block_k=128),
         NSConfig(num_stages=4),
-        NSConfig(block_m=256, block_n=256, block_k=64, num_warps=8, num_stages=3),
         NSConfig(product="matmul"),
     ]
-    for cfg in configs[:3] if quick else configs:
+    for cfg in configs[:1] if DRY else configs[:3] if quick else configs:
         try:
             o = tko.Muon(params, lr=1e-3, nonfinite="propagate", ns_config=cfg)
             ms = gpu_ms(o.step, iters=5, repeats=3)
@@ -514,11 +541,11 @@ def markov_source(vocab=64, seed=0):
     nxt = torch.randint(0, vocab, (vocab, vocab, 4), generator=gen)
     probs = torch.tensor([0.55, 0.25, 0.15, 0.05])
     entropy = -(probs * probs.log()).sum().item()
-    nxt, probs = nxt.cuda(), probs.cuda()
+    nxt, probs = nxt.to(DEV), probs.to(DEV)
 
     def sample(batch, length, g):
-        out = torch.empty(batch, length, dtype=torch.long, device="cuda")
-        out[:, :2] = torch.randint(0, vocab, (batch, 2), device="cuda", generator=g)
+        out = torch.empty(batch, length, dtype=torch.long, device=DEV)
+        out[:, :2] = torch.randint(0, vocab, (batch, 2), device=DEV, generator=g)
         for i in range(2, length):
             choice = torch.multinomial(probs.expand(batch, 4), 1, generator=g).squeeze(1)
             out[:, i] = nxt[out[:, i - 2], out[:, i - 1], choice]
@@ -531,15 +558,17 @@ def markov_source(vocab=64, seed=0):
 def training(quick: bool):
     import tritonkit.optim as tko
 
-    steps = 150 if quick else 400
+    steps = 3 if DRY else 150 if quick else 400
     sample, floor = markov_source()
     RESULTS["train"]["entropy_floor"] = floor
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    data = [sample(32, 129, gen) for _ in range(64)]  # 64 batches, reused (epochs)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    data = [
+        sample(4 if DRY else 32, 17 if DRY else 129, gen) for _ in range(2 if DRY else 64)
+    ]  # 64 batches, reused (epochs)
 
     def run(label, make_opts):
         torch.manual_seed(0)
-        model = TinyLM().cuda()
+        model = (TinyLM(d=32, layers=1) if DRY else TinyLM()).to(DEV)
         opts = make_opts(model)
         sched = [
             torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 30)) for o in opts
@@ -548,7 +577,7 @@ def training(quick: bool):
         t0 = time.time()
         for step in range(steps):
             batch = data[step % len(data)]
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(DEV, dtype=torch.bfloat16):
                 logits = model(batch[:, :-1])
             loss = torch.nn.functional.cross_entropy(
                 logits.float().flatten(0, 1), batch[:, 1:].flatten()
@@ -590,7 +619,18 @@ def training(quick: bool):
     )
     run(
         "tritonkit MuonW",
-        lambda m: [tko.MuonW(tko.muon_param_groups(m), lr=3e-3, weight_decay=0.1)],
+        # The same split as torch's run (the learned positions are a 2-D parameter outside
+        # the blocks, which muon_param_groups would give to Muon).
+        lambda m: [
+            tko.MuonW(
+                [
+                    {"params": muon_split(m)[0], "use_muon": True},
+                    {"params": muon_split(m)[1], "use_muon": False},
+                ],
+                lr=3e-3,
+                weight_decay=0.1,
+            )
+        ],
     )
     plot(RESULTS, os.environ.get("OUT"))
 
@@ -684,13 +724,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer configs and steps")
     parser.add_argument("--plot", help="re-plot the loss curves from a saved optim.json")
     parser.add_argument("--only", default="correctness,adamw,muon,training")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run every section on the CPU under the Triton interpreter at tiny sizes "
+        "(checks the script, measures nothing)",
+    )
     args = parser.parse_args()
+    if args.dry_run:
+        global DEV, DRY
+        DEV, DRY = "cpu", True
+        os.environ["TRITON_INTERPRET"] = "1"
     if args.plot:
         results = json.loads(Path(args.plot).read_text())
         plot(results, str(Path(args.plot).parent))
         return
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU")
+    if not DRY and not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU (or --dry-run)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from tritonkit.harness.device import fingerprint
 

@@ -39,7 +39,17 @@ _STATE_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master_param")
 class AdamPlan:
     """The tensors of one param group of one (device, dtype), laid out for one Adam launch."""
 
-    __slots__ = ("flags", "grads", "index", "p_dtype", "params", "s_dtype", "steps", "table")
+    __slots__ = (
+        "flags",
+        "grads",
+        "index",
+        "p_dtype",
+        "params",
+        "s_dtype",
+        "steps",
+        "stochastic",
+        "table",
+    )
     grad_row = ROW_G
 
     def __init__(
@@ -47,12 +57,14 @@ class AdamPlan:
         opt: FusedOptimizer,
         group: dict[str, Any],
         entries: list[tuple[int, torch.Tensor]],
-        master_weights: bool,
+        master_weights: bool = False,
+        stochastic_rounding: bool = False,
     ) -> None:
         self.index = [i for i, _ in entries]
         self.params = params = [p for _, p in entries]
         p0 = params[0]
         self.p_dtype = p0.dtype
+        self.stochastic = stochastic_rounding and p0.dtype != torch.float32
         master = master_weights and p0.dtype != torch.float32
         self.s_dtype = torch.float32 if master else p0.dtype
         states = [opt.state[p] for p in params]
@@ -93,7 +105,6 @@ class AdamPlan:
         group: dict[str, Any],
         flag: torch.Tensor | None,
         grad_scale: torch.Tensor | None,
-        stochastic: bool = False,
     ) -> None:
         lr = group["lr"]
         if isinstance(lr, torch.Tensor) and lr.device != self.table.device:
@@ -116,7 +127,7 @@ class AdamPlan:
             self.s_dtype,
             h,
             master=self.s_dtype != self.p_dtype,
-            stochastic=stochastic,
+            stochastic=self.stochastic,
             seed=opt._seed,
             flag=flag,
             grad_scale=grad_scale,
@@ -248,9 +259,7 @@ class Adam(FusedOptimizer):
         self, group: dict[str, Any], entries: list[tuple[int, torch.Tensor]]
     ) -> list[AdamPlan]:
         return [
-            _StochasticAdamPlan(self, group, e, self.master_weights)
-            if self.stochastic_rounding
-            else AdamPlan(self, group, e, self.master_weights)
+            AdamPlan(self, group, e, self.master_weights, self.stochastic_rounding)
             for e in device_groups(entries).values()
         ]
 
@@ -269,13 +278,6 @@ class Adam(FusedOptimizer):
             for key in _STATE_KEYS:
                 if isinstance(saved.get(key), torch.Tensor):
                     st[key] = state_like(p, saved[key], torch.float32)
-
-
-class _StochasticAdamPlan(AdamPlan):
-    __slots__ = ()
-
-    def launch(self, opt, group, flag, grad_scale, stochastic=True):  # type: ignore[override]
-        super().launch(opt, group, flag, grad_scale, stochastic=True)
 
 
 class AdamW(Adam):

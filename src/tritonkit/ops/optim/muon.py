@@ -15,6 +15,8 @@ A Muon step is ``torch.optim.Muon``'s (torch/optim/_muon.py), per matrix paramet
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -198,6 +200,11 @@ def launch_momentum(
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _as_bfloat16(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.bfloat16))
+
+
 def launch_normalize(
     table: TensorTable,
     partials: torch.Tensor,
@@ -213,7 +220,7 @@ def launch_normalize(
         table.first_chunk,
         table.n_chunks_of,
         norms,
-        float(torch.tensor(eps, dtype=torch.bfloat16)),
+        _as_bfloat16(eps),
         PARTIALS=1024,
     )
     _muon_normalize_kernel[(table.n_chunks,)](

@@ -42,12 +42,14 @@ PRODUCTS = ("fused", "matmul")
 
 @dataclass(frozen=True)
 class NSConfig:
-    """Tiles of the Newton-Schulz GEMM (symmetric products need ``block_m == block_n``), and
-    how the third product runs: ``"fused"``, this module's kernel with the ``a X + B X``
-    epilogue (PyTorch's rounding), or ``"matmul"``, ``tritonkit.matmul`` on ``B' = a I + B``
-    (the identity folded into B's epilogue, which rounds B's diagonal with ``a`` in it)."""
+    """Tiles of the Newton-Schulz GEMM: square ``block_sym`` tiles for the symmetric products,
+    ``block_m x block_n`` for the third; and how the third product runs: ``"fused"``, this
+    module's kernel with the ``a X + B X`` epilogue (PyTorch's rounding), or ``"matmul"``,
+    ``tritonkit.matmul`` on ``B' = a I + B`` (the identity folded into B's epilogue, which
+    rounds B's diagonal with ``a`` in it)."""
 
     product: str = "fused"
+    block_sym: int = 128
     block_m: int = 128
     block_n: int = 128
     block_k: int = 64
@@ -57,7 +59,9 @@ class NSConfig:
 
 
 DEFAULT_NS = NSConfig()
-INTERPRETER_NS = NSConfig(block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1)
+INTERPRETER_NS = NSConfig(
+    block_sym=32, block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1
+)
 
 
 def default_ns_config() -> NSConfig:
@@ -159,10 +163,12 @@ def ns_gemm(
     n_batch, m, k = a.shape
     n = b.shape[2]
     if symmetric:
-        tiles = cdiv(m, config.block_m)
+        block_m = block_n = config.block_sym
+        tiles = cdiv(m, block_m)
         grid = (tiles * (tiles + 1) // 2, n_batch)
     else:
-        grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), n_batch)
+        block_m, block_n = config.block_m, config.block_n
+        grid = (cdiv(m, block_m) * cdiv(n, block_n), n_batch)
     cc = out if c is None else c
     _ns_gemm_kernel[grid](
         a, b, cc, out,
@@ -171,7 +177,7 @@ def ns_gemm(
         alpha, beta, diag,
         SYMMETRIC=symmetric,
         HAS_C=c is not None,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
         EVEN_K=k % config.block_k == 0,
         UPCAST=interpreter_enabled(),
