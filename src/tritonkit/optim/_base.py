@@ -3,7 +3,6 @@ GradScaler protocol, gradient tables and the state_dict layout of ``torch.optim`
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol
@@ -208,10 +207,6 @@ def step_values(
     ]
     stacked = torch.stack(values) if values else torch.zeros(0, device=device)
     return torch.repeat_interleave(stacked, torch.tensor(counts, device=device)).contiguous()
-
-
-def is_finite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 class Plan(Protocol):

@@ -32,6 +32,11 @@ from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops.optim.math import to_bfloat16
 
+try:  # host-side TMA descriptors (triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: the pointer kernel serves everything
+    TensorDescriptor = None
+
 # torch.optim.Muon's defaults (Keller Jordan's quintic iteration).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -46,9 +51,11 @@ class NSConfig:
     ``block_m x block_n`` for the third; and how the third product runs: ``"fused"``, this
     module's kernel with the ``a X + B X`` epilogue (PyTorch's rounding), or ``"matmul"``,
     ``tritonkit.matmul`` on ``B' = a I + B`` (the identity folded into B's epilogue, which
-    rounds B's diagonal with ``a`` in it)."""
+    rounds B's diagonal with ``a`` in it). ``tma``: operands through TMA tensor descriptors
+    (Hopper; 16-byte aligned rows) instead of pointer loads."""
 
     product: str = "fused"
+    tma: bool = False
     block_sym: int = 128
     block_m: int = 128
     block_n: int = 128
@@ -146,6 +153,93 @@ def _ns_gemm_kernel(
             tl.store(t_ptrs, tl.trans(out), mask=in_n[:, None] & in_m[None, :])
 
 
+@triton.jit
+def _tile_load(desc, batch, row, col, R: tl.constexpr, C: tl.constexpr, TRANS: tl.constexpr):
+    """The (R, C) tile at (row, col) of an operand; with TRANS, of its transpose (the
+    descriptor then holds the operand's natural, row-major layout)."""
+    if TRANS:
+        return tl.trans(desc.load([batch, col, row]).reshape(C, R))
+    return desc.load([batch, row, col]).reshape(R, C)
+
+
+@kernel
+def _ns_gemm_tma_kernel(
+    a_desc, b_desc, c_desc, out_desc,  # 3-D descriptors over row-major (batch, rows, cols)
+    M, N, K,
+    alpha, beta, diag,  # out = alpha * (a @ b) + beta * c + diag * I
+    A_TRANS: tl.constexpr, B_TRANS: tl.constexpr,  # the operand is the descriptor's transpose
+    SYMMETRIC: tl.constexpr, HAS_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """``_ns_gemm_kernel`` with operands through TMA: loads past an edge read zeros and
+    stores past it are dropped, so no masks."""
+    pid = tl.program_id(0)
+    batch = tl.program_id(1)
+    if SYMMETRIC:
+        tm, tn = _lower_tile(pid)
+    else:
+        tm, tn = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    om = tm * BLOCK_M
+    on = tn * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = _tile_load(a_desc, batch, om, k * BLOCK_K, BLOCK_M, BLOCK_K, A_TRANS)
+        b = _tile_load(b_desc, batch, k * BLOCK_K, on, BLOCK_K, BLOCK_N, B_TRANS)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    out = acc * alpha
+    if HAS_C:
+        out += beta * c_desc.load([batch, om, on]).reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+    rm = om + tl.arange(0, BLOCK_M)
+    rn = on + tl.arange(0, BLOCK_N)
+    out += tl.where(rm[:, None] == rn[None, :], diag, 0.0)
+    out = to_bfloat16(out)
+    out_desc.store([batch, om, on], out.reshape(1, BLOCK_M, BLOCK_N))
+    if SYMMETRIC:  # noqa: SIM102 (a constexpr test, resolved when the kernel compiles)
+        if tm != tn:
+            out_desc.store([batch, on, om], tl.trans(out).reshape(1, BLOCK_N, BLOCK_M))
+
+
+def _natural(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """(a row-major view, whether t is its transpose) for a TMA descriptor, or None."""
+    for view, trans in ((t, False), (t.transpose(1, 2), True)):
+        st = view.stride()
+        aligned = (st[1] * 2) % 16 == 0 and (st[0] * 2) % 16 == 0 and view.data_ptr() % 16 == 0
+        if st[2] == 1 and aligned:
+            return view, trans
+    return None
+
+
+def _desc(t: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, cols])
+
+
+def _ns_gemm_tma(a, b, c, out, alpha, beta, diag, symmetric, block_m, block_n, grid, config):
+    """The TMA kernel, if every operand has a descriptor layout; returns whether it ran."""
+    views = [_natural(t) for t in (a, b, out if c is None else c, out)]
+    if TensorDescriptor is None or any(v is None for v in views) or views[2][1] or views[3][1]:
+        return False
+    (a_nat, a_t), (b_nat, b_t), (c_nat, _), (o_nat, _) = views
+    bk = config.block_k
+    _ns_gemm_tma_kernel[grid](
+        _desc(a_nat, bk, block_m) if a_t else _desc(a_nat, block_m, bk),
+        _desc(b_nat, block_n, bk) if b_t else _desc(b_nat, bk, block_n),
+        _desc(c_nat, block_m, block_n),
+        _desc(o_nat, block_m, block_n),
+        a.shape[1], b.shape[2], a.shape[2],
+        alpha, beta, diag,
+        A_TRANS=a_t, B_TRANS=b_t,
+        SYMMETRIC=symmetric, HAS_C=c is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
+        GROUP_M=config.group_m, UPCAST=interpreter_enabled(),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return True
+
+
 def ns_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -169,6 +263,10 @@ def ns_gemm(
     else:
         block_m, block_n = config.block_m, config.block_n
         grid = (cdiv(m, block_m) * cdiv(n, block_n), n_batch)
+    if config.tma and _ns_gemm_tma(
+        a, b, c, out, alpha, beta, diag, symmetric, block_m, block_n, grid, config
+    ):
+        return
     cc = out if c is None else c
     _ns_gemm_kernel[grid](
         a, b, cc, out,
