@@ -164,7 +164,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         total = sum(
-            (len(args.shapes) if args.shapes else len(s.shapes.bench))
+            (
+                len(args.shapes)
+                if args.shapes
+                else len(s.shapes.bench) + (len(s.shapes.small) if args.small else 0)
+            )
             * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
             * len(modes)
             for s in specs
@@ -180,6 +184,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 shapes=[_parse_shape(s) for s in args.shapes] if args.shapes else None,
                 seed=seed,
                 on_step=progress.step,
+                small=args.small,
             )
         progress.close()
     results = make_results(
@@ -426,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="check, time against baselines and write a report")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
-    s.add_argument("--mode", default="fwd,bwd", help="fwd, bwd, fwd+bwd, a comma list, or all")
+    s.add_argument("--mode", default="all", help="fwd, bwd, fwd+bwd, a comma list, or all")
     s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
     s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
     s.add_argument(
@@ -435,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default: {DEFAULT_OUT})")
     s.add_argument("--seed", type=int, help="base seed (default: fresh, recorded)")
     s.add_argument("--no-check", action="store_true", help="skip the accuracy checks")
+    s.add_argument(
+        "--small",
+        action="store_true",
+        help="also time each operator's small shapes, where host time sets the pace",
+    )
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("report", help="render a report (and the README table) from results JSON")

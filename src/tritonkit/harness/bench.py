@@ -5,8 +5,11 @@ its variants and every available baseline are timed interleaved (see timing.py).
 holds, per candidate, the median time with its percentiles and spread, GB/s and TFLOP/s from
 the spec's byte and FLOP formulas, its place on the roofline of the effective hardware profile
 (measured ceilings), the peak memory of one call, and tritonkit's speedup over each baseline
-(baseline median / ours) with a bootstrap confidence interval and a verdict. Before timing,
-the output at the bench shape is compared with the float64 reference.
+(baseline median / ours) with a bootstrap confidence interval and a verdict. Then what a
+user's loop sees, for every candidate: host time and wall time per call of back-to-back calls
+(timing.time_loops), tritonkit's wall-time speedup over each baseline beside its GPU-time
+one, and whether the host, not the GPU, sets its pace. Before timing, the output at the bench
+shape is compared with the float64 reference.
 """
 
 from __future__ import annotations
@@ -71,12 +74,17 @@ def bench_spec(
     shapes: Sequence[Any] | None = None,
     seed: int = 0,
     on_step: Callable[[str], None] | None = None,
+    small: bool = False,
 ) -> list[dict[str, Any]]:
-    """Benchmark one operator; returns one record per (shape, dtype, mode)."""
+    """Benchmark one operator; returns one record per (shape, dtype, mode). ``small`` adds the
+    spec's small shapes (where a call's host time, not the GPU's, sets the pace) to the bench
+    shapes."""
     device = torch.device("cuda", torch.cuda.current_device())
     params = dict(spec.params[0])
     records = []
-    for shape in shapes if shapes is not None else spec.shapes.bench:
+    if shapes is None:
+        shapes = [*spec.shapes.bench, *(spec.shapes.small if small else ())]
+    for shape in shapes:
         for dtype in dtypes or spec.bench_dtypes:
             if dtype not in spec.dtypes:
                 continue
@@ -156,6 +164,8 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
     host_us: dict[str, float] = {}
     record["l2_flush"] = timing.FLUSH  # how the L2 was emptied before each sample
     samples = time_interleaved(runnable, host_times=host_us)
+    medians = {name: float(summarize(times).median) for name, times in samples.items()}
+    loops = timing.time_loops(runnable, medians)
     device = torch.device("cuda", torch.cuda.current_device())
     key = roofline.peak_key(spec.compute, dtype)
     record["roofline_peak"] = key
@@ -163,7 +173,10 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         stats_ = summarize(stats.remove_outliers(times))
         entry = record["candidates"][name]
         entry.update(stats_.as_dict())
-        entry["host_us"] = host_us.get(name)
+        entry["host_us"] = loops[name]["host_us"]  # per call, back to back
+        entry["wall_us"] = loops[name]["wall_us"]
+        entry["loop_calls"] = loops[name]["calls"]
+        entry["host_bound"] = loops[name]["host_us"] > 1e3 * stats_.median
         entry["samples_ms"] = [float(f"{t:.5g}") for t in times]
         point = roofline.place_on(profile, n_flops, n_bytes, stats_.median, key)
         entry["GBps"] = point.achieved_GBps
@@ -174,7 +187,12 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         entry["intensity"] = point.intensity if n_bytes else None
         entry["peak_mem_bytes"] = peak_memory(runnable[name], device)
     record["comparison"] = {}
+    record["wall_speedup"] = {}
     if OURS in samples:
+        ours_wall = record["candidates"][OURS]["wall_us"]
+        for name, entry in record["candidates"].items():
+            if entry["kind"] == "baseline" and entry.get("wall_us"):
+                record["wall_speedup"][name] = entry["wall_us"] / ours_wall
         for name, entry in record["candidates"].items():
             if entry["kind"] == "baseline" and name in samples:
                 cmp = stats.compare(samples[OURS], samples[name], seed=seed)

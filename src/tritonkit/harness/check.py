@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
+from tritonkit.ops._core import replay
 from tritonkit.ops._core.device import interpreter_enabled
 
 MIN_ELEMENTS_FOR_RATIO = 64
@@ -34,6 +35,7 @@ CASES = (
     "specials",
     "grad",
     "grad-transpose",  # gradients of transposed inputs: a backward may take another path
+    "replay",  # CUDA only: a call replayed from C++ gives bitwise what the Python path gives
     "empty",
 )
 _GRAD_CASES = {"grad": None, "grad-transpose": "transpose"}  # case -> the inputs' layout
@@ -97,7 +99,8 @@ def poisoned_allocations() -> Iterator[None]:
         for name, fn in originals.items():
             setattr(torch, name, wrap(fn))
         torch.Tensor.new_empty = wrap(new_empty)
-        yield
+        with replay.suspended():  # the fills are ATen ops a recording must not see
+            yield
     finally:
         for name, fn in originals.items():
             setattr(torch, name, fn)
@@ -341,6 +344,46 @@ def _run_backward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance, see
     return compare(list(ours_g), list(ref_g), list(same_g), tol)
 
 
+def _run_replay(spec: OpSpec, inputs: tuple, params: dict, seed: int):
+    """Three calls on the same inputs: the first runs the Python path, the second is recorded,
+    the third replayed from C++ with every allocation poisoned; the third's outputs (and
+    gradients) must equal the first's bit for bit. A call that cannot be replayed passes with
+    the reason in its detail."""
+    idx = spec.grad_indices(inputs) if spec.backward else []
+
+    def once() -> list[torch.Tensor]:
+        leaves = tuple(t.detach().requires_grad_() if i in idx else t for i, t in enumerate(inputs))
+        outs = _flatten(spec.impl(*leaves, **params))
+        got = [o.detach().clone() for o in outs]
+        pairs = [(o, i) for i, o in enumerate(outs) if o.requires_grad]
+        if idx and pairs:
+            gen = torch.Generator(device=outs[0].device).manual_seed(seed)
+            grads = [
+                torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype) for o, _ in pairs
+            ]
+            got += list(torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in idx], grads))
+        return got
+
+    replay.reset()
+    replay.set_poison(True)
+    try:
+        first, _, third = once(), once(), once()
+    finally:
+        replay.set_poison(False)
+    same = len(first) == len(third) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        for a, b in zip(first, third)
+    )
+    if replay.STATS.replays:
+        detail = (
+            "replayed; bitwise equal" if same else "replayed output differs from the Python path"
+        )
+    else:
+        reasons = "; ".join(replay.STATS.failures) or replay.STATS.disabled or "not recorded"
+        detail = f"not replayed ({reasons})"
+    return same, detail
+
+
 def _run_empty(spec: OpSpec, inputs: tuple, params: dict):
     ours = _flatten(spec.impl(*inputs, **params))
     same = _flatten(spec.reference(*inputs, **params))
@@ -416,6 +459,8 @@ def check_spec(
                         continue
                     if case == "specials" and not spec.special_values:
                         continue
+                    if case == "replay" and device.type != "cuda":
+                        continue
                     counter += 1
                     case_seed = (base_seed + 7919 * counter) % 2**31
                     res = CheckResult(
@@ -435,6 +480,10 @@ def check_spec(
                             inputs = _layout_inputs(inputs, _GRAD_CASES[case])
                         if case == "specials":
                             inputs = inject_specials(inputs)
+                        if case == "replay":
+                            res.passed, res.detail = _run_replay(spec, inputs, params, case_seed)
+                            record(res)
+                            continue
                         if case in _GRAD_CASES:
                             tol = spec.tolerance_for(dtype, grad=True)
                             outcome = _run_backward(spec, inputs, params, tol, case_seed)

@@ -219,16 +219,32 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
     return out
 
 
+def _wall(record: dict[str, Any], baseline: str) -> str:
+    """The wall-time speedup of back-to-back calls, where the run measured it."""
+    ratio = record.get("wall_speedup", {}).get(baseline)
+    return f"; wall {ratio:.2f}x" if ratio is not None else ""
+
+
 def _speedup_cell(record: dict[str, Any], baseline: str) -> str:
     if baseline in record["speedup"]:
         cmp = record.get("comparison", {}).get(baseline)
+        wall = _wall(record, baseline)
         if not cmp:
-            return f"{record['speedup'][baseline]:.2f}x"
+            return f"{record['speedup'][baseline]:.2f}x{wall}"
         mark = {"faster": "", "slower": "", "no significant difference": " (≈)"}[cmp["verdict"]]
         flag = " ⚠" if cmp.get("flag") else ""
-        return f"{cmp['speedup']:.2f}x [{cmp['ci_low']:.2f}, {cmp['ci_high']:.2f}]{mark}{flag}"
+        ci = f"[{cmp['ci_low']:.2f}, {cmp['ci_high']:.2f}]"
+        return f"{cmp['speedup']:.2f}x {ci}{mark}{flag}{wall}"
     why = record["candidates"].get(baseline, {}).get("skipped")
     return f"— ({why})" if why else "—"
+
+
+def _loop_cell(c: dict[str, Any]) -> str:
+    """Wall and host time per call of back-to-back calls; ⏱ where the host sets the pace."""
+    if c.get("wall_us") is None:
+        return "—"
+    mark = " ⏱" if c.get("host_bound") else ""
+    return f"{_fmt(c['wall_us'])} / {_fmt(c['host_us'])}{mark}"
 
 
 def _rate(c: dict[str, Any]) -> str:
@@ -266,7 +282,8 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
         recs = [r for r in bench if r["family"] == family]
         base = _baselines_in(recs)
         header = ["operator", "params", "shape", "dtype", "mode", "ms", "rate", "% roofline"]
-        header += [f"vs {b} [95% CI]" for b in base]
+        header += ["wall / host us"]
+        header += [f"vs {b} [95% CI]; wall" for b in base]
         header += ["peak MiB (ours / torch)", "correct (rel. L2)"]
         rows, notes = [], []
         for r in recs:
@@ -284,6 +301,7 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
                 _fmt(ours.get("median")),
                 _rate(ours),
                 f"{roof:.0f}% ({ours.get('bottleneck')})" if roof is not None else "—",
+                _loop_cell(ours),
             ]
             row += [_speedup_cell(r, b) for b in base]
             torch_mem = r["candidates"].get("torch", {}).get("peak_mem_bytes")
@@ -361,7 +379,14 @@ def _readme_cells(rec: dict[str, Any] | None) -> list[str]:
     best = min(rec["speedup"], key=rec["speedup"].get)  # the fastest baseline
     cmp = rec.get("comparison", {}).get(best, {})
     mark = " (≈)" if cmp.get("verdict") == "no significant difference" else ""
-    return [rate, f"{rec['speedup'][best]:.2f}x {best}{mark}"]
+    cell = f"{rec['speedup'][best]:.2f}x {best}{mark}"
+    walls = rec.get("wall_speedup", {})
+    if walls:  # the wall-time ratio against the baseline fastest in wall time
+        wall_best = min(walls, key=walls.get)
+        cell += f"; wall {walls[wall_best]:.2f}x {wall_best}"
+    if ours.get("host_bound"):
+        cell += " ⏱"
+    return [rate, cell]
 
 
 def render_readme_table(results: dict[str, Any], source: str) -> str:
@@ -379,8 +404,11 @@ def render_readme_table(results: dict[str, Any], source: str) -> str:
         f"Measured on {fp.get('gpu')} ({fp['date'][:10]}, torch {fp['torch']}, triton "
         f"{fp['triton']}, commit `{fp['git_commit'][:12]}`); copy ceiling "
         f"{results['ceilings']['copy_GBps']:,.0f} GB/s. Rate with % of the roofline; speedup "
-        f"over the fastest baseline of the same run (torch, torch.compile, and peers), (≈) where "
-        f"the 95% interval includes 1. Source: `{source}`."
+        f"in GPU time over the fastest baseline of the same run (torch, torch.compile, and "
+        f"peers), (≈) where the 95% interval includes 1; then the speedup in wall time per call "
+        f"of back-to-back calls (what a training loop sees, host included) over the baseline "
+        f"fastest in wall time; ⏱ where tritonkit's host time per call exceeds its GPU time. "
+        f"Source: `{source}`."
     )
     table = _table(
         [

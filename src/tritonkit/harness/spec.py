@@ -56,6 +56,9 @@ class Shapes:
     test: Sequence[Any]  # small, odd, non-power-of-2: fast under the CPU interpreter
     bench: Sequence[Any]  # fills the GPU
     empty: Sequence[Any] = ()  # shapes with a zero-sized dimension
+    # Where a call's host time sets the pace (e.g. (64, 3000) rows, 256^3 GEMMs): timed with
+    # ``tritonkit bench --small`` beside the bench shapes.
+    small: Sequence[Any] = ()
 
 
 class Unavailable(Exception):

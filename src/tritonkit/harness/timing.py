@@ -5,10 +5,16 @@ the L2 cache so that no call finds its inputs cached by the previous one. Candid
 compared are timed interleaved (each round times every candidate once, in rotating order), so
 that clock and thermal drift land on all of them alike.
 
-What is measured is GPU time. Before each sample the GPU is kept busy (``torch.cuda._sleep``)
-for longer than the host needs to enqueue the call, so a candidate with more Python overhead
-(a custom op, an autograd Function) is not charged for the host's work while the GPU idles;
-that host time per call is measured separately and reported beside it.
+What is measured first is GPU time. Before each sample the GPU is kept busy
+(``torch.cuda._sleep``) for longer than the host needs to enqueue the call, so a candidate with
+more Python overhead (a custom op, an autograd Function) is not charged for the host's work
+while the GPU idles.
+
+Then what a user's loop sees (``time_loops``): calls made back to back with nothing else
+queued, as a training step makes them. The host time per call is how long the calls take to
+return (to enqueue their work); the wall time per call is how long until the GPU has finished
+them. Where the host time exceeds the GPU time, the host sets the pace and the wall time shows
+it.
 """
 
 from __future__ import annotations
@@ -151,6 +157,53 @@ def time_interleaved(
     if host_times is not None:
         host_times.update(host_us)
     return samples
+
+
+def _loop(fn: Callable[[], object], calls: int, device: torch.device) -> tuple[float, float]:
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def time_loops(
+    fns: Mapping[str, Callable[[], object]],
+    gpu_ms: Mapping[str, float],
+    *,
+    device: torch.device | None = None,
+    rounds: int = 5,
+    round_ms: float = 30.0,
+    min_calls: int = 10,
+    max_calls: int = 300,
+) -> dict[str, dict[str, float]]:
+    """Host and wall time per call (us) of back-to-back calls, per candidate: the median over
+    ``rounds`` interleaved rounds, each about ``round_ms`` of calls (from ``gpu_ms``, the
+    candidates' GPU medians, or their host time where that is larger)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_loops needs a CUDA device; timings on the CPU mean nothing")
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    calls = {}
+    for name, fn in fns.items():
+        host_us, _ = _loop(fn, 3, device)  # warm, and a first estimate of the host's share
+        per_call_ms = max(gpu_ms.get(name, 0.0), host_us / 1e3, 1e-3)
+        calls[name] = int(min(max_calls, max(min_calls, round_ms / per_call_ms)))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    names = list(fns)
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            samples[name].append(_loop(fns[name], calls[name], device))
+    return {
+        name: {
+            "host_us": float(np.median([h for h, _ in got])),
+            "wall_us": float(np.median([w for _, w in got])),
+            "calls": calls[name],
+        }
+        for name, got in samples.items()
+    }
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device) -> int:

@@ -154,6 +154,7 @@ register(
             ],
             bench=SQUARES + LLM_SHAPES,
             empty=[((0, 5), (5, 3)), ((3, 0), (0, 4)), ((2, 0, 4), (4, 3))],
+            small=[(256, 256, 256)],
         ),
         bytes=_matmul_bytes,
         flops=_matmul_flops,
@@ -233,6 +234,7 @@ register(
             test=[(1, 1, 1), (17, 33, 65), ((2, 3), 10, 12, "residual")],
             bench=[(8192, 4096, 4096)],
             empty=[(0, 5, 4), (3, 4, 0), ((2, 3), 0, 5)],
+            small=[(256, 256, 256)],
         ),
         params=(
             {"activation": "gelu_tanh"},
@@ -368,6 +370,7 @@ register(
                 (8192, 8192, 8192, "tensor", False),
                 (8192, 8192, 8192, "tensor", False, "b row-major"),
             ],
+            small=[(256, 256, 256, "tensor", False)],
             empty=[(0, 5, 7, "row", False), (3, 4, 0, "tensor", True)],
         ),
         dtypes=(torch.float8_e4m3fn, torch.float8_e5m2),
@@ -457,6 +460,7 @@ register(
             # routes forced).
             bench=[(8192, 8192, 8192), (8192, 8192, 8192, "b row-major")],
             empty=[(0, 5, 7), (3, 4, 0, "dequant")],
+            small=[(256, 256, 256)],
         ),
         dtypes=(torch.int8,),
         bench_dtypes=(torch.int8,),

@@ -4,22 +4,25 @@ direct call of the compiled launcher.
 ``kernel[grid](*args, **meta)`` on a ``triton.jit`` function runs Triton's generic launcher
 on every call: it binds the arguments, builds a specialization key as a string, looks it up,
 checks the kernel's globals, wraps launch metadata for hooks and calls a Python shim around the
-C launcher. On the H200 host that is 15-26 us per launch (an empty kernel of 4 and of 30
-arguments; benchmarks/NOTES.md, "host time"), more than most row kernels take on the GPU, and
-the autograd engine's device thread runs that Python several times slower again.
+C launcher: 14 us for an empty 4-argument kernel and 28 us for a 30-argument one on the H100
+host (docs/performance.md, "host time per launch"), more than most row kernels take on the
+GPU.
 
 ``@kernel`` wraps a ``triton.jit`` function so that the same ``k[grid](*args, **meta)`` call
 does less: Triton's own generated binder (C code per argument) gives the specialization
 (dtypes, 16-byte alignment of pointers, integers equal to 1 or divisible by 16, constexpr
 values), which keys a per-device dict of ``_Entry``; an entry holds the compiled launcher, the
 CUfunction and the packed metadata, and calling it is one C call. A miss (first call of a
-specialization, or anything the direct path does not handle) goes through Triton's own
-launcher, which compiles, launches and returns the compiled kernel that the entry is built
-from, so the first call of every specialization behaves exactly as Triton's.
+specialization) goes through Triton's own launcher, which compiles, launches and returns the
+compiled kernel that the entry is built from, so the first call of every specialization
+behaves exactly as Triton's.
 
 Left to Triton's launcher, every call: the CPU interpreter (``TRITON_INTERPRET=1``), launch
-hooks (Proton and other profilers register them), and kernels that need global or profile
-scratch memory.
+hooks (Proton and other profilers register them), multi-CTA clusters and profile scratch.
+
+The direct path also tells a recording (``replay.py``) what it launched: the CUfunction, grid,
+block, shared memory and each parameter as the compiled kernel takes it, so that a later call
+with the same metadata can be replayed without Python.
 """
 
 from __future__ import annotations
@@ -41,7 +44,17 @@ def _interpreting() -> bool:
 class _Entry:
     """One compiled specialization: what the C launcher needs besides the grid and arguments."""
 
-    __slots__ = ("coop", "function", "launch", "metadata", "pdl")
+    __slots__ = (
+        "block",
+        "coop",
+        "function",
+        "launch",
+        "metadata",
+        "pdl",
+        "scratch",
+        "shared",
+        "types",
+    )
 
     def __init__(self, compiled: Any) -> None:
         runner = compiled.run  # the CudaLauncher; loads the module on first access
@@ -50,20 +63,48 @@ class _Entry:
         self.metadata = compiled.packed_metadata
         self.coop = runner.launch_cooperative_grid
         self.pdl = runner.launch_pdl
+        self.scratch = getattr(runner, "global_scratch_size", 0)
+        self.block = 32 * compiled.metadata.num_warps
+        self.shared = compiled.metadata.shared
+        # The parameter types in signature order ("constexpr", "*bf16", "i32", ...).
+        self.types = tuple(compiled.src.signature.values())
 
     @staticmethod
     def direct(compiled: Any) -> bool:
         """Whether the direct call can stand in for Triton's launcher for this kernel."""
         runner = compiled.run
         return (
-            getattr(runner, "global_scratch_size", 0) == 0
-            and getattr(runner, "profile_scratch_size", 0) == 0
+            getattr(runner, "profile_scratch_size", 0) == 0
             and hasattr(runner, "launch")
             and getattr(runner, "num_ctas", 1) == 1
         )
 
 
 _SLOW = object()  # cached for a specialization that must keep Triton's launcher
+
+# The direct path is on unless TRITONKIT_DIRECT_LAUNCH=0; ``direct_launch`` switches it at run
+# time (measurements compare the two paths in one process).
+_DIRECT = os.environ.get("TRITONKIT_DIRECT_LAUNCH", "1") != "0"
+
+# A recording in progress (replay.py sets it on the thread that records), or None.
+RECORDER: Any = None
+
+
+def direct_launch(enabled: bool | None = None) -> bool:
+    """Whether launches take the direct path; with ``enabled``, switch it first."""
+    global _DIRECT
+    if enabled is not None:
+        _DIRECT = bool(enabled)
+    return _DIRECT
+
+
+def _scratch(entry: _Entry, grid: tuple[int, int, int], device: int) -> torch.Tensor:
+    """Global scratch for a kernel that asks for it (device-side TMA descriptors, say), sized as
+    Triton's launcher sizes it. It comes from PyTorch's caching allocator (512-byte aligned)
+    rather than ``triton.set_allocator``'s, which is a context variable: unset on the autograd
+    engine's threads, where backward kernels launch."""
+    size = entry.scratch * grid[0] * grid[1] * grid[2]
+    return torch.empty(size, dtype=torch.uint8, device=torch.device("cuda", device))
 
 
 class Kernel:
@@ -80,7 +121,6 @@ class Kernel:
         self._interpret = _interpreting() or not isinstance(fn, triton.runtime.JITFunction)
         # device index -> (Triton's binder for it, specialization key -> _Entry or _SLOW)
         self._devices: dict[int, tuple[Callable, dict[Any, Any]]] = {}
-        self.stats = {"direct": 0, "triton": 0}
 
     def __getattr__(self, name: str) -> Any:  # warmup, cache, src, ...: the JIT function's
         return getattr(self.__dict__["fn"], name)
@@ -89,7 +129,8 @@ class Kernel:
         return lambda *args, **meta: self.launch(grid, *args, **meta)
 
     def _triton(self, grid: Grid, args: tuple, meta: dict) -> Any:
-        self.stats["triton"] += 1
+        if RECORDER is not None:
+            RECORDER.fail(f"{self.__name__} launched through Triton's launcher")
         return self.fn[grid](*args, **meta)
 
     def _hooked(self) -> bool:
@@ -102,7 +143,7 @@ class Kernel:
 
     def launch(self, grid: Grid, *args: Any, **meta: Any) -> None:
         """Launch on the current device and stream, as ``fn[grid](*args, **meta)`` does."""
-        if self._interpret or self._hooked():
+        if self._interpret or not _DIRECT or self._hooked():
             self._triton(grid, args, meta)
             return
         device = torch.cuda.current_device()
@@ -119,29 +160,37 @@ class Kernel:
             self._triton(grid, args, meta)
             return
         if entry is None:
-            compiled = self._triton(grid, args, meta)
+            recorder = RECORDER
+            compiled = self._triton(grid, args, meta) if recorder is None else None
+            if compiled is None:  # recording: compile without launching, then launch below
+                compiled = self.fn.warmup(*args, grid=grid, **meta)
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
             ok = compiled is not None and _Entry.direct(compiled)
-            entries[key] = _Entry(compiled) if ok else _SLOW
-            return
+            entry = entries[key] = _Entry(compiled) if ok else _SLOW
+            if recorder is None:
+                return
         if entry is _SLOW:
             self._triton(grid, args, meta)
             return
         if callable(grid):
             grid = grid(bound)
         n = len(grid)
-        self.stats["direct"] += 1
+        grid = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        scratch = _scratch(entry, grid, device) if entry.scratch else None
+        if RECORDER is not None:
+            RECORDER.launch(entry, grid, tuple(bound.values()), scratch)
         entry.launch(
             grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            torch._C._cuda_getCurrentRawStream(device),
+            grid[1],
+            grid[2],
+            stream,
             entry.function,
             entry.coop,
             entry.pdl,
-            None,  # global scratch: none (see _Entry.direct)
-            None,  # profile scratch: none
+            scratch,
+            None,  # profile scratch: none (see _Entry.direct)
             entry.metadata,
             None,  # launch metadata: only launch hooks read it, and none is set
             None,
