@@ -94,10 +94,13 @@ class ScaleFunction(torch.autograd.Function):
         return dx, None
 
 
-def _python(x, alpha, grad):
-    if grad:
-        return lambda: ScaleFunction.apply(x, alpha)
-    return lambda: ScaleFunction.forward(_NoGradContext(2), x, alpha)
+def _python(x, alpha, _grad=None):
+    def run(grad):
+        if grad:
+            return ScaleFunction.apply(x, alpha)
+        return ScaleFunction.forward(_NoGradContext(2), x, alpha)
+
+    return run
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +108,8 @@ def _fresh():
     replay.reset()
     LAUNCHES.clear()
     ext.set_test_launcher(_test_launcher)
-    yield
+    with replay.on_host():
+        yield
     ext.set_test_launcher(None)
     replay.reset()
 
@@ -116,7 +120,7 @@ def test_third_call_replays_with_the_same_results(grad):
     outs = []
     for i in range(4):
         x = pool[i, :185].view(37, 5).detach().requires_grad_(grad)
-        y = replay.call(ScaleFunction, (x, 2.5), grad, _python(x, 2.5, grad))
+        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5, grad))
         torch.testing.assert_close(y, x.detach() * 2.5, rtol=0, atol=0)
         if grad:
             g = torch.randn_like(y)
@@ -139,9 +143,9 @@ def _fresh_tensor(i: int, shape: tuple[int, ...]) -> torch.Tensor:
 def test_replayed_launch_reads_the_new_tensors():
     x = _fresh_tensor(0, (8, 4))
     for _ in range(2):
-        replay.call(ScaleFunction, (x, 1.0), False, _python(x, 1.0, False))
+        replay.call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
     x2 = _fresh_tensor(1, (8, 4))
-    y2 = replay.call(ScaleFunction, (x2, 1.0), False, _python(x2, 1.0, False))
+    y2 = replay.call(ScaleFunction, (x2, 1.0), _python(x2, 1.0, False))
     (_, _, _, _, args) = LAUNCHES[-1]
     assert args[0][1] == x2.data_ptr() and args[1][1] == y2.data_ptr()
     assert args[2][1] == 32
@@ -150,9 +154,9 @@ def test_replayed_launch_reads_the_new_tensors():
 def test_other_metadata_is_another_key():
     x = torch.randn(8, 4)
     for _ in range(2):
-        replay.call(ScaleFunction, (x, 1.0), False, _python(x, 1.0, False))
-    replay.call(ScaleFunction, (x, 2.0), False, _python(x, 2.0, False))  # another alpha
-    replay.call(ScaleFunction, (x.t(), 1.0), False, _python(x.t(), 1.0, False))  # strides
+        replay.call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
+    replay.call(ScaleFunction, (x, 2.0), _python(x, 2.0, False))  # another alpha
+    replay.call(ScaleFunction, (x.t(), 1.0), _python(x.t(), 1.0))  # strides
     assert replay.STATS.replays == 0
 
 
@@ -168,8 +172,7 @@ def test_a_computing_aten_op_is_not_replayed():
         y = replay.call(
             ComputesFunction,
             (x, 3.0),
-            False,
-            lambda: ComputesFunction.forward(_NoGradContext(2), x, 3.0),
+            lambda g: ComputesFunction.forward(_NoGradContext(2), x, 3.0),
         )
         torch.testing.assert_close(y, x * 3.0)
     assert replay.STATS.replays == 0 and replay.STATS.recordings == 0
@@ -192,8 +195,7 @@ def test_outputs_that_are_views_of_buffers():
         y = replay.call(
             ViewOutputFunction,
             (x, 0.5),
-            False,
-            lambda x=x: ViewOutputFunction.forward(_NoGradContext(2), x, 0.5),
+            lambda g, x=x: ViewOutputFunction.forward(_NoGradContext(2), x, 0.5),
         )
         torch.testing.assert_close(y, x * 0.5, rtol=0, atol=0)
         assert y.storage_offset() == 30 and y.untyped_storage().nbytes() == 60 * 4
@@ -226,7 +228,7 @@ class SavedFunction(torch.autograd.Function):
 def test_backward_with_saved_tensors_and_new_buffers():
     for i in range(4):
         x = _fresh_tensor(i, (9, 7)).requires_grad_()
-        y, r = replay.call(SavedFunction, (x,), True, lambda x=x: SavedFunction.apply(x))
+        y, r = replay.call(SavedFunction, (x,), lambda g, x=x: SavedFunction.apply(x))
         assert not r.requires_grad and y.requires_grad
         torch.testing.assert_close(r, 2 * x.detach(), rtol=0, atol=0)
         g = torch.randn_like(y)

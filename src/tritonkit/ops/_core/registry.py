@@ -148,11 +148,11 @@ def apply(function: type[torch.autograd.Function], *args):
     """
     if not _plain_eager():
         return function.apply(*args)
+    if _REPLAY and not _RECORDING and not torch.autograd._profiler_enabled():
+        return replay.call(function, args, lambda grad: _run(function, args, grad))
     grad = torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
     )
-    if _REPLAY and not _RECORDING and _replayable(args):
-        return replay.call(function, args, grad, lambda: _run(function, args, grad))
     return _run(function, args, grad)
 
 
@@ -160,18 +160,6 @@ def _run(function: type[torch.autograd.Function], args: tuple, grad: bool):
     if grad:
         return function.apply(*args)
     return function.forward(_NoGradContext(len(args)), *args)
-
-
-def _replayable(args: tuple) -> bool:
-    """Plain CUDA tensors, nothing profiling: what replay.py may key and run from C++."""
-    if torch.autograd._profiler_enabled():
-        return False
-    for a in args:
-        if isinstance(a, torch.Tensor) and (
-            type(a) not in _PLAIN_TENSOR_TYPES or a.device.type != "cuda"
-        ):
-            return False
-    return True
 
 
 _REPLAY = replay.enabled()

@@ -61,10 +61,14 @@ _INT_KINDS = {
 
 @dataclass
 class Stats:
-    replays: int = 0
     recordings: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     disabled: str | None = None
+
+    @property
+    def replays(self) -> int:
+        """Calls run from C++ since the last ``reset`` (counted by the plans themselves)."""
+        return sum(e.plan.runs for e in _PLANS.values() if type(e) is _Ready)
 
 
 STATS = Stats()
@@ -105,27 +109,58 @@ def enabled() -> bool:
 
 
 def key_of(function: type, args: tuple, grad: bool) -> tuple | None:
-    """The metadata a call's Python decisions depend on, or None if a call cannot be keyed."""
-    parts: list[Any] = [function, grad]
-    cuda = False
+    """The metadata a call's Python decisions depend on, or None if a call cannot be keyed
+    (an argument that does not hash, a tensor that is not a plain CUDA tensor)."""
+    key, _, _ = _key(function, args, grad)
+    return key
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, list, bool]:
+    """(key or None, the tensor arguments, whether a gradient can follow)."""
+    parts: list[Any] = [function, _cuda_device()]
+    tensors = []
+    needs_grad = False
     for a in args:
-        if isinstance(a, torch.Tensor):
-            if not cuda and a.device.type == "cuda":  # kernels launch on the current device
-                cuda = True
-                parts.append(torch.cuda.current_device())
+        if type(a) in _PLAIN:
+            if not (a.is_cuda or (_HOST.on and a.device.type == "cpu")):
+                return None, tensors, False  # CPU and meta tensors: not for the CUDA launcher
+            tensors.append(a)
+            rg = a.requires_grad
+            needs_grad = needs_grad or rg
             # 256-byte residues: launchers pick paths by 16-byte alignment and by finer residues
             # (aligned row walks); the caching allocator aligns to 512.
-            parts.append(
-                (a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() & 255)
-            )
+            parts.append((a.shape, a.stride(), a.dtype, a.get_device(), rg, a.data_ptr() & 255))
+        elif isinstance(a, torch.Tensor):  # a subclass: its own dispatch decides
+            return None, tensors, False
         else:
             parts.append(a)
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    grad = grad_mode and needs_grad
+    parts.append(grad)
+    return tuple(parts), tensors, grad
+
+
+class _Host(threading.local):
+    on = False
+
+
+_HOST = _Host()
+
+
+class on_host:
+    """Tests: within it, CPU tensors are keyed and replayed too (with replay.cpp's test
+    launcher standing in for the GPU)."""
+
+    def __enter__(self) -> None:
+        self._was, _HOST.on = _HOST.on, True
+
+    def __exit__(self, *exc) -> None:
+        _HOST.on = self._was
+
+
+_cuda_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else (lambda: -1)
 
 
 # ---- recording -------------------------------------------------------------------------------
@@ -161,6 +196,7 @@ class Recording:
     def __init__(self, key: tuple, args: tuple, grad: bool) -> None:
         self.key = key
         self.grad = grad
+        self.pending = 0  # calls of the key since, while its backward has not run
         self.error: str | None = None
         self.fwd = _Program()
         self.inputs = [a for a in args if isinstance(a, torch.Tensor)]
@@ -502,7 +538,7 @@ def _conclude(rec: Recording) -> None:
         if ext is None:
             return
         try:
-            _PLANS[rec.key] = rec.plan(ext)
+            _PLANS[rec.key] = _Ready(rec.plan(ext), rec.single)
             STATS.recordings += 1
             return
         except Exception as exc:  # a recording replay.cpp rejects: a bug to report, not fatal
@@ -511,32 +547,44 @@ def _conclude(rec: Recording) -> None:
     STATS.failures[rec.error] = STATS.failures.get(rec.error, 0) + 1
 
 
-def call(function: type, args: tuple, grad: bool, run_python: Callable[[], Any]) -> Any:
+class _Ready:
+    """A key's C++ plan and whether the Function returns one tensor or a tuple."""
+
+    __slots__ = ("plan", "single")
+
+    def __init__(self, plan: Any, single: bool) -> None:
+        self.plan, self.single = plan, single
+
+
+def call(function: type, args: tuple, run_python: Callable[[bool], Any]) -> Any:
     """Run ``function`` on ``args``: replayed if its key has a plan, recorded if it is due,
-    else ``run_python()`` (registry.apply's own path)."""
-    key = key_of(function, args, grad)
-    if key is None or getattr(_SUSPENDED, "on", False):
-        return run_python()
-    state = _PLANS.get(key, 0)
-    if type(state) is not int and state is not False and not isinstance(state, Recording):
-        STATS.replays += 1
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        outs = extension().run(state, tensors, grad)
-        return outs[0] if _SINGLE[key] else tuple(outs)
-    if state is False:
-        return run_python()
-    if isinstance(state, Recording):  # waiting for its backward
-        state.pending = getattr(state, "pending", 0) + 1
-        if state.pending > _MAX_PENDING:
+    else ``run_python(grad)`` (registry.apply's own path). The caller checked plain eager mode.
+    """
+    key, tensors, grad = _key(function, args, torch.is_grad_enabled())
+    if key is None or _SUSPENDED.on:
+        return run_python(grad)
+    try:
+        entry = _PLANS.get(key, 0)
+    except TypeError:  # an argument that does not hash
+        return run_python(grad)
+    if entry.__class__ is _Ready:
+        outs = _ext.run(entry.plan, tensors, grad)
+        return outs[0] if entry.single else tuple(outs)
+    return _not_ready(function, key, args, grad, entry, run_python)
+
+
+def _not_ready(function, key, args, grad, entry, run_python) -> Any:
+    if entry is False:
+        return run_python(grad)
+    if isinstance(entry, Recording):  # waiting for its backward
+        entry.pending += 1
+        if entry.pending > _MAX_PENDING:
             _PLANS[key] = 0
-        return run_python()
-    if state + 1 < _RECORD_AT or extension() is None:
-        _PLANS[key] = state + 1
-        return run_python()
+        return run_python(grad)
+    if entry + 1 < _RECORD_AT or extension() is None:
+        _PLANS[key] = entry + 1
+        return run_python(grad)
     return _record(function, key, args, grad)
-
-
-_SINGLE: dict[tuple, bool] = {}
 
 
 def _record(function: type, key: tuple, args: tuple, grad: bool) -> Any:
@@ -558,7 +606,6 @@ def _record(function: type, key: tuple, args: tuple, grad: bool) -> Any:
         rec.finish_forward(out)
     except Unreplayable as exc:
         rec.fail(str(exc))
-    _SINGLE[key] = rec.single
     if rec.error is not None or not grad or not any(rec.differentiable):
         if grad and rec.error is None:
             rec.bwd = None
@@ -566,7 +613,11 @@ def _record(function: type, key: tuple, args: tuple, grad: bool) -> Any:
     return out
 
 
-_SUSPENDED = threading.local()
+class _Suspended(threading.local):
+    on = False
+
+
+_SUSPENDED = _Suspended()
 
 
 class suspended:
@@ -574,7 +625,7 @@ class suspended:
     poisoned allocations are ATen fills a recording must not see)."""
 
     def __enter__(self) -> None:
-        self._was = getattr(_SUSPENDED, "on", False)
+        self._was = _SUSPENDED.on
         _SUSPENDED.on = True
 
     def __exit__(self, *exc) -> None:
@@ -591,6 +642,5 @@ def set_poison(on: bool) -> None:
 def reset() -> None:
     """Forget every plan and count (tests; a changed tuning setting)."""
     _PLANS.clear()
-    _SINGLE.clear()
-    STATS.replays = STATS.recordings = 0
+    STATS.recordings = 0
     STATS.failures.clear()
