@@ -126,7 +126,7 @@ def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, li
     for a in args:
         if type(a) in _PLAIN:
             if not (a.is_cuda or (_HOST.on and a.device.type == "cpu")):
-                return None, tensors, False  # CPU and meta tensors: not for the CUDA launcher
+                return None, tensors, _needs_grad(args, grad_mode)  # CPU, meta: not for CUDA
             tensors.append(a)
             rg = a.requires_grad
             needs_grad = needs_grad or rg
@@ -134,7 +134,7 @@ def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, li
             # (aligned row walks); the caching allocator aligns to 512.
             parts.append((a.shape, a.stride(), a.dtype, a.get_device(), rg, a.data_ptr() & 255))
         elif isinstance(a, torch.Tensor):  # a subclass: its own dispatch decides
-            return None, tensors, False
+            return None, tensors, _needs_grad(args, grad_mode)
         else:
             parts.append(a)
     grad = grad_mode and needs_grad
@@ -158,6 +158,10 @@ class on_host:
 
     def __exit__(self, *exc) -> None:
         _HOST.on = self._was
+
+
+def _needs_grad(args: tuple, grad_mode: bool) -> bool:
+    return grad_mode and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 _cuda_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else (lambda: -1)
