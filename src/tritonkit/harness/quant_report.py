@@ -119,8 +119,8 @@ def model_report(model, inputs, recipe: str) -> dict[str, Any]:
     """Per-layer and output statistics of ``recipe`` applied to ``model`` on ``inputs``."""
     from torch import nn
 
-    from tritonkit.quant.convert import RECIPES as CONVERT
-    from tritonkit.quant.convert import convert
+    from tritonkit.quant.model import RECIPES as CONVERT
+    from tritonkit.quant.model import convert
 
     names = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     act, wgt = _activation_settings(recipe)

@@ -25,8 +25,8 @@ _LAZY = {
     "error_stats": "metrics",
     "sqnr_db": "metrics",
     "percentiles": "metrics",
-    "convert": "convert",
-    "calibrate": "convert",
+    "convert": "model",
+    "calibrate": "model",
 }
 __all__ = ["GRANULARITIES", "QuantizedTensor", "dequantize", "quantize", *_LAZY]
 

@@ -17,6 +17,7 @@ from tritonkit.ops.quant.quantize import (
     call_dequantize,
     call_quantize,
     call_quantize_with_scale,
+    check_layout,
     plan,
 )
 
@@ -189,6 +190,10 @@ def quantize(
             f"last dimension, split by groups of an even size if grouped along it, and no "
             f"groups along another dimension; got block {block} of shape {shape}"
         )
+    try:
+        check_layout(p, shape, fmt, layout)
+    except ValueError as e:
+        raise ValueError(f"{op}: {e}") from None
     if return_amax and not fmt.symmetric:
         raise ValueError(f"{op}: return_amax is for symmetric formats")
     if check_finite and x.numel() and not bool(torch.isfinite(x).all()):

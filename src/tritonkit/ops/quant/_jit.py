@@ -60,11 +60,16 @@ def _fp8_grid(v, MANT: tl.constexpr, EMIN: tl.constexpr):
     The interpreter's float8 casts round half up and flush subnormals (run
     tests/test_quant.py::test_interpreter_fp8_cast_is_emulated); this rounding leaves it only
     exactly representable values, which it converts right."""
-    e = (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    e = tl.maximum(e - 127, EMIN) - MANT  # exponent of one unit in the last place
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN) - MANT  # exponent of a unit in the last place
     ulp = ((e + 127) << 23).to(tl.float32, bitcast=True)
     inv_ulp = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    return rne(v * inv_ulp, True) * ulp
+    r = rne(tl.abs(v) * inv_ulp, True) * ulp
+    # NaN: the float32 value whose exponent and significand bits the interpreter turns into the
+    # format's NaN code (0x7F: 480 in E4M3, 114688 in E5M2), as the hardware cast gives NaN.
+    r = tl.where(v == v, r, 480.0 if MANT == 3 else 114688.0)
+    # v's sign put back as a bit: Triton's -r is 0 - r, which loses the sign of zero.
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -95,3 +100,12 @@ def pack_int4(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(ROWS, COLS) int32 codes in [-8, 7] -> (ROWS, COLS // 2) bytes, low nibble first."""
     lo, hi = tl.split(tl.reshape(codes, (ROWS, COLS // 2, 2)))
     return ((lo & 0xF) | ((hi & 0xF) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def bf16_grid(v):
+    """v rounded to the bfloat16 grid (nearest, ties to even), as float32; NaN and inf kept. The
+    interpreter truncates float32 to bfloat16; from this grid its cast is exact."""
+    b = v.to(tl.uint32, bitcast=True)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(v) < float("inf"), r, v)

@@ -120,7 +120,7 @@ def _alloc_codes(x: torch.Tensor, p: Plan, fmt: QFormat, layout: str):
     shape = tuple(x.shape)
     if layout == "row":
         data = torch.empty(_codes_shape(shape, fmt), dtype=fmt.storage, device=dev)
-        d2 = data.view(p.n_rows, -1) if shape else data.view(1, 1)
+        d2 = data.view(p.n_rows, p.n_cols // 2 if fmt.packed else p.n_cols)
         return data, torch.empty(0, dtype=fmt.storage, device=dev), d2, None
     stored_t = torch.empty((p.n_cols, p.n_rows), dtype=fmt.storage, device=dev)
     if layout == "col":
@@ -129,7 +129,7 @@ def _alloc_codes(x: torch.Tensor, p: Plan, fmt: QFormat, layout: str):
     return data, stored_t, data, stored_t.t()
 
 
-def _check_layout(p: Plan, shape: tuple[int, ...], fmt: QFormat, layout: str) -> None:
+def check_layout(p: Plan, shape: tuple[int, ...], fmt: QFormat, layout: str) -> None:
     if layout == "row":
         return
     if len(shape) != 2 or fmt.packed:

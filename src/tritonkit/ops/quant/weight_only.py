@@ -184,6 +184,8 @@ def weight_only_fwd(
         return out
     if x2.shape[1] == 0:
         return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
+    scale = scale.contiguous()  # (N,) vectors, read with unit stride
+    bias = bias.contiguous() if bias is not None else None
     cfg = config or _config(x2, w, scale, bias, out)
     _launch(x2, w, scale, bias, out, cfg)
     return out
