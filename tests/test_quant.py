@@ -452,6 +452,15 @@ def test_float8_linear_compiles(device):
     assert x.grad is not None and f.weight.grad is not None
 
 
+@pytest.mark.parametrize("mode", ["w8a8", "weight_only"])
+def test_int8_linear_compiles(mode, device):
+    lin = torch.nn.Linear(32, 24, device=device)
+    m = Int8Linear.from_float(lin, mode)
+    x = torch.randn(5, 32, device=device)
+    compiled = torch.compile(m, fullgraph=True, backend=compile_backend(device))
+    assert torch.equal(compiled(x), m(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_int8_linear(dtype, device):
     torch.manual_seed(1)

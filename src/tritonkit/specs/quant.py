@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, register
+from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, Unavailable, register
 from tritonkit.ops.quant.formats import get_format
 from tritonkit.ops.quant.linear import float8_linear
 from tritonkit.ops.quant.weight_only import call_weight_only
@@ -96,6 +96,37 @@ def _torch_cast(x, dtype, granularity, group_size=None, symmetric=True, bits=8):
     return codes.reshape(x.shape), (1 / qscale).reshape([d // b for d, b in zip(x.shape, block)])
 
 
+def _torchao_cast():
+    """torchao's cast of the same granularity (float8 per row or tensor; int8 symmetric)."""
+    try:
+        from torchao.float8.config import ScalingGranularity
+        from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
+        from torchao.quantization.quant_primitives import (
+            MappingType,
+            choose_qparams_affine,
+            quantize_affine,
+        )
+    except Exception as exc:
+        raise Unavailable(f"torchao not importable: {type(exc).__name__}") from None
+
+    def run(x, dtype, granularity, group_size=None, symmetric=True, bits=8):
+        block = granularity_block(tuple(x.shape), granularity, group_size)
+        if dtype in (E4, E5) and granularity in ("row", "tensor"):
+            g = (
+                ScalingGranularity.AXISWISE
+                if granularity == "row"
+                else ScalingGranularity.TENSORWISE
+            )
+            s = tensor_to_scale(x, dtype, scaling_granularity=g, axiswise_dim=-1)
+            return to_fp8_saturated(x.float() * s, dtype), s
+        if dtype == torch.int8 and symmetric and bits == 8:
+            s, z = choose_qparams_affine(x, MappingType.SYMMETRIC, block, torch.int8)
+            return quantize_affine(x, block, s, z, torch.int8), s
+        raise NotImplementedError(f"no torchao equivalent timed for {dtype} {granularity}")
+
+    return run
+
+
 def _quantize_bytes(inputs, mode, dtype, granularity, group_size=None, symmetric=True, bits=8):
     """Read x (twice where a scale needs an amax pass first: per tensor, per column), write the
     codes and the scales."""
@@ -121,7 +152,15 @@ register(
         tolerance=EXACT,
         backward=False,
         bench_dtypes=(torch.bfloat16,),
-        baselines={k: v for k, v in torch_baselines(_torch_cast).items()},
+        baselines={
+            **torch_baselines(_torch_cast),
+            "torchao": Baseline(
+                "torchao",
+                _torchao_cast,
+                backward=False,
+                description="torchao's float8 / int8 casts (tensor_to_scale, quantize_affine)",
+            ),
+        },
         description="amax, scale and saturating cast fused: int8, int4, float8 at any granularity",
     )
 )
