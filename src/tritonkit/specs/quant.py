@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, Unavailable, register
 from tritonkit.ops.quant.formats import get_format
@@ -127,6 +128,14 @@ def _torchao_cast():
     return run
 
 
+def _torch_roundtrip(x, dtype, granularity, group_size=None, symmetric=True, bits=8):
+    codes, scale = _torch_cast(x, dtype, granularity, group_size, symmetric, bits)
+    _, block = _fmt_block(x, dtype, granularity, group_size, symmetric, bits)
+    dims = [n for d, b in zip(x.shape, block) for n in (d // b, b)]
+    s = scale.reshape([n if i % 2 == 0 else 1 for i, n in enumerate(dims)])
+    return (codes.float().reshape(dims) * s).reshape(x.shape)
+
+
 def _quantize_bytes(inputs, mode, dtype, granularity, group_size=None, symmetric=True, bits=8):
     """Read x (twice where a scale needs an amax pass first: per tensor, per column), write the
     codes and the scales."""
@@ -174,6 +183,7 @@ register(
         make_inputs=_inputs,
         shapes=Shapes(test=[(37, 96), (3, 5, 40)], bench=[(16384, 8192)], empty=[(0, 16)]),
         bytes=lambda inputs, mode, **p: _quantize_bytes(inputs, mode, **p) + inputs[0].numel() * 5,
+        baselines=torch_baselines(_torch_roundtrip),
         params=QUANT_PARAMS,
         tolerance=EXACT,
         backward=False,
@@ -237,7 +247,8 @@ register(
         special_values=False,
         compute="tensor",
         interpreter_skip={torch.bfloat16: "the Triton interpreter computes bf16 tl.dot wrongly"},
-        baselines={"bf16 linear": Baseline("bf16 linear", _wo_bf16_baseline,
+        baselines={**torch_baselines(_wo_ref),
+                   "bf16 linear": Baseline("bf16 linear", _wo_bf16_baseline,
                                            description="F.linear with the dequantized weight")},
         description="weight-only int8 linear (decode): W read as int8, widened in registers",
     )
@@ -293,10 +304,6 @@ def _f8_ref(x, w, b, scaling="tensorwise"):
     return _EmulatedFloat8Linear.apply(x, w, b, scaling)
 
 
-def _bf16_linear_baseline():
-    return lambda x, w, b, scaling="tensorwise": torch.nn.functional.linear(x, w, b)
-
-
 register(
     OpSpec(
         name="float8_linear",
@@ -319,8 +326,7 @@ register(
         grad_inputs=(0, 1, 2),
         special_values=False,
         compute="tensor",
-        baselines={"bf16 linear": Baseline("bf16 linear", _bf16_linear_baseline,
-                                           description="F.linear in the inputs' dtype")},
+        baselines=torch_baselines(lambda x, w, b, scaling="tensorwise": F.linear(x, w, b)),
         description="FP8 training linear (torchao recipes): FP8 GEMMs forward and backward",
     )
 )  # fmt: skip

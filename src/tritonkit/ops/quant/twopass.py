@@ -34,7 +34,15 @@ FROM_AMAX, GIVEN_QSCALE, GIVEN_SCALE = tl.constexpr(0), tl.constexpr(1), tl.cons
 
 
 @triton.jit
-def _tile_coords(pid_r, pid_c, it, MODE: tl.constexpr, ITERS: tl.constexpr, BLOCK_R, BLOCK_C):
+def _tile_coords(
+    pid_r,
+    pid_c,
+    it,
+    MODE: tl.constexpr,
+    ITERS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """Rows and columns of step ``it`` of a program: ROWS walks along its rows, else down."""
     if MODE == ROWS:
         r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
