@@ -12,7 +12,8 @@
 
 Run: PYTHONPATH=src python3 experiments/gpu_quant.py  (writes $OUT/quant.json and
 $OUT/quant_loss.png when OUT is set; the table is printed last). Sections that fail are
-reported and the others still run.
+reported and the others still run. QUANT_PYTEST=1 also runs tests/test_quant.py on the GPU;
+QUANT_LM_STEPS sets the LM's steps (400).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def section(name):
 @section("exact")
 def exact():
     g = torch.Generator(device=DEV).manual_seed(0)
-    x = torch.randn(1030, 4096, device=DEV, generator=g, dtype=torch.float32)
+    x = torch.randn(1152, 4096, device=DEV, generator=g, dtype=torch.float32)  # 9 x 128 rows
     x = (x * torch.exp(torch.randn(x.shape, device=DEV, generator=g))).to(torch.bfloat16)
     x[0, 0], x[1, 1], x[2, 2] = float("inf"), float("-inf"), float("nan")
     cases = [
@@ -247,7 +248,8 @@ def mlp():
             p.grad = None
         m(x).backward(dy)
 
-    y_ref = ref(x).float()
+    with torch.no_grad():
+        y_ref = ref(x).float()
     times = {}
     for name, m in variants.items():
         with torch.no_grad():
@@ -434,9 +436,23 @@ def delayed_te():
     row("A4", "TransformerEngine", "importable: compare DelayedScaling here (not written yet)")
 
 
+@section("pytest")
+def gpu_tests():
+    """tests/test_quant.py on the GPU (QUANT_PYTEST=1; a few minutes of compiling)."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow",
+                          "tests/test_quant.py"], capture_output=True, text=True, timeout=420)  # fmt: skip
+    RESULTS["pytest"] = res.stdout[-4000:]
+    row("tests", "tests/test_quant.py on the GPU", res.stdout.strip().splitlines()[-1])
+
+
 if __name__ == "__main__":
     for fn in (exact, bandwidth, int8, mlp, lm, delayed_te):
         fn()
+    if os.environ.get("QUANT_PYTEST") == "1":
+        gpu_tests()
     if OUT is not None:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "quant.json").write_text(json.dumps({**RESULTS, "rows": ROWS}, indent=1))
