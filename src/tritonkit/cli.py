@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from tritonkit.harness import quant_report
+
 DEFAULT_OUT = "tritonkit-report"
 
 
@@ -470,6 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--against", required=True, help="old results.json")
     s.add_argument("--threshold", type=float, default=0.10, help="allowed slowdown (0.10)")
     s.set_defaults(func=cmd_regress)
+    quant_report.add_parser(sub)  # tritonkit quant-report (tritonkit/harness/quant_report.py)
     return p
 
 

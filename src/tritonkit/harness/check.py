@@ -75,7 +75,7 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
         elif t.dtype == torch.bool:
             t.fill_(True)
         else:
-            t.fill_(-7777 if t.dtype.is_signed else 77)
+            t.fill_((-7777 if t.element_size() > 1 else -77) if t.dtype.is_signed else 77)
     return t
 
 
