@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import tritonkit
+from tritonkit.ops._core.bias_act import bias_act_bwd, bias_act_fwd
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv
 from tritonkit.ops._core.math import ACTIVATIONS, GELU_Q16_COEFFS
-from tritonkit.ops._core.pointwise import bias_act_bwd, bias_act_fwd, bias_act_fwd_kernel
+from tritonkit.ops._core.pointwise import bias_act_fwd_kernel
 from tritonkit.ops._core.pointwise_config import (
     POINTWISE,
     ColumnSumConfig,

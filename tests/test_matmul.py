@@ -32,6 +32,7 @@ from tritonkit.ops.matmul import (
     matmul,
     matmul_fwd,
     matmul_plan,
+    matmul_problem,
     matmul_variant,
     scaled_matmul,
     scaled_matmul_fwd,
@@ -236,7 +237,7 @@ def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(device):
         torch.set_float32_matmul_precision("highest")
         a, w = torch.randn(37, 72, device=device), torch.randn(48, 72, device=device)
         bias = torch.randn(48, device=device)
-        plan = lambda a, b: P.matmul_problem(a, b, torch.float32)[0]  # noqa: E731
+        plan = lambda a, b: matmul_problem(a, b, torch.float32)[0]  # noqa: E731
         assert fma_copies_b(plan(a, w.t()), opts)
         assert fma_copies_b(plan(a[:, :64], w[:, :64].t()), opts)  # a sliced weight: stride 72
         assert not fma_copies_b(plan(a, w.t().contiguous()), opts)  # already row-major
@@ -258,7 +259,7 @@ def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(device):
         torch.set_float32_matmul_precision(before)
     # Below the threshold (the default, 512^3) nothing is copied.
     assert GEMM_OPTIONS.fma_copy_min_mnk > 37 * 48 * 72
-    assert not fma_copies_b(P.matmul_problem(a, w.t(), torch.float32)[0])
+    assert not fma_copies_b(matmul_problem(a, w.t(), torch.float32)[0])
 
 
 # ---- variants, TMA, split-K, configs ------------------------------------------------------------
@@ -367,7 +368,7 @@ def test_tma_path_every_layout(config, a_t, b_t, tma_in_interpreter, device):
     a_in = a.t().contiguous().t() if a_t else a
     b_in = b.t().contiguous().t() if b_t else b
     opts = tma_in_interpreter
-    p, _, _ = P.matmul_problem(a_in, b_in, torch.float16)
+    p, _, _ = matmul_problem(a_in, b_in, torch.float16)
     assert P.tma_ok(p, opts) and layout_flags(p) == (a_t, b_t)
     assert matmul_plan(a_in, b_in, config=config, options=opts).gemm.use_tma
     _close(matmul_fwd(a_in, b_in, config=config, options=opts), _ref(a, b))
@@ -377,7 +378,7 @@ def test_tma_falls_back_where_it_cannot_read(tma_in_interpreter, device):
     opts = tma_in_interpreter
     a = torch.randn(40, 65, device=device).half()  # 130-byte rows: not 16-byte aligned
     b = torch.randn(65, 48, device=device).half()
-    problem = lambda a, b, dtype: P.matmul_problem(a, b, dtype)[0]  # noqa: E731
+    problem = lambda a, b, dtype: matmul_problem(a, b, dtype)[0]  # noqa: E731
     assert not P.tma_ok(problem(a, b, torch.float16), opts)
     config = MatmulConfig(32, 32, 16, persistent=True, tma=True)
     assert not matmul_plan(a, b, config=config, options=opts).gemm.use_tma
@@ -459,7 +460,7 @@ def test_default_configs_fit_shared_memory():
             _hardware.set_active(_hardware.KNOWN[gpu])
             for dtype, elems in sizes.items():
                 a = torch.zeros(256, 256, dtype=dtype)
-                p, _, _ = P.matmul_problem(a, a, torch.int32 if dtype == torch.int8 else dtype)
+                p, _, _ = matmul_problem(a, a, torch.int32 if dtype == torch.int8 else dtype)
                 for kind in ("autotuned", "persistent"):
                     cfg = P.tuned(p, NO_EPILOGUE, kind)
                     assert _tuning.fits_shared_memory(cfg.smem_bytes(*elems)), (gpu, dtype, kind)

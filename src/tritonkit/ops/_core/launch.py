@@ -124,7 +124,8 @@ class Kernel:
         self._interpret = _interpreting() or not isinstance(fn, triton.runtime.JITFunction)
         # device index -> (Triton's binder for it, specialization key -> _Entry or _SLOW)
         self._devices: dict[int, tuple[Callable, dict[Any, Any]]] = {}
-        self.stats = {"direct": 0, "triton": 0}
+        # Launches by path: bound (Bound's call), direct (Kernel.launch's), Triton's launcher.
+        self.stats = {"bound": 0, "direct": 0, "triton": 0}
 
     def __getattr__(self, name: str) -> Any:  # warmup, cache, src, ...: the JIT function's
         return getattr(self.__dict__["fn"], name)
@@ -258,12 +259,13 @@ class Bound:
                 for i, t in zip(self.slots, tensors):
                     values[i] = t
                 _direct(entry, self.grid, device, values)
+                self.kernel.stats["bound"] += 1
                 return
         args = self._args.copy()
         for i, t in zip(self.slots, tensors):
             args[i] = t
         entry, values = self.kernel._launch(self.grid, tuple(args), self.meta)
-        if entry is not None:
+        if entry is not None and self._entry is None:  # the first resolution is the plan's
             for i in self.slots:
                 values[i] = None  # no tensor outlives the call
             self._entry, self._values = entry, values

@@ -5,7 +5,7 @@ Launchers: ``bias_act_fwd`` / ``bias_act_bwd`` (the shared pointwise tiles of
 ``glu_fwd`` / ``glu_bwd``.
 """
 
-from tritonkit.ops._core.pointwise import bias_act_bwd, bias_act_fwd
+from tritonkit.ops._core.bias_act import bias_act_bwd, bias_act_fwd
 from tritonkit.ops.elementwise.api import (
     BiasActFunction,
     GLUFunction,

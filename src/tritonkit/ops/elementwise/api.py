@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonkit.ops._core.pointwise import call_bias_act, call_bias_act_backward
+from tritonkit.ops._core.bias_act import call_bias_act, call_bias_act_backward
 from tritonkit.ops._core.registry import apply
 from tritonkit.ops._core.validate import check_choice, check_operand, check_same_shape, check_tensor
 from tritonkit.ops.elementwise.glu import call_glu, call_glu_backward

@@ -18,7 +18,8 @@ first pass), ``persistent`` (v4, what ``matmul`` and ``linear`` run by default),
 (skinny problems: K split across programs, a deterministic reduction that applies the
 epilogue), ``ieee`` and ``lowp`` (float32 without TF32; FP8 and INT8 with their layout
 copies), ``configs`` (tiles, tuning space, options), ``plan`` (the host path: a cached plan per
-input signature), ``api`` (registration, autograd, public functions).
+input signature), ``launchers`` (``matmul_fwd``, ``linear_fwd``), ``api`` (registration,
+autograd, public functions).
 
 Every operand is read through its real strides: transposed and sliced views need no copy
 (only batch dimensions that cannot be expressed with two strides are copied, and counted in
@@ -46,8 +47,15 @@ from tritonkit.ops.matmul.configs import (
     GemmOptions,
     MatmulConfig,
 )
+from tritonkit.ops.matmul.launchers import (
+    linear_fwd,
+    linear_plan,
+    matmul_fwd,
+    matmul_plan,
+    matmul_problem,
+    matmul_shape,
+)
 from tritonkit.ops.matmul.lowp import kmajor_copies, scaled_matmul_fwd, scaled_matmul_plan
-from tritonkit.ops.matmul.plan import linear_fwd, linear_plan, matmul_fwd, matmul_plan, matmul_shape
 from tritonkit.ops.matmul.splitk import SplitKConfig, split_k_for
 
 __all__ = ["int8_matmul", "linear", "matmul", "matmul_variant", "scaled_matmul"]

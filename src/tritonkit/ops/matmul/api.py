@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
+from tritonkit.ops._core.bias_act import call_bias_act_backward
 from tritonkit.ops._core.gemm import FP8_DTYPES
 from tritonkit.ops._core.layout import LAYOUT_COPIES
-from tritonkit.ops._core.pointwise import call_bias_act_backward
 from tritonkit.ops._core.registry import apply, define_op, eager_direct
 from tritonkit.ops._core.validate import (
     FLOAT_DTYPES,
@@ -29,8 +29,8 @@ from tritonkit.ops._core.validate import (
     check_tensor,
 )
 from tritonkit.ops.matmul.configs import VARIANTS, GemmOptions
+from tritonkit.ops.matmul.launchers import linear_fwd, matmul_fwd, matmul_shape
 from tritonkit.ops.matmul.lowp import scaled_matmul_fwd
-from tritonkit.ops.matmul.plan import linear_fwd, matmul_fwd, matmul_shape
 
 # ----------------------------------------------------------------------------------------------
 # torch.library registration: each launcher becomes an op that torch.compile traces as one node.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonkit.ops._core.pointwise import call_bias_act
+from tritonkit.ops._core.bias_act import call_bias_act
 from tritonkit.ops._core.registry import apply
 from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.memory.transpose import call_transpose
