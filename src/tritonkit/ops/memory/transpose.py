@@ -56,12 +56,13 @@ class TransposeConfig:
     num_warps: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TransposeTuning:
     """The tiles the transpose chooses among: ``tiled(elem_size)`` is the default (untimed under
     the interpreter or with tuning off); on a GPU the first call per shape class times
     ``candidates`` once and the persistent autotune cache keeps the winner, keyed by element
-    size and M, N rounded up to powers of 2 (at most ``key_cap``).
+    size and M, N rounded up to powers of 2 (at most ``key_cap``). Compared by identity (plans
+    are cached per tuning object).
 
     32 KiB tiles, 8 warps: the best of nine tile shapes on an H200 for bf16 (128 x 128) and
     fp32 (128 x 64) (docs/performance.md, "measurement stack, relu bits fixed").
