@@ -2,7 +2,8 @@
 
 Times each kernel at its bench shape under every candidate config (interleaved, L2 flushed),
 prints GB/s per config and writes everything to JSON. The chosen defaults live in
-``ops/elementwise.py`` and ``ops/memory.py``; this script is how they were chosen.
+``ops/_core/pointwise_config.py`` (``POINTWISE``) and ``ops/memory/transpose.py``; this script
+is how they were chosen.
 
     python benchmarks/sweep_elementwise.py --out sweep.json
 """
@@ -10,6 +11,7 @@ prints GB/s per config and writes everything to JSON. The chosen defaults live i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -20,6 +22,7 @@ from tritonkit.harness.device import fingerprint
 from tritonkit.harness.timing import summarize, time_interleaved
 from tritonkit.ops import elementwise as E
 from tritonkit.ops import memory as M
+from tritonkit.ops._core.pointwise_config import POINTWISE, PointwiseConfig, RowSumConfig
 
 SHAPE = (16384, 8192)
 
@@ -28,7 +31,7 @@ def _gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def _cases(dtype: torch.dtype):
+def _cases(dtype: torch.dtype, cfg: PointwiseConfig = POINTWISE):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
     u = torch.randn(SHAPE, device="cuda", generator=g).to(dtype)
@@ -36,28 +39,24 @@ def _cases(dtype: torch.dtype):
     b = torch.randn(SHAPE[-1], device="cuda", generator=g).to(dtype)
     n = x.numel() * x.element_size()
     bits = x.numel() // 8
-    _, mask = E.bias_act_fwd(x, None, "relu", save_mask=True)
-    _, bias_mask = E.bias_act_fwd(x, b, "relu", save_mask=True)
+    fwd = lambda *a: E.bias_act_fwd(*a, config=cfg)  # noqa: E731
+    bwd = lambda *a: E.bias_act_bwd(*a, config=cfg)  # noqa: E731
+    _, mask = fwd(x, None, "relu", True)
+    _, bias_mask = fwd(x, b, "relu", True)
     return {
-        "relu fwd": (lambda: E.bias_act_fwd(x, None, "relu"), 2 * n),
-        "relu fwd+mask": (lambda: E.bias_act_fwd(x, None, "relu", True), 2 * n + bits),
-        "relu bwd": (
-            lambda: E.bias_act_bwd(dy, None, None, mask, "relu", True, False),
-            2 * n + bits,
-        ),
-        "gelu fwd": (lambda: E.bias_act_fwd(x, None, "gelu"), 2 * n),
-        "gelu_tanh fwd": (lambda: E.bias_act_fwd(x, None, "gelu_tanh"), 2 * n),
-        "silu fwd": (lambda: E.bias_act_fwd(x, None, "silu"), 2 * n),
-        "gelu bwd": (lambda: E.bias_act_bwd(dy, x, None, None, "gelu", True, False), 3 * n),
-        "swiglu fwd": (lambda: E.glu_fwd(x, u, "silu"), 3 * n),
-        "swiglu bwd": (lambda: E.glu_bwd(dy, x, u, "silu"), 5 * n),
-        "bias_relu fwd": (lambda: E.bias_act_fwd(x, b, "relu"), 2 * n),
-        "bias_relu bwd": (
-            lambda: E.bias_act_bwd(dy, None, b, bias_mask, "relu", True, True),
-            2 * n + bits,
-        ),
-        "bias_gelu bwd": (lambda: E.bias_act_bwd(dy, x, b, None, "gelu", True, True), 3 * n),
-        "add bcast bwd": (lambda: E.bias_act_bwd(dy, None, b, None, "none", False, True), n),
+        "relu fwd": (lambda: fwd(x, None, "relu"), 2 * n),
+        "relu fwd+mask": (lambda: fwd(x, None, "relu", True), 2 * n + bits),
+        "relu bwd": (lambda: bwd(dy, None, None, mask, "relu", True, False), 2 * n + bits),
+        "gelu fwd": (lambda: fwd(x, None, "gelu"), 2 * n),
+        "gelu_tanh fwd": (lambda: fwd(x, None, "gelu_tanh"), 2 * n),
+        "silu fwd": (lambda: fwd(x, None, "silu"), 2 * n),
+        "gelu bwd": (lambda: bwd(dy, x, None, None, "gelu", True, False), 3 * n),
+        "swiglu fwd": (lambda: E.glu_fwd(x, u, "silu", cfg), 3 * n),
+        "swiglu bwd": (lambda: E.glu_bwd(dy, x, u, "silu", cfg), 5 * n),
+        "bias_relu fwd": (lambda: fwd(x, b, "relu"), 2 * n),
+        "bias_relu bwd": (lambda: bwd(dy, None, b, bias_mask, "relu", True, True), 2 * n + bits),
+        "bias_gelu bwd": (lambda: bwd(dy, x, b, None, "gelu", True, True), 3 * n),
+        "add bcast bwd": (lambda: bwd(dy, None, b, None, "none", False, True), n),
     }
 
 
@@ -95,24 +94,21 @@ def _sweep(dtype: torch.dtype) -> list[dict]:
     rows += [_row(dtype, k, "-", 2 * n, ms) for k, ms in _time(base).items()]
 
     flat = ["gelu fwd", "gelu_tanh fwd", "silu fwd", "relu bwd"]
-    defaults = {k: getattr(E, k) for k in ("_TILE_BYTES", "_HEAVY_VECTORS", "_ROW_SUMS")}
     for tile_bytes, heavy in ((2048, 1), (2048, 2), (4096, 2)):
-        E._TILE_BYTES, E._HEAVY_VECTORS = tile_bytes, heavy
-        res = _time({k: cases[k][0] for k in flat})
+        cfg = dataclasses.replace(POINTWISE, tile_bytes=tile_bytes, heavy_vectors=heavy)
+        these = _cases(dtype, cfg)
+        res = _time({k: these[k][0] for k in flat})
         config = f"tile={tile_bytes}B heavy_vectors={heavy}"
-        rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    E._TILE_BYTES, E._HEAVY_VECTORS = defaults["_TILE_BYTES"], defaults["_HEAVY_VECTORS"]
+        rows += [_row(dtype, k, config, these[k][1], ms) for k, ms in res.items()]
 
     # add's broadcast gradient is a plain column sum (ColumnSumConfig, sweep_gelu_colsum.py).
     sums = ["bias_relu bwd", "bias_gelu bwd"]
     for warps, rows_, per_sm in itertools.product((4, 8), (2, 4, 8), (4, 8)):
-        cfg = E.RowSumConfig(warps=warps, rows=rows_, programs_per_sm=per_sm)
-        E._ROW_SUMS = {k: cfg for k in defaults["_ROW_SUMS"]}
-        res = _time({k: cases[k][0] for k in sums})
+        rs = RowSumConfig(warps=warps, rows=rows_, programs_per_sm=per_sm)
+        these = _cases(dtype, dataclasses.replace(POINTWISE, row_sums_by_size=((2, rs), (4, rs))))
+        res = _time({k: these[k][0] for k in sums})
         config = f"bwd warps={warps} rows={rows_} programs/SM={per_sm}"
-        rows += [_row(dtype, k, config, cases[k][1], ms) for k, ms in res.items()]
-    for k, v in defaults.items():
-        setattr(E, k, v)
+        rows += [_row(dtype, k, config, these[k][1], ms) for k, ms in res.items()]
     res = _time({"bias_relu fwd": cases["bias_relu fwd"][0]})
     rows += [
         _row(dtype, "bias_relu fwd", "default", cases["bias_relu fwd"][1], res["bias_relu fwd"])

@@ -1,16 +1,16 @@
 """Time exact GELU's 16-bit Phi and the column sum of add's broadcast gradient on the GPU.
 
 (a) gelu    tritonkit.gelu(x) forward, x (16384, 8192) bf16 and fp16, with the old Phi
-            (_gelu_parts; ``elementwise._GELU_PHI16 = False`` for the call) and the new one
-            (_gelu_q16), beside F.gelu eager, torch.compile(F.gelu) and two copies of x
+            (gelu_parts; ``PointwiseConfig(gelu_phi16=False)``) and the new one
+            (gelu_q16), beside F.gelu eager, torch.compile(F.gelu) and two copies of x
             (torch.clone, tritonkit.copy). bytes = 2 * numel * elem_size (read x, write y);
             "% copy" = GB/s over torch.clone's GB/s in the same group. Accuracy of each
             against float64 gelu: max |out - gelu64(x)| on x, and ulps from gelu64 rounded to
             the dtype on x and on every finite 16-bit input (65536 bit patterns).
 (b) colsum  the bias gradient of add(x, y), y (8192,) broadcast over x (16384, 8192): the
             column sum of grad, bf16 (fp32 for reference), by elementwise.bias_act_bwd with
-            each ColumnSumConfig candidate set as ``elementwise._COLUMN_SUMS[elem]`` for the
-            call, beside grad.sum(0) eager, torch.compile(lambda g: g.sum(0)) and
+            each ColumnSumConfig candidate in a ``PointwiseConfig`` passed to the call,
+            beside grad.sum(0) eager, torch.compile(lambda g: g.sum(0)) and
             torch.clone(grad). bytes = numel * elem_size (grad read once; the fp32 partial rows,
             splits x 8192 x 4 bytes, are not counted). "% copy" = GB/s over the clone's GB/s.
             Each result is compared with the float64 sum; the first pass's registers, spills,
@@ -68,11 +68,11 @@ def column_sum_candidates(elem_size: int) -> list:
     """ColumnSumConfig candidates for the plain column sum, the current default first: tiles of
     (rows, columns) at some warps, in some row splits (torch.compile's own split reduction for
     this shape: 8 x 64 tiles, 4 warps, 16 splits)."""
-    from tritonkit.ops import elementwise as E
+    from tritonkit.ops._core.pointwise_config import POINTWISE, ColumnSumConfig
     from tritonkit.ops._core.reduce import PartialSumConfig
 
-    C = E.ColumnSumConfig
-    default = E._COLUMN_SUMS[elem_size]
+    C = ColumnSumConfig
+    default = POINTWISE.column_sums(elem_size)
     cands = [
         C(block_m=8, block_n=64, warps=4, splits=16),
         C(block_m=8, block_n=64, warps=4, splits=16, evict=""),
@@ -245,6 +245,7 @@ class Run:
     def gelu(self, dtype: torch.dtype) -> None:
         import tritonkit
         from tritonkit.ops import elementwise as E
+        from tritonkit.ops._core.pointwise_config import POINTWISE
 
         group = f"gelu {str(dtype).removeprefix('torch.')}"
         if not self.fits_budget(group, 3, 1):
@@ -254,14 +255,15 @@ class Run:
         nbytes = 2 * x.numel() * x.element_size()
         compiled = self.compiled(lambda t: F.gelu(t))
 
+        configs = {p: dataclasses.replace(POINTWISE, gelu_phi16=p) for p in (False, True)}
+
+        def gelu(t: torch.Tensor, phi16: bool) -> torch.Tensor:
+            return E.bias_act_fwd(t, None, "gelu", config=configs[phi16])[0]
+
         def ours(phi16: bool) -> Callable[[], torch.Tensor]:
-            def run():
-                E._GELU_PHI16 = phi16  # read by the launcher at every call
-                return tritonkit.gelu(x)
+            return lambda: gelu(x, phi16)
 
-            return run
-
-        default = E._GELU_PHI16
+        default = POINTWISE.gelu_phi16
         cands = {
             "tritonkit old Phi": (ours(False), "triton"),
             "tritonkit new Phi": (ours(True), "triton"),
@@ -270,24 +272,20 @@ class Run:
             "copy torch.clone": (lambda: torch.clone(x), "eager"),
             "copy tritonkit.copy": (lambda: tritonkit.copy(x), "triton"),
         }
-        try:
-            fns, outs = self.warm(group, cands)
-            ref = _gelu64(x)
-            acc = {n: _ulp_stats(o, ref) for n, o in outs.items() if not n.startswith("copy")}
-            del outs, ref
-            # Every finite 16-bit input, through each candidate that does not recompile.
-            bits = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=self.device)
-            allx = bits.to(torch.int16).view(dtype)
-            allx = allx[torch.isfinite(allx)]
-            ref_all = _gelu64(allx)
-            every = {}
-            for name, phi16 in (("tritonkit old Phi", False), ("tritonkit new Phi", True)):
-                E._GELU_PHI16 = phi16
-                every[name] = _ulp_stats(tritonkit.gelu(allx), ref_all)
-            every["F.gelu eager"] = _ulp_stats(F.gelu(allx), ref_all)
-            times = _time(fns, self.device)
-        finally:
-            E._GELU_PHI16 = default
+        fns, outs = self.warm(group, cands)
+        ref = _gelu64(x)
+        acc = {n: _ulp_stats(o, ref) for n, o in outs.items() if not n.startswith("copy")}
+        del outs, ref
+        # Every finite 16-bit input, through each candidate that does not recompile.
+        bits = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=self.device)
+        allx = bits.to(torch.int16).view(dtype)
+        allx = allx[torch.isfinite(allx)]
+        ref_all = _gelu64(allx)
+        every = {}
+        for name, phi16 in (("tritonkit old Phi", False), ("tritonkit new Phi", True)):
+            every[name] = _ulp_stats(gelu(allx, phi16), ref_all)
+        every["F.gelu eager"] = _ulp_stats(F.gelu(allx), ref_all)
+        times = _time(fns, self.device)
         copy = times.get("copy torch.clone", {}).get("ms")
         for name, t in times.items():
             gb = _gbps(nbytes, t["ms"])
@@ -302,6 +300,8 @@ class Run:
 
     def colsum(self, dtype: torch.dtype) -> None:
         from tritonkit.ops import elementwise as E
+        from tritonkit.ops._core.pointwise import colsum_split_kernel
+        from tritonkit.ops._core.pointwise_config import POINTWISE
 
         elem = torch.empty((), dtype=dtype).element_size()
         group = f"colsum {str(dtype).removeprefix('torch.')}"
@@ -313,15 +313,11 @@ class Run:
         b = torch.randn(self.shape[-1], generator=gen, device=self.device).to(dtype)
         nbytes = g.numel() * g.element_size()
         compiled = self.compiled(lambda t: t.sum(0))
-        key = elem
-        default = E._COLUMN_SUMS[key]
+        default = POINTWISE.column_sums(elem)
 
         def ours(cfg) -> Callable[[], torch.Tensor]:
-            def run():
-                E._COLUMN_SUMS[key] = cfg  # read by the launcher at every call
-                return E.bias_act_bwd(g, None, b, None, "none", False, True)[1]
-
-            return run
+            config = dataclasses.replace(POINTWISE, column_sums_by_size=((elem, cfg),))
+            return lambda: E.bias_act_bwd(g, None, b, None, "none", False, True, config=config)[1]
 
         cands = {
             "grad.sum(0) eager": (lambda: g.sum(0), "eager"),
@@ -332,16 +328,11 @@ class Run:
         for cfg in cfgs:
             by_name[_label(cfg)] = cfg
             cands[_label(cfg)] = (ours(cfg), "triton")
-        try:
-            fns, outs = self.warm(group, cands)
-            ref = g.double().sum(0)
-            errs = {
-                n: (o.double() - ref).abs().max().item() for n, o in outs.items() if o.dim() == 1
-            }
-            del outs
-            times = _time(fns, self.device)
-        finally:
-            E._COLUMN_SUMS[key] = default
+        fns, outs = self.warm(group, cands)
+        ref = g.double().sum(0)
+        errs = {n: (o.double() - ref).abs().max().item() for n, o in outs.items() if o.dim() == 1}
+        del outs
+        times = _time(fns, self.device)
         n_cols = g.shape[1]
         copy = times.get("copy torch.clone", {}).get("ms")
         for name, t in times.items():
@@ -356,7 +347,7 @@ class Run:
             cfg = by_name.get(name)
             if cfg is not None:
                 want = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "EVICT": cfg.evict}
-                info = _kernel_info(E._colsum_split_kernel, want, cfg.warps)
+                info = _kernel_info(colsum_split_kernel, want, cfg.warps)
                 row.update(
                     config=dataclasses.asdict(cfg),
                     default=cfg == default,

@@ -19,7 +19,7 @@
    stage 1 also with tritonkit's current default, autotuned), so each ratio is two figures
    from the same run.
 3. INT8 crossover of the K-major copy: squares 512..4096, copy forced vs b read in place, to
-   check ``ops.matmul._KMAJOR_COPY_MIN_MNK``.
+   check ``GemmOptions.kmajor_copy_min_mnk`` (ops/matmul/configs.py).
 
 Errors: relative L2 against a float64 product of the same fp8 inputs and scales, ``rel L2``;
 and ``acc L2``, the same against the float64 product rounded to bf16, which removes the
@@ -154,7 +154,7 @@ def int8_layouts() -> dict:
     return {
         "route_row_major": mm.kmajor_copies(a, b_row),
         "route_k_major": mm.kmajor_copies(a, b_col),
-        "copy_min_mnk": mm._KMAJOR_COPY_MIN_MNK,
+        "copy_min_mnk": mm.GEMM_OPTIONS.kmajor_copy_min_mnk,
         "equal_to_int_mm": equal,
         "rows": rows,
     }

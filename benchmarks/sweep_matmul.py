@@ -268,6 +268,7 @@ def low_precision() -> list[dict]:
 
 def accuracy() -> list[dict]:
     from tritonkit.ops import matmul as mm
+    from tritonkit.ops.matmul.configs import candidates
 
     rows = []
     m, n, k = 4096, 4096, 8192
@@ -290,7 +291,7 @@ def accuracy() -> list[dict]:
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        cfg = mm._candidates("persistent", "tf32", True, m, 1)[0]
+        cfg = candidates("persistent", "tf32", True, m, 1)[0]
         add(f"tf32 K={k}", mm.matmul_fwd(a, b, config=cfg), torch.matmul(a, b), ref, bound=2e-3)
     finally:
         torch.set_float32_matmul_precision(before)

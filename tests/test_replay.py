@@ -36,7 +36,7 @@ class _Entry:
 def _scale(x: torch.Tensor, y: torch.Tensor, alpha: float) -> None:
     """The stand-in kernel, launched as the launch path launches: reported, then run."""
     if launch.RECORDER is not None:
-        launch.RECORDER.launch(_Entry, (3, 1, 1), (x, y, x.numel(), alpha, 1024), None)
+        launch.RECORDER.launch(_Entry, (3, 1, 1), (x, y, x.numel(), alpha, 1024))
     with torch.no_grad():
         y.numpy()[...] = x.numpy() * np.float32(alpha)
 
@@ -53,7 +53,7 @@ class _AxpyEntry:
 
 def _axpy(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
     if launch.RECORDER is not None:
-        launch.RECORDER.launch(_AxpyEntry, (1, 1, 1), (x, y, out, x.numel(), alpha), None)
+        launch.RECORDER.launch(_AxpyEntry, (1, 1, 1), (x, y, out, x.numel(), alpha))
     with torch.no_grad():
         out.numpy()[...] = x.numpy() * np.float32(alpha) + y.numpy()
 

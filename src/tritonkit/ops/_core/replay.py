@@ -30,7 +30,7 @@ import os
 import struct
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,16 +287,18 @@ class Recording:
         slot = self.prog.add(out, root=True)
         self.prog.steps.append((CONTIG, slot, base))
 
-    def launch(self, entry: Any, grid: tuple, values: tuple, scratch: Any) -> None:
+    def launch(self, entry: Any, grid: tuple, values: Sequence[Any]) -> None:
         if self.error is not None:
             return
         try:
             args = []
             for ty, v in zip(entry.types, values):
                 args.extend(self._param(ty, v))
-            if entry.scratch:
-                root, off = self.pointer(scratch)
-                args.append((PTR, root, off, 0))
+            if entry.scratch:  # global scratch, allocated for each replayed launch
+                nbytes = entry.scratch * grid[0] * grid[1] * grid[2]
+                # The dispatch mode records this allocation, as any other of the call's.
+                buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                args.append((PTR, *self.pointer(buf), 0))
             else:
                 args.append((NULLPTR, -1, 0, 0))
             args.append((NULLPTR, -1, 0, 0))  # profile scratch
