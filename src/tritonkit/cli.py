@@ -438,8 +438,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     modes = _modes(args.mode)
     baselines = _check_baselines(specs, _split(args.baselines))
     shapes = _shapes(args.shapes) or ("bench" if gpu else "test")
-    if args.profile is not None and not gpu:
-        _resolve_profile(args.profile)  # validated; without a GPU nothing is timed against it
+    if args.profile is not None:
+        _resolve_profile(args.profile)  # checked now; applied to measured ceilings on a GPU
     if not gpu and args.no_check:
         raise UsageError(
             "nothing to run: without a GPU, bench runs only the accuracy checks, and --no-check "
@@ -654,7 +654,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     specs = _select([args.op])
     shapes = _shapes(args.shapes) or "bench"
     dtypes = _dtypes(args.dtypes)
-    if args.profile is not None and not torch.cuda.is_available():
+    if args.profile is not None:
         _resolve_profile(args.profile)
     if not torch.cuda.is_available():
         raise UsageError("tune needs a CUDA GPU (it times kernels); none is visible here")
