@@ -411,6 +411,34 @@ def _describe(params: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in params.items())
 
 
+def planned_cases(
+    spec: OpSpec,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: Sequence[Any] | None = None,
+    cases: Sequence[str] = CASES,
+) -> int:
+    """How many results ``check_spec`` will return with these arguments (for progress, and
+    to tell a selection that runs nothing)."""
+    per_shape = sum(
+        case != "empty"
+        and not (case in _GRAD_CASES and not spec.backward)
+        and not (case == "specials" and not spec.special_values)
+        for case in cases
+    )
+    n_shapes = len(shapes if shapes is not None else spec.shapes.test)
+    n_empty = len(spec.shapes.empty) if "empty" in cases else 0
+    total = 0
+    for dtype in dtypes or spec.dtypes:
+        if dtype not in spec.dtypes:
+            continue
+        if interpreter_enabled() and dtype in spec.interpreter_skip:
+            total += 1
+        else:
+            total += per_shape * n_shapes + n_empty
+    return total * len(spec.params)
+
+
 def check_spec(
     spec: OpSpec,
     *,

@@ -294,9 +294,12 @@ def cmd(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def add_parser(sub: Any) -> None:
-    """The ``quant-report`` subcommand on the CLI's subparsers."""
-    s = sub.add_parser("quant-report", help="per-layer quantization error report with a trend")
+def add_parser(sub: Any, parents: Any = ()) -> None:
+    """The ``quant-report`` subcommand on the CLI's subparsers (``parents``: the options every
+    subcommand takes)."""
+    s = sub.add_parser(
+        "quant-report", help="per-layer quantization error report with a trend", parents=parents
+    )
     src = s.add_mutually_exclusive_group()
     src.add_argument(
         "--model",
