@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-import _workbench_specs as demo
 from tritonkit.harness.check import check_spec, compare, fresh_seed, sqnr_db
 from tritonkit.harness.spec import SQNR, Exact, Tolerance
 from tritonkit.specs._common import read_write_bytes
+
+import _workbench_specs as demo
 
 
 def _failures(spec, **kwargs):

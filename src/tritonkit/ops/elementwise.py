@@ -1008,3 +1008,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
     """
     check_choice("tritonkit.geglu", "approximate", approximate, tuple(_GELU_APPROXIMATIONS))
     return _glu("tritonkit.geglu", gate, up, _GELU_APPROXIMATIONS[approximate])
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["add", "bias_act", "geglu", "gelu", "relu", "silu", "swiglu"]

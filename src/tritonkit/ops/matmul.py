@@ -1906,3 +1906,7 @@ def matmul_variant(a: torch.Tensor, b: torch.Tensor, variant: str) -> torch.Tens
     check_tensor(op, "a", a, FLOAT_DTYPES)
     check_operand(op, "b", b, "a", a)
     return matmul_fwd(a, b, path=variant)
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["int8_matmul", "linear", "matmul", "scaled_matmul"]

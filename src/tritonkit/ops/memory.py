@@ -196,3 +196,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
             f"tritonkit.transpose: x must have at least 2 dimensions, got shape {tuple(x.shape)}"
         )
     return apply(TransposeFunction, x)
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["copy", "transpose"]
