@@ -361,8 +361,8 @@ def test_row_sum_launch_fills_an_h200_in_one_wave():
 
 
 def test_sweep_column_sum_candidates_start_with_the_default():
-    """benchmarks/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
-    path = Path(__file__).parents[1] / "benchmarks" / "sweep_gelu_colsum.py"
+    """experiments/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
+    path = Path(__file__).parents[1] / "experiments" / "sweep_gelu_colsum.py"
     spec = importlib.util.spec_from_file_location("sweep_gelu_colsum", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)

@@ -213,7 +213,7 @@ def test_naive_variant_in_bfloat16(device):
     _close(matmul_variant(a, b, "naive"), _ref(a, b))
 
 
-# Compiles the matmul kernel for sm_90 without a GPU through benchmarks/ptxas_report.py (which
+# Compiles the matmul kernel for sm_90 without a GPU through experiments/ptxas_report.py (which
 # unsets TRITON_INTERPRET before importing triton) and prints whether its PTX has tensor-core
 # MMAs. A fresh process: this one decorated the kernels for the interpreter.
 _PTX_PROBE = """
@@ -241,7 +241,7 @@ print("mma" in kernel.asm["ptx"])
 
 
 def _has_mma(config_name: str, dtype: str) -> bool:
-    bench = Path(__file__).parents[1] / "benchmarks"
+    bench = Path(__file__).parents[1] / "experiments"
     run = subprocess.run(
         [sys.executable, "-c", _PTX_PROBE, config_name, dtype, str(bench)],
         capture_output=True, text=True, timeout=300,

@@ -4,7 +4,7 @@ Times each kernel at its bench shape under every candidate config (interleaved, 
 prints GB/s per config and writes everything to JSON. The chosen defaults live in
 ``ops/elementwise.py`` and ``ops/memory.py``; this script is how they were chosen.
 
-    python benchmarks/sweep_elementwise.py --out sweep.json
+    python experiments/sweep_elementwise.py --out sweep.json
 """
 
 from __future__ import annotations
