@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit.harness.spec import SQNR, Distributed, Exact, OpSpec, Shapes, Tolerance
+from tritonkit.harness.spec import SQNR, Baseline, Distributed, Exact, OpSpec, Shapes, Tolerance
 from tritonkit.ops._core.launch import kernel
 from tritonkit.specs._common import generator, nbytes, randn, read_write_bytes
 
@@ -45,6 +45,10 @@ def _axpy_ref(y, x, alpha=0.5):
     y.add_(x, alpha=alpha)
 
 
+def _eager(reference):
+    return {"torch": Baseline("torch", lambda: reference, backward=False)}
+
+
 def _two_inputs(shape, dtype, device, seed):
     gen = generator(device, seed)
     return randn(shape, dtype, device, gen), randn(shape, dtype, device, gen)
@@ -55,6 +59,7 @@ AXPY = OpSpec(
     family="demo",
     impl=axpy_,
     reference=_axpy_ref,
+    baselines=_eager(_axpy_ref),
     make_inputs=_two_inputs,
     shapes=Shapes(test=[(7,), (300,)], bench=[(1 << 26,)], empty=[(0,)]),
     bytes=lambda inputs, mode, **p: read_write_bytes(inputs, (0,)),
@@ -103,6 +108,7 @@ GATHER_SCALE = OpSpec(
     family="demo",
     impl=gather_scale,
     reference=_gather_scale_ref,
+    baselines=_eager(_gather_scale_ref),
     make_inputs=_int_inputs,
     shapes=Shapes(test=[(1,), (7,), (300,)], bench=[(1 << 24,)], empty=[(0,)]),
     bytes=lambda inputs, mode, **p: nbytes(inputs[1]) * 2 + inputs[1].numel(),
@@ -155,6 +161,7 @@ QUANT_ROWS = OpSpec(
     family="demo",
     impl=quantize_rows_int8,
     reference=_quant_rows_ref,
+    baselines=_eager(_quant_rows_ref),
     make_inputs=lambda shape, dtype, device, seed: (
         randn(shape, dtype, device, generator(device, seed)),
     ),
@@ -207,6 +214,7 @@ ALL_REDUCE = OpSpec(
     family="demo",
     impl=all_reduce_sum,
     reference=_all_reduce_ref,
+    baselines=_eager(_all_reduce_ref),
     make_inputs=lambda shape, dtype, device, seed: (
         randn(shape, dtype, device, generator(device, seed)),
     ),
