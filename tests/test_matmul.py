@@ -51,6 +51,7 @@ def _close(out, ref, dtype=None):
 # ---- the check engine ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul", "linear"])
 def test_check_engine_passes(name, dtype, device):
@@ -60,6 +61,7 @@ def test_check_engine_passes(name, dtype, device):
     assert_spec_passes(name, device, dtypes=(dtype,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["scaled_matmul", "int8_matmul"])
 def test_low_precision_specs_pass_the_check_engine(name, device):
     assert_spec_passes(name, device)
@@ -68,6 +70,7 @@ def test_low_precision_specs_pass_the_check_engine(name, device):
 # ---- semantics and layouts (acceptance 5) -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "a_shape, b_shape",
@@ -250,6 +253,7 @@ def _has_mma(config_name: str, dtype: str) -> bool:
     return run.stdout.split()[-1] == "True"
 
 
+@pytest.mark.slow
 def test_naive_variant_compiles_to_cuda_core_fmas():
     """Triton's combine pass rewrites sum(a[:, :, None] * b[None, :, :], 1) into tl.dot, which
     made the fp32 v0 a tf32 tensor-core kernel on the GPU (errors of 1e-2). Compiled for sm_90
@@ -403,6 +407,7 @@ _ACT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", list(_ACT))
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -486,6 +491,7 @@ def test_nn_linear_loads_a_torch_state_dict(device):
 # ---- FP8 and INT8 -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("b_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
