@@ -79,7 +79,8 @@ def exact():
     cases = [
         (torch.float8_e4m3fn, "row", {}), (torch.float8_e5m2, "row", {}),
         (torch.int8, "row", {}), (torch.int8, "row", {"symmetric": False}),
-        (torch.float8_e4m3fn, "group", {"group_size": 128}), (torch.int8, "group", {"group_size": 128}),
+        (torch.float8_e4m3fn, "group", {"group_size": 128}),
+        (torch.int8, "group", {"group_size": 128}),
         (torch.float8_e4m3fn, "tensor", {}), (torch.int8, "tensor", {}),
         (torch.float8_e4m3fn, "column", {}), (torch.int8, "column", {"symmetric": False}),
         (torch.int8, "group", {"group_size": 32, "bits": 4}),
@@ -442,8 +443,8 @@ def gpu_tests():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow",
-                          "tests/test_quant.py"], capture_output=True, text=True, timeout=420)  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "tests/test_quant.py"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
     RESULTS["pytest"] = res.stdout[-4000:]
     row("tests", "tests/test_quant.py on the GPU", res.stdout.strip().splitlines()[-1])
 

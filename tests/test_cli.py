@@ -309,11 +309,33 @@ def test_doctor_runs(capsys):
 
 
 def test_package_and_functional_export_the_same_functions():
-    # tritonkit lists its functions without importing them (the interpreter must be chosen
-    # first); tritonkit.functional imports them: the two lists must not drift apart.
+    # Both lists derive from the families' __all__ (tritonkit.ops.FAMILIES): a family's
+    # public function is in both, and nothing else is.
+    import importlib
+
     import tritonkit
     from tritonkit import functional
+    from tritonkit.ops import FAMILIES
 
-    assert list(tritonkit._FUNCTIONS) == functional.__all__
+    family_names = sorted(
+        n for f in FAMILIES for n in importlib.import_module(f"tritonkit.ops.{f}").__all__
+    )
+    assert functional.__all__ == family_names
+    assert tritonkit.__all__ == [*family_names, "functional", "nn"]
     for name in functional.__all__:
         assert getattr(tritonkit, name) is getattr(functional, name)
+        assert callable(getattr(tritonkit, name)) and getattr(tritonkit, name).__doc__
+
+
+def test_import_tritonkit_is_lazy():
+    """``import tritonkit`` imports neither triton nor a family (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tritonkit; "
+        "assert 'triton' not in sys.modules, 'triton'; "
+        "assert not any(m.startswith('tritonkit.ops') for m in sys.modules), 'ops'; "
+        "tritonkit.gelu; assert 'tritonkit.ops.elementwise' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -28,6 +28,7 @@ from _checks import assert_spec_passes, compile_backend, saved_tensors
 OPS = ["relu", "gelu", "gelu_tanh", "silu", "add", "bias_act", "swiglu", "geglu"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_check_engine_passes(name, device):
     """Every shape x dtype x params: random, non-contiguous, NaN/inf, gradients, empty."""
@@ -192,6 +193,7 @@ def _log2_q(u: np.ndarray) -> np.ndarray:
     return torch.log2(0.5 * torch.erfc(t / math.sqrt(2.0))).numpy()
 
 
+@pytest.mark.slow
 def test_gelu_q16_coefficients_are_the_documented_fit():
     """GELU_Q16_COEFFS is the float32-rounded minimax fit its comment describes."""
     deg, u_max, points = 9, 13.0, 4001
@@ -281,6 +283,7 @@ ROW_SUM_CONFIGS = [
 SHAPES = [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", ROW_SUM_CONFIGS, ids=lambda c: f"w{c.warps}r{c.rows}")
 @pytest.mark.parametrize("shape", SHAPES)
 def test_bias_gradient_under_row_sum_configs(cfg, shape, device):
@@ -341,6 +344,7 @@ COLUMN_SUM_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", COLUMN_SUM_CONFIGS, ids=lambda c: f"r{c.block_m}s{c.splits}")
 @pytest.mark.parametrize("shape", SHAPES)
 def test_add_broadcast_gradient_under_column_sum_configs(cfg, shape, device):
@@ -376,8 +380,8 @@ def test_row_sum_launch_fills_an_h200_in_one_wave():
 
 
 def test_sweep_column_sum_candidates_start_with_the_default():
-    """benchmarks/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
-    path = Path(__file__).parents[1] / "benchmarks" / "sweep_gelu_colsum.py"
+    """experiments/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
+    path = Path(__file__).parents[1] / "experiments" / "sweep_gelu_colsum.py"
     spec = importlib.util.spec_from_file_location("sweep_gelu_colsum", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)

@@ -63,6 +63,7 @@ def _close(out, ref, dtype=None):
 # ---- the check engine ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul", "linear"])
 def test_check_engine_passes(name, dtype, device):
@@ -70,6 +71,7 @@ def test_check_engine_passes(name, dtype, device):
     assert_spec_passes(name, device, dtypes=(dtype,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["scaled_matmul", "int8_matmul"])
 def test_low_precision_specs_pass_the_check_engine(name, device):
     assert_spec_passes(name, device)
@@ -136,6 +138,7 @@ def test_every_low_precision_dtype_is_correct(dtype, out_dtype, device):
 # ---- semantics and layouts (acceptance 5) -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "a_shape, b_shape",
@@ -282,7 +285,7 @@ def test_naive_variant_in_bfloat16(device):
     _close(matmul_variant(a, b, "naive"), _ref(a, b))
 
 
-# Compiles the matmul kernel for sm_90 without a GPU through benchmarks/ptxas_report.py (which
+# Compiles the matmul kernel for sm_90 without a GPU through experiments/ptxas_report.py (which
 # unsets TRITON_INTERPRET before importing triton) and prints whether its PTX has tensor-core
 # MMAs. A fresh process: this one decorated the kernels for the interpreter.
 _PTX_PROBE = """
@@ -310,7 +313,7 @@ print("mma" in kernel.asm["ptx"])
 
 
 def _has_mma(config_name: str, dtype: str) -> bool:
-    bench = Path(__file__).parents[1] / "benchmarks"
+    bench = Path(__file__).parents[1] / "experiments"
     run = subprocess.run(
         [sys.executable, "-c", _PTX_PROBE, config_name, dtype, str(bench)],
         capture_output=True, text=True, timeout=300,
@@ -319,6 +322,7 @@ def _has_mma(config_name: str, dtype: str) -> bool:
     return run.stdout.split()[-1] == "True"
 
 
+@pytest.mark.slow
 def test_naive_variant_compiles_to_cuda_core_fmas():
     """Triton's combine pass rewrites sum(a[:, :, None] * b[None, :, :], 1) into tl.dot, which
     made the fp32 v0 a tf32 tensor-core kernel on the GPU (errors of 1e-2). Compiled for sm_90
@@ -482,6 +486,7 @@ _ACT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", list(_ACT))
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -565,6 +570,7 @@ def test_nn_linear_loads_a_torch_state_dict(device):
 # ---- FP8 and INT8 -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("b_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])

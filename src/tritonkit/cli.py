@@ -1,4 +1,4 @@
-"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress.
+"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress, new.
 
 Without a GPU, kernels run under Triton's CPU interpreter (turned on here, before any kernel is
 defined): ``check`` works and ``bench`` runs the accuracy checks and says that timings need a GPU.
@@ -26,7 +26,7 @@ import torch
 from tritonkit.harness import quant_report
 
 DEFAULT_OUT = "tritonkit-report"
-COMMANDS = ("list", "check", "bench", "report", "doctor", "tune", "regress", "quant-report")
+COMMANDS = ("list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report")
 # Names a user may type for dtypes, beside the names the specs list (float32, float8_e4m3fn...).
 DTYPE_ALIASES = {
     "fp32": ("float32",),
@@ -712,6 +712,24 @@ def cmd_regress(args: argparse.Namespace) -> int:
     return 1 if regress.failed(rows) else 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from tritonkit.scaffold import ScaffoldError, scaffold
+
+    _enable_interpreter_without_gpu()
+    try:
+        written = scaffold(args.name, root=args.root)
+    except ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    for path in written:
+        print(f"wrote {path}")
+    print(
+        f"\nNext: python -m pytest -q tests/test_{args.name}.py; tritonkit check {args.name}; "
+        f"on a GPU, tritonkit bench {args.name}. Then make it yours: the kernel, the reference, "
+        "the shapes, bytes and FLOPs, the docs (docs/DESIGN.md, 'Adding an operator')."
+    )
+    return 0
+
+
 # ---- the parser -------------------------------------------------------------------------------
 
 
@@ -814,6 +832,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--threshold", type=_threshold, default=0.10, help="allowed slowdown (default: 0.10)"
     )
     s.set_defaults(func=cmd_regress)
+
+    s = command("new", "scaffold a new operator: family package, spec and test")
+    s.add_argument("name", help="operator name, a lowercase identifier (e.g. scaled_add)")
+    s.add_argument("--root", help="repository root (default: the checkout tritonkit runs from)")
+    s.set_defaults(func=cmd_new)
     quant_report.add_parser(sub, parents=[common])  # harness/quant_report.py
     return p
 

@@ -65,7 +65,7 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
 # How the L2 is flushed before each sample: "write" zeroes a buffer twice the L2's size (as
 # triton.testing.do_bench does), which leaves the L2 full of dirty lines that the timed call
 # then pays to write back (H200, bf16 (16384, 4096): 3.5-5.5 us per call, a torch copy 67.8 us
-# instead of 64.4; benchmarks/NOTES.md run 21); "read" reads the buffer, which writes back the
+# instead of 64.4; docs/performance.md run 21); "read" reads the buffer, which writes back the
 # previous call's dirty lines before the sample and leaves only clean ones. Both evict the
 # call's inputs.
 FLUSH = "read"
@@ -100,6 +100,7 @@ def time_interleaved(
     max_samples: int = 200,
     flush_l2: bool = True,
     host_times: dict[str, float] | None = None,
+    setup: Mapping[str, Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each zero-argument callable; returns per-candidate samples in milliseconds.
 
@@ -107,7 +108,8 @@ def time_interleaved(
     warm-up budget; after it, each candidate runs for about ``warmup_ms``. The number of
     samples is chosen so that the slowest candidate takes about ``rep_ms`` in all, within
     ``[min_samples, max_samples]``. If ``host_times`` is given, it receives each candidate's
-    median host (CPU) time per call, in microseconds.
+    median host (CPU) time per call, in microseconds. ``setup``, by candidate, runs before each
+    of its calls, outside the timed region (an in-place operator's state put back).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device; timings on the CPU mean nothing")
@@ -115,14 +117,18 @@ def time_interleaved(
     names = list(fns)
     flush = _flush_buffer(device) if flush_l2 else None
 
+    setup = setup or {}
     estimates, host_us = {}, {}
     for name in names:
+        prepare = setup.get(name, lambda: None)
+        prepare()
         fns[name]()  # first call: compile, autotune, load
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         calls, elapsed, host = 0, 0.0, []
         t0 = time.perf_counter()
         while calls < 3 or (elapsed < warmup_ms and calls < 1000):
+            prepare()
             start.record()
             h0 = time.perf_counter()
             fns[name]()
@@ -144,6 +150,8 @@ def time_interleaved(
     for i in range(n):
         order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
+            if name in setup:
+                setup[name]()
             if flush is not None:
                 _flush(flush)
             torch.cuda._sleep(sleep_cycles)

@@ -58,4 +58,4 @@ from tritonkit.ops.matmul.launchers import (
 from tritonkit.ops.matmul.lowp import kmajor_copies, scaled_matmul_fwd, scaled_matmul_plan
 from tritonkit.ops.matmul.splitk import SplitKConfig, split_k_for
 
-__all__ = ["int8_matmul", "linear", "matmul", "matmul_variant", "scaled_matmul"]
+__all__ = ["int8_matmul", "linear", "matmul", "scaled_matmul"]

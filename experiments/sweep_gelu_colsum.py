@@ -25,8 +25,8 @@ colsum fp32; ``--budget-s`` (default 120) skips a group whose estimated cost (co
 observed so far) would end past it, and a candidate that would start past it. All four groups
 take about two minutes on an H200, most of it compiling (each torch.compile baseline 5-20 s).
 
-    PYTHONPATH=src python benchmarks/sweep_gelu_colsum.py [--budget-s 120] [--out PATH]
-    PYTHONPATH=src python benchmarks/sweep_gelu_colsum.py --dry   # tiny shapes, CPU interpreter
+    PYTHONPATH=src python experiments/sweep_gelu_colsum.py [--budget-s 120] [--out PATH]
+    PYTHONPATH=src python experiments/sweep_gelu_colsum.py --dry   # tiny shapes, CPU interpreter
 
 Writes ``$OUT/sweep_gelu_colsum.json`` when ``$OUT`` is set (or ``--out``); the summary table
 prints last. ``--dry`` runs every code path on the CPU (interpreter, aot_eager) with

@@ -15,7 +15,7 @@ synchronize, median over interleaved rounds):
 
 and profiles the direct backward with cProfile.
 
-    python benchmarks/host_breakdown.py [--out DIR] [--rounds 9] [--calls 200]
+    python experiments/host_breakdown.py [--out DIR] [--rounds 9] [--calls 200]
 
 Needs a CUDA GPU; Liger-Kernel is optional. Writes DIR/host-breakdown.txt.
 """

@@ -15,8 +15,8 @@ Every candidate's loss and gradient are compared with float32 eager, next to eag
 error, so a wrong config shows. Meant to take under two minutes on an H200, most of it
 compiling.
 
-    PYTHONPATH=src python benchmarks/sweep_ce.py            # writes $OUT/sweep_ce.json if OUT
-    PYTHONPATH=src python benchmarks/sweep_ce.py --dry      # tiny shape, CPU interpreter
+    PYTHONPATH=src python experiments/sweep_ce.py            # writes $OUT/sweep_ce.json if OUT
+    PYTHONPATH=src python experiments/sweep_ce.py --dry      # tiny shape, CPU interpreter
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ column and ``tuning`` in the JSON say what that cost. Formulas: a GEMM does 2*M*
 (INT8: operations); linear's forward + backward does three GEMMs, 6*M*N*K. Everything goes to
 ``--out`` (JSON); the acceptance summary is printed last. About 4-6 minutes on an H200.
 
-    python benchmarks/sweep_matmul.py --out matmul_sweep.json [--quick]
+    python experiments/sweep_matmul.py --out matmul_sweep.json [--quick]
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Experiment: what a one-row-per-program LayerNorm / softmax forward needs to match Liger's.
 
 At (16384, 4096) bf16 Liger's LayerNorm forward took 3631 GB/s and our one-row launch 3187-3212
-with nearly the same instructions (benchmarks/NOTES.md, run 16). The sm_90a SASS of our kernel
+with nearly the same instructions (docs/performance.md, run 16). The sm_90a SASS of our kernel
 converts the weight and bias to fp32 before it issues the row's loads, so every program waits
 for L2 and then for DRAM; ours also splits the tile index into (outer, inner) with an integer
 division. Minimal kernels here isolate each difference (affine first or after the row, the
 division, a grid-stride loop around the body), timed interleaved with the package's kernel
 (its config constants set per candidate), Liger and a device copy.
 
-    python benchmarks/exp_row_launch.py --out exp_row_launch.json
+    python experiments/exp_row_launch.py --out exp_row_launch.json
 """
 
 from __future__ import annotations

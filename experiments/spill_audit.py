@@ -6,7 +6,7 @@ types, constexprs, warps) for sm_90a and prints ptxas's registers and spills. No
 answers "does any default config spill on Hopper" for configs a sweep never looked at (fp32,
 fp16, residual forms). Spills in a memory-bound kernel usually cost bandwidth.
 
-    python benchmarks/spill_audit.py [--ops softmax,layer_norm] [--dtypes float32,bfloat16]
+    python experiments/spill_audit.py [--ops softmax,layer_norm] [--dtypes float32,bfloat16]
 
 The matmul family is left out: its launches build TMA descriptors through the GPU driver.
 """

@@ -5,7 +5,7 @@ Triton ships ptxas and nvdisasm; compiling needs no GPU. This answers "does it c
 Hopper" (the CPU interpreter does not compile) and "how many programs fit on an SM" before a
 GPU run. Each case is a kernel with its argument types and constexprs:
 
-    python benchmarks/ptxas_report.py [--sass] [--only NAME]
+    python experiments/ptxas_report.py [--sass] [--only NAME]
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ two to three minutes on an H200 (compilation dominates); ``--budget-s`` skips wh
 past it. Writes ``$OUT/sweep_lowp.json`` when ``$OUT`` is set (or ``--out``); the summary
 table is printed last.
 
-    PYTHONPATH=src python benchmarks/sweep_lowp.py [--out sweep_lowp.json] [--budget-s 150]
+    PYTHONPATH=src python experiments/sweep_lowp.py [--out sweep_lowp.json] [--budget-s 150]
 """
 
 from __future__ import annotations

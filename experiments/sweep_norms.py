@@ -7,7 +7,7 @@ copy bandwidth, and writes every row to JSON. The defaults live in one place per
 script sets those constants per candidate, so the candidates are exactly what a config change
 would give. bf16 only; about two and a half minutes on an H200.
 
-    python benchmarks/sweep_norms.py --out sweep_norms.json [--no-compile] [--only softmax,norm]
+    python experiments/sweep_norms.py --out sweep_norms.json [--no-compile] [--only softmax,norm]
 
 Bytes are the fewest each pass must move: softmax fwd 2 tensors, bwd 3; norm fwd 2 tensors
 plus the weight (and bias), bwd 3 tensors plus weight and weight gradient (and bias gradient);

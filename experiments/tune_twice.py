@@ -4,7 +4,7 @@ The first process finds no cached config and times the candidates; the second, a
 process with the same cache directory, must find the winner and time nothing. Prints both
 processes' wall time and what `tritonkit tune` reported.
 
-    python benchmarks/tune_twice.py transpose --dtypes bf16
+    python experiments/tune_twice.py transpose --dtypes bf16
 """
 
 import subprocess

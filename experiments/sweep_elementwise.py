@@ -5,7 +5,7 @@ prints GB/s per config and writes everything to JSON. The chosen defaults live i
 ``ops/_core/pointwise_config.py`` (``POINTWISE``) and ``ops/memory/transpose.py``; this script
 is how they were chosen.
 
-    python benchmarks/sweep_elementwise.py --out sweep.json
+    python experiments/sweep_elementwise.py --out sweep.json
 """
 
 from __future__ import annotations
