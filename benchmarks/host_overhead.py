@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 import tritonkit.functional as T
-from tritonkit import _utils
 from tritonkit.harness.device import fingerprint
+from tritonkit.ops._core import registry
 
 ROWS, COLS = 64, 3000
 DTYPE = torch.bfloat16
@@ -121,12 +121,12 @@ def _through_dispatch(fn: Callable[[], object]) -> Callable[[], object]:
     """fn with every tritonkit call through its custom op and autograd.Function."""
 
     def run():
-        plain = _utils._plain_eager
-        _utils._plain_eager = lambda: False
+        plain = registry._plain_eager
+        registry._plain_eager = lambda: False
         try:
             return fn()
         finally:
-            _utils._plain_eager = plain
+            registry._plain_eager = plain
 
     return run
 

@@ -93,6 +93,7 @@ def _run(fn, inputs, device, lp, n_diff):
     return out, torch.autograd.grad(out, leaves[:n_diff], g)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_autocast_matches_pytorch(name, compiled, device):

@@ -1,10 +1,40 @@
 """The command line, as a user on a machine without a GPU runs it."""
 
+import io
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from tritonkit.cli import main
+from tritonkit.harness import report
+from tritonkit.harness.progress import Progress
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(capsys, argv, *needles: str) -> str:
+    """Exit code 2, one line on stderr holding every needle, no traceback, nothing on stdout."""
+    code, out, err = run(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and out == "", (out, err)
+    assert lines[0].startswith("tritonkit: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
 
 
 def test_list_shows_the_family(capsys):
@@ -14,38 +44,263 @@ def test_list_shows_the_family(capsys):
         assert f"| {name} |" in out
 
 
-def test_unknown_operator_exits_2_and_lists_known(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["check", "gelux"])
-    assert exc.value.code == 2
-    assert "known operators:" in capsys.readouterr().err
+def test_version(capsys):
+    import triton
+
+    code, out, _ = run(capsys, "--version")
+    assert code == 0
+    assert out.strip() == (
+        f"tritonkit 0.1.0 (torch {torch.__version__}, triton {triton.__version__})"
+    )
+
+
+# Each CLI error: the arguments, then what its one line must say (the problem, the valid choices).
+ERRORS = {
+    "no command": ([], ["required", "check", "bench", "report"]),
+    "unknown command": (["chek"], ["invalid choice: 'chek'", "'check'"]),
+    "unknown operator": (["check", "gelux"], ["unknown operator 'gelux'", "known operators:"]),
+    "unknown operator in list": (["list", "nope"], ["unknown operator 'nope'", "relu"]),
+    "unknown dtype": (
+        ["check", "relu", "--dtypes", "foo"],
+        ["unknown dtype 'foo'", "float32", "int8", "float8_e4m3fn", "bf16", "fp8"],
+    ),
+    "dtype selects nothing": (
+        ["check", "relu", "--dtypes", "int8"],
+        ["nothing to run", "int8", "relu: float32, float16, bfloat16"],
+    ),
+    "check shapes": (["check", "relu", "--shapes", "huge"], ["--shapes", "'test'", "'bench'"]),
+    "seed not a number": (["check", "relu", "--seed", "x"], ["--seed", "'x'"]),
+    "negative seed": (["check", "relu", "--seed", "-1"], ["--seed", "-1"]),
+    "json in a missing directory": (
+        ["check", "relu", "--json", "/nonexistent-dir/x.json"],
+        ["--json", "/nonexistent-dir", "does not exist"],
+    ),
+    "unknown mode": (
+        ["bench", "relu", "--mode", "fwd,bwdd"],
+        ["unknown mode 'bwdd'", "fwd, bwd, fwd+bwd", "all"],
+    ),
+    "bad shape": (["bench", "relu", "--shapes", "(3,"], ["--shapes", "'(3,'", "test, bench"]),
+    "unknown baseline": (
+        ["bench", "relu", "--baselines", "torchh"],
+        ["unknown baseline 'torchh'", "torch, torch.compile"],
+    ),
+    "bench dtype selects nothing": (
+        ["bench", "matmul", "--dtypes", "fp8"],
+        ["nothing to run", "float8_e4m3fn", "matmul: float32"],
+    ),
+    "unknown profile": (
+        ["--profile", "nvidia-h9", "doctor"],
+        ["'nvidia-h9'", "known GPUs:", "NVIDIA H200", "bandwidth=0.7"],
+    ),
+    "bad profile factor": (["--profile", "bandwidth=fast", "doctor"], ["bandwidth", "'fast'"]),
+    "tune dtype": (["tune", "relu", "--dtypes", "fp64"], ["unknown dtype 'fp64'", "float32"]),
+    "tune shape": (["tune", "relu", "--shapes", "big"], ["--shapes", "'big'"]),
+    "threshold": (
+        ["regress", "a.json", "--against", "b.json", "--threshold", "-1"],
+        ["--threshold", "-1", "0.10"],
+    ),
+    "regress missing file": (
+        ["regress", "/nonexistent/new.json", "--against", "/nonexistent/old.json"],
+        ["/nonexistent/new.json", "does not exist"],
+    ),
+    "report missing file": (["report", "/nonexistent/r.json"], ["/nonexistent/r.json", "exist"]),
+}
+
+
+@pytest.mark.parametrize("argv, needles", ERRORS.values(), ids=ERRORS.keys())
+def test_error_is_one_line_exit_2(capsys, argv, needles):
+    assert_one_line_error(capsys, argv, *needles)
+
+
+@NO_GPU
+def test_errors_without_a_gpu(capsys):
+    assert_one_line_error(capsys, ["tune", "relu"], "needs a CUDA GPU")
+    assert_one_line_error(capsys, ["bench", "relu", "--no-check"], "nothing to run", "--no-check")
+
+
+@NO_GPU
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "relu", "--shapes", "bench"],
+        ["check", "relu", "--shapes", "BENCH"],
+        ["bench", "relu", "--shapes", "bench"],
+        ["bench", "relu", "--shapes", "(4096, 4096)"],
+    ],
+)
+def test_bench_shapes_on_the_cpu_ask_first(capsys, argv, monkeypatch):
+    # Not a terminal (as under pytest): no question can be asked, so the run needs --yes.
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    line = assert_one_line_error(capsys, argv, "pass --yes", "under Triton's CPU interpreter")
+    assert "take roughly" in line and any(ch.isdigit() for ch in line.split("roughly")[1])
+
+
+def test_profile_names_are_case_insensitive(capsys):
+    for name in ("h200", "NVIDIA h200", "nvidia a100 80gb"):
+        code, out, err = run(capsys, "--profile", name, "doctor")
+        assert code == 0, err
+        assert "profile: NVIDIA" in out
+
+
+def test_report_names_the_malformed_file_and_why(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert_one_line_error(capsys, ["report", str(bad)], str(bad), "not valid JSON")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    assert_one_line_error(capsys, ["report", str(empty_dir)], str(empty_dir), "no results.json")
+    doc = json.loads(json.dumps(_interpreter_results()))
+    del doc["checks"][0]["op"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(doc))
+    assert_one_line_error(capsys, ["report", str(broken)], str(broken), "checks[0]", "'op'")
+    doc = _interpreter_results()
+    doc["fingerprint"].pop("torch")
+    broken.write_text(json.dumps(doc))
+    assert_one_line_error(capsys, ["report", str(broken)], "fingerprint has no 'torch'")
+
+
+def test_unexpected_failure_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
+    from tritonkit import cli
+
+    def boom(args):
+        raise RuntimeError("something broke\nacross lines")
+
+    monkeypatch.setattr(cli, "cmd_list", boom)
+    line = assert_one_line_error(capsys, ["list"], "RuntimeError: something broke across lines")
+    assert "--debug" in line
+    code, _, err = run(capsys, "list", "--debug")
+    assert code == 2 and "Traceback" in err and "something broke" in err
+
+
+def test_no_library_warnings_in_the_output():
+    """NaN and inf injected by the checks make NumPy warn inside the interpreter: a user of the
+    command must not see it (run as a user runs it, outside pytest's warning capture)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    cmd = [sys.executable, "-m", "tritonkit", "check", "gelu", "--dtypes", "fp32", "--seed", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Warning" not in proc.stderr + proc.stdout, proc.stderr
+    assert "checks passed" in proc.stdout
 
 
 def test_check_one_operator(capsys):
-    assert main(["check", "relu", "--dtypes", "fp32", "--seed", "5"]) == 0
-    assert "checks passed" in capsys.readouterr().out
+    code, out, err = run(capsys, "check", "relu", "--dtypes", "fp32", "--seed", "5")
+    assert code == 0
+    assert "checks passed" in out
+    assert "relu: " in err and "passed" in err  # the progress line of the operator
 
 
+def test_check_accepts_the_dtypes_list_shows(capsys):
+    code, out, _ = run(capsys, "check", "int8_matmul", "--dtypes", "INT8", "--seed", "2")
+    assert code == 0 and "| int8_matmul | int8 |" in out
+
+
+@NO_GPU
 def test_bench_without_gpu_checks_and_says_so(tmp_path, capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
     out_dir = tmp_path / "rep"
-    assert main(["bench", "copy", "--dtypes", "fp32", "--out", str(out_dir), "--seed", "1"]) == 0
-    out = capsys.readouterr().out
+    code, out, _ = run(
+        capsys, "bench", "copy", "--dtypes", "fp32", "--out", str(out_dir), "--seed", "1"
+    )
+    assert code == 0
     assert "Timings need a CUDA GPU" in out
     results = json.loads((out_dir / "results.json").read_text())
     assert results["kind"] == "interpreter" and results["bench"] == []
     assert results["checks"] and all(c["passed"] for c in results["checks"])
-    assert "Timings need a GPU" in (out_dir / "report.md").read_text()
+    md = (out_dir / "report.md").read_text()
+    assert "Timings need a GPU" in md and "measure nothing of the GPU" in md
+    assert "## Performance" not in md and "How to read it" not in md  # GPU-only sections
+    if _has_matplotlib():
+        assert (out_dir / "accuracy.png").stat().st_size > 0 and "![accuracy]" in md
+
+    # A second bench keeps the first report and writes beside it, saying so.
+    code, out, err = run(capsys, "bench", "copy", "--dtypes", "fp32", "--out", str(out_dir))
+    second = tmp_path / "rep-2"
+    assert code == 0 and f"writing to {second}/" in err
+    assert (second / "results.json").exists()
+    assert json.loads((out_dir / "results.json").read_text()) == results
+    # --force writes over it.
+    code, _, err = run(
+        capsys, "bench", "copy", "--dtypes", "fp32", "--out", str(out_dir), "--force"
+    )
+    assert code == 0 and "writing to" not in err and not (tmp_path / "rep-3").exists()
+    assert json.loads((out_dir / "results.json").read_text())["seed"] != 1
+
+    # report takes the directory and re-renders it in place.
+    code, out, _ = run(capsys, "report", str(out_dir))
+    assert code == 0 and str(out_dir / "report.md") in out
 
 
-def test_report_rejects_bad_file(tmp_path, capsys):
-    bad = tmp_path / "bad.json"
-    bad.write_text("not json")
-    assert main(["report", str(bad)]) == 2
-    assert "not valid JSON" in capsys.readouterr().err
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreter_results() -> dict:
+    check = {
+        "op": "add",
+        "params": "",
+        "shape": "(7,)",
+        "dtype": "bfloat16",
+        "case": "random",
+        "passed": True,
+        "max_abs": 0.01,
+        "rel_l2": 1e-3,
+        "torch_rel_l2": 0.0,
+        "ratio": float("inf"),
+        "seed": 1,
+        "detail": "",
+        "skipped": None,
+    }
+    return report.make_results(
+        kind="interpreter",
+        fingerprint={
+            "torch": "2.13",
+            "triton": "3.6",
+            "python": "3.11",
+            "git_commit": "abc",
+            "date": "2026-01-01",
+            "gpu": None,
+        },
+        ceilings=None,
+        checks=[check],
+        bench=[],
+        seed=1,
+        ops=["add"],
+    )
+
+
+def test_a_ratio_without_a_baseline_is_na_never_inf():
+    md = report.render_markdown(json.loads(json.dumps(_interpreter_results())))
+    assert not re.search(r"\binf\b", md)
+    assert "| add | bfloat16 | 1/1 | 0.001 | n/a |" in md
+    from _synthetic import synthetic_record, synthetic_results
+
+    record = synthetic_record()
+    record["speedup"]["torch"] = float("inf")
+    record["comparison"]["torch"].update(speedup=float("inf"), ci_high=float("inf"))
+    bench = report.render_bench(synthetic_results([record])["bench"])
+    assert not re.search(r"\binf\b", bench) and "n/a" in bench
+
+
+def test_progress_estimates_what_is_left():
+    now = [0.0]
+    stream = io.StringIO()
+    progress = Progress(4, "check", stream=stream, heartbeat=30, clock=lambda: now[0])
+    assert progress.estimate_left() is None
+    now[0] = 10.0
+    progress.step("relu fp32 (7,) random")
+    assert progress.estimate_left() == pytest.approx(30.0)
+    assert stream.getvalue() == ""  # not a terminal: no line before the heartbeat
+    now[0] = 45.0
+    progress.step("relu fp32 (7,) slice")  # 35 s since the last line: a heartbeat
+    assert "2/4 45s, ~45s left  relu fp32 (7,) slice" in stream.getvalue()
+    progress.log("relu: 2/2 passed")
+    assert stream.getvalue().splitlines()[-1].endswith("relu: 2/2 passed")
+    progress.close()
 
 
 def test_doctor_runs(capsys):
@@ -54,11 +309,33 @@ def test_doctor_runs(capsys):
 
 
 def test_package_and_functional_export_the_same_functions():
-    # tritonkit lists its functions without importing them (the interpreter must be chosen
-    # first); tritonkit.functional imports them: the two lists must not drift apart.
+    # Both lists derive from the families' __all__ (tritonkit.ops.FAMILIES): a family's
+    # public function is in both, and nothing else is.
+    import importlib
+
     import tritonkit
     from tritonkit import functional
+    from tritonkit.ops import FAMILIES
 
-    assert list(tritonkit._FUNCTIONS) == functional.__all__
+    family_names = sorted(
+        n for f in FAMILIES for n in importlib.import_module(f"tritonkit.ops.{f}").__all__
+    )
+    assert functional.__all__ == family_names
+    assert tritonkit.__all__ == [*family_names, "functional", "nn"]
     for name in functional.__all__:
         assert getattr(tritonkit, name) is getattr(functional, name)
+        assert callable(getattr(tritonkit, name)) and getattr(tritonkit, name).__doc__
+
+
+def test_import_tritonkit_is_lazy():
+    """``import tritonkit`` imports neither triton nor a family (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tritonkit; "
+        "assert 'triton' not in sys.modules, 'triton'; "
+        "assert not any(m.startswith('tritonkit.ops') for m in sys.modules), 'ops'; "
+        "tritonkit.gelu; assert 'tritonkit.ops.elementwise' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,6 +14,7 @@ from _checks import assert_spec_passes, compile_backend
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 
 
+@pytest.mark.slow
 def test_check_engine_passes(device):
     """Every shape x dtype x variant: random, non-contiguous, NaN/inf, gradients, empty."""
     assert_spec_passes("cross_entropy", device)
@@ -179,6 +180,7 @@ def test_int64_index_path(small_seg, device, monkeypatch):
     _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, label_smoothing=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_cols", [2 * SMALL_SEG + 5, 3 * SMALL_SEG + 7, 6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_aligned_segments(n_cols, dtype, small_seg, device, monkeypatch):

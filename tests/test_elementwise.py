@@ -10,10 +10,17 @@ import torch
 import torch.nn.functional as F
 
 import tritonkit
-from tritonkit.ops import elementwise as E
-from tritonkit.ops._core import reduce as R
+from tritonkit.ops._core.bias_act import bias_act_bwd, bias_act_fwd
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv
 from tritonkit.ops._core.math import ACTIVATIONS, GELU_Q16_COEFFS
+from tritonkit.ops._core.pointwise import bias_act_fwd_kernel
+from tritonkit.ops._core.pointwise_config import (
+    POINTWISE,
+    ColumnSumConfig,
+    PointwiseConfig,
+    RowSumConfig,
+    row_sum_launch,
+)
 from tritonkit.ops._core.reduce import PARTIAL_SUMS, PartialSumConfig
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors
@@ -21,6 +28,7 @@ from _checks import assert_spec_passes, compile_backend, saved_tensors
 OPS = ["relu", "gelu", "gelu_tanh", "silu", "add", "bias_act", "swiglu", "geglu"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_check_engine_passes(name, device):
     """Every shape x dtype x params: random, non-contiguous, NaN/inf, gradients, empty."""
@@ -185,6 +193,7 @@ def _log2_q(u: np.ndarray) -> np.ndarray:
     return torch.log2(0.5 * torch.erfc(t / math.sqrt(2.0))).numpy()
 
 
+@pytest.mark.slow
 def test_gelu_q16_coefficients_are_the_documented_fit():
     """GELU_Q16_COEFFS is the float32-rounded minimax fit its comment describes."""
     deg, u_max, points = 9, 13.0, 4001
@@ -237,7 +246,7 @@ def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
     y = torch.empty(x.shape, dtype=torch.float32, device=device)
     n = x.numel()
     # Through the kernel with a float32 output: the interpreter's own bf16 store truncates.
-    E._bias_act_fwd_kernel[(cdiv(n, 1024),)](
+    bias_act_fwd_kernel[(cdiv(n, 1024),)](
         x, x, y, y, 1, n, n, 0, n, 0,  # x, bias, y, mask, rows, cols, strides
         ACT=ACTIVATIONS["gelu"], HAS_BIAS=False, BIAS_IS_ROW=False, STORE_MASK=False,
         PHI16=True, INT64=False, BLOCK_M=1, BLOCK_N=1024,
@@ -267,29 +276,35 @@ def test_gelu_16bit_tail_and_specials(dtype, device):
 # ---- the bias gradient's column sums -------------------------------------------------------------
 
 ROW_SUM_CONFIGS = [
-    E.RowSumConfig(warps=8, rows=2, programs_per_sm=4),
-    E.RowSumConfig(warps=4, rows=8, programs_per_sm=8),
-    E.RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3),
+    RowSumConfig(warps=8, rows=2, programs_per_sm=4),
+    RowSumConfig(warps=4, rows=8, programs_per_sm=8),
+    RowSumConfig(warps=2, rows=16, programs_per_sm=2, stages=3),
 ]
 SHAPES = [(1, 7), (37, 129), (300, 1000), (3, 11, 2050)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", ROW_SUM_CONFIGS, ids=lambda c: f"w{c.warps}r{c.rows}")
 @pytest.mark.parametrize("shape", SHAPES)
-def test_bias_gradient_under_row_sum_configs(cfg, shape, device, monkeypatch):
+def test_bias_gradient_under_row_sum_configs(cfg, shape, device):
     """bias_act's bias gradient (summed beside dx) under every row-sum config the sweep may
     choose: every row summed once, at odd shapes, fp32 and bf16."""
-    for key in list(E._ROW_SUMS):
-        monkeypatch.setitem(E._ROW_SUMS, key, cfg)
+    config = PointwiseConfig(row_sums_by_size=((2, cfg), (4, cfg)))
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(shape, device=device, dtype=dtype)
-        b = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
+        b = torch.randn(shape[-1], device=device, dtype=dtype)
         g = torch.randn(shape, device=device, dtype=dtype)
-        (db,) = torch.autograd.grad(tritonkit.bias_act(x, b, "relu"), b, g)
-        on = (x.double() + b.detach().double()) > 0  # relu's mask, ties aside
+        # As bias_act's autograd runs it for relu: the forward's bits, then the bias gradient.
+        _, bits = bias_act_fwd(x, b, "relu", save_mask=True, config=config)
+        _, db = bias_act_bwd(g, None, b, bits, "relu", False, True, config=config)
+        on = (x.double() + b.double()) > 0  # relu's mask, ties aside
         ref = (g.double() * on).reshape(-1, shape[-1]).sum(0)
         tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: x + b rounded before the mask
         torch.testing.assert_close(db.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
+        if cfg == ROW_SUM_CONFIGS[0]:  # and through the public function, default configs
+            b.requires_grad_()
+            (db,) = torch.autograd.grad(tritonkit.bias_act(x, b, "relu"), b, g)
+            torch.testing.assert_close(db.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
 
 
 def test_partial_sum_config_fills_the_device():
@@ -301,22 +316,21 @@ def test_partial_sum_config_fills_the_device():
 
 
 @pytest.mark.parametrize("shape", [(300, 1000), (37, 129)])
-def test_bias_gradient_partial_rows_in_steps(shape, device, monkeypatch):
+def test_bias_gradient_partial_rows_in_steps(shape, device):
     """The partial rows summed over several row steps and column blocks."""
-    monkeypatch.setattr(R, "PARTIAL_SUMS", PartialSumConfig(16, 16, max_rows=2))
-    monkeypatch.setattr(E, "sm_count", lambda device: 64)
+    config = PointwiseConfig(partial_sums=PartialSumConfig(16, 16, max_rows=2), sms=64)
     x = torch.randn(shape, device=device)
-    b = torch.randn(shape[-1], device=device, requires_grad=True)
+    b = torch.randn(shape[-1], device=device)
     g = torch.randn(shape, device=device)
-    (db,) = torch.autograd.grad(tritonkit.bias_act(x, b, "gelu"), b, g)
-    xb = (x.double() + b.detach().double()).requires_grad_()
+    _, db = bias_act_bwd(g, x, b, None, "gelu", False, True, config=config)
+    xb = (x.double() + b.double()).requires_grad_()
     (ref,) = torch.autograd.grad(F.gelu(xb), xb, g.double())
     torch.testing.assert_close(db.double(), ref.sum(0), rtol=1e-5, atol=1e-5)
 
 
 COLUMN_SUM_CONFIGS = [
-    E.ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
-    E.ColumnSumConfig(
+    ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16),
+    ColumnSumConfig(
         block_m=4,
         block_n=32,
         warps=2,
@@ -324,35 +338,40 @@ COLUMN_SUM_CONFIGS = [
         evict="",
         final=PartialSumConfig(64, 64, max_rows=2),
     ),
-    E.ColumnSumConfig(
+    ColumnSumConfig(
         block_m=16, block_n=128, warps=8, splits=64, final=PartialSumConfig(32, 32, max_rows=32)
     ),
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", COLUMN_SUM_CONFIGS, ids=lambda c: f"r{c.block_m}s{c.splits}")
 @pytest.mark.parametrize("shape", SHAPES)
-def test_add_broadcast_gradient_under_column_sum_configs(cfg, shape, device, monkeypatch):
+def test_add_broadcast_gradient_under_column_sum_configs(cfg, shape, device):
     """add's broadcast gradient (a plain column sum) under column-sum configs: more splits than
     rows, rows not a multiple of the tile, columns not a multiple of the block; fp32 and bf16."""
-    for key in list(E._COLUMN_SUMS):
-        monkeypatch.setitem(E._COLUMN_SUMS, key, cfg)
+    config = PointwiseConfig(column_sums_by_size=((2, cfg), (4, cfg)))
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(shape, device=device, dtype=dtype)
-        y = torch.randn(shape[-1], device=device, dtype=dtype, requires_grad=True)
+        y = torch.randn(shape[-1], device=device, dtype=dtype)
         g = torch.randn(shape, device=device, dtype=dtype)
-        (dy,) = torch.autograd.grad(tritonkit.add(x, y), y, g)
+        # As add's autograd runs it for y broadcast over x: a column sum of the gradient.
+        _, dy = bias_act_bwd(g, None, y, None, "none", False, True, config=config)
         ref = g.double().reshape(-1, shape[-1]).sum(0)
         tol = 1e-5 if dtype == torch.float32 else 8e-3  # one rounding of the fp32 sum
         torch.testing.assert_close(dy.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
+        if cfg == COLUMN_SUM_CONFIGS[0]:  # and through the public function, default configs
+            x = torch.randn(shape, device=device, dtype=dtype)
+            y.requires_grad_()
+            (dy,) = torch.autograd.grad(tritonkit.add(x, y), y, g)
+            torch.testing.assert_close(dy.double(), ref.to(dtype).double(), rtol=tol, atol=tol)
 
 
 def test_row_sum_launch_fills_an_h200_in_one_wave():
     """bias_act's row-sum configs at (16384, 8192) on 132 SMs: rows in-thread (one 16-byte
     vector of each row per thread), every row in one group, 90-100% of the target programs."""
     n_rows, n_cols = 16384, 8192
-    for elem, cfg in E._ROW_SUMS.items():
-        tile, rows_per_program, groups = E.row_sum_launch(n_rows, n_cols, elem, cfg, 132)
+    for elem, cfg in POINTWISE.row_sums_by_size:
+        tile, rows_per_program, groups = row_sum_launch(n_rows, n_cols, elem, cfg, 132)
         threads = 32 * tile.num_warps
         assert tile.BLOCK_N // threads * elem == 16, elem
         assert (groups - 1) * rows_per_program < n_rows <= groups * rows_per_program
@@ -361,14 +380,14 @@ def test_row_sum_launch_fills_an_h200_in_one_wave():
 
 
 def test_sweep_column_sum_candidates_start_with_the_default():
-    """benchmarks/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
-    path = Path(__file__).parents[1] / "benchmarks" / "sweep_gelu_colsum.py"
+    """experiments/sweep_gelu_colsum.py's column-sum candidates: the default first, no two alike."""
+    path = Path(__file__).parents[1] / "experiments" / "sweep_gelu_colsum.py"
     spec = importlib.util.spec_from_file_location("sweep_gelu_colsum", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     for elem in (2, 4):
         cands = sweep.column_sum_candidates(elem)
-        assert cands[0] == E._COLUMN_SUMS[elem]
+        assert cands[0] == POINTWISE.column_sums(elem)
         assert len({sweep._label(c) for c in cands}) == len(cands) == len(set(cands))
 
 

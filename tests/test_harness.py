@@ -290,11 +290,11 @@ def test_max_ratio_bounds_the_relative_error_against_pytorchs():
     same = (ref + 1e-3 * noise).float()
     ours = (ref + 2e-3 * noise).float()  # twice PyTorch's error, well within atol
     loose = Tolerance(atol=1e-1, rtol=0.0)
-    assert compare(ours, ref, same, loose)[0]
-    passed, _, rel, torch_rel, detail = compare(ours, ref, same, Tolerance(1e-1, 0.0, 1.5))
-    assert not passed and rel / torch_rel == pytest.approx(2.0, rel=1e-3)
-    assert "relative L2 error" in detail and "1.5 x PyTorch's" in detail
-    assert compare(ours, ref, same, Tolerance(1e-1, 0.0, 2.5))[0]
+    assert compare(ours, ref, same, loose).passed
+    o = compare(ours, ref, same, Tolerance(1e-1, 0.0, 1.5))
+    assert not o.passed and o.rel_l2 / o.torch_rel_l2 == pytest.approx(2.0, rel=1e-3)
+    assert "relative L2 error" in o.detail and "1.5 x PyTorch's" in o.detail
+    assert compare(ours, ref, same, Tolerance(1e-1, 0.0, 2.5)).passed
 
 
 def test_torch_factor_excuses_no_more_than_pytorchs_own_error():
@@ -309,14 +309,15 @@ def test_torch_factor_excuses_no_more_than_pytorchs_own_error():
     for err, factor, expected in [(0.2, None, False), (0.2, 1.0, True), (0.5, 1.0, False)]:
         ours = (ref - err).float()
         tol = Tolerance(tight.atol, tight.rtol, torch_factor=factor)
-        passed, max_abs, _, _, detail = compare(ours, ref, same, tol)
+        o = compare(ours, ref, same, tol)
+        passed, max_abs, detail = o.passed, o.max_abs, o.detail
         assert passed == expected, (err, factor, detail)
         assert max_abs == pytest.approx(err, rel=1e-5) or not passed
         # a pass on torch_factor's count says so; a pass within the bound says nothing
         assert ("within 1 x PyTorch's own largest error 0.3" in detail) == (passed and bool(factor))
     ours = (ref - 0.2).float()
     ours[3] = float("nan")
-    assert not compare(ours, ref, same, Tolerance(1e-2, 0.0, torch_factor=10.0))[0]
+    assert not compare(ours, ref, same, Tolerance(1e-2, 0.0, torch_factor=10.0)).passed
 
 
 def test_report_lists_checks_passed_on_pytorchs_error():

@@ -1,9 +1,9 @@
 """Matmul family: accuracy through the check engine, semantics, layouts, variants, TMA and
 split-K paths, FP8/INT8, bad inputs, nn.Linear, autograd and torch.compile.
 
-Under the CPU interpreter ``tl.dot`` on bfloat16 operands is wrong (fp16 and fp32 are right),
-so bfloat16 GEMMs are checked on the GPU only; the CUDA-core ``naive`` variant, which has no
-``tl.dot``, is checked in bfloat16 here too.
+Under the CPU interpreter ``tl.dot`` on bfloat16 operands is wrong (fp16 and fp32 are right):
+the kernels upcast bfloat16 operands to fp32 there (``UPCAST``), so every dtype each public
+GEMM accepts is checked on the CPU too.
 """
 
 import subprocess
@@ -18,23 +18,35 @@ from tritonkit import _tuning
 from tritonkit.nn.linear import Linear
 from tritonkit.ops import matmul as mm
 from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.gemm import NO_EPILOGUE, layout_flags, size_class, tf32_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops.matmul import (
+    GEMM_OPTIONS,
     VARIANTS,
+    GemmOptions,
+    LinearFunction,
     MatmulConfig,
     int8_matmul,
     linear,
+    linear_plan,
     matmul,
     matmul_fwd,
+    matmul_plan,
+    matmul_problem,
     matmul_variant,
     scaled_matmul,
+    scaled_matmul_fwd,
+    scaled_matmul_plan,
     split_k_for,
 )
+from tritonkit.ops.matmul import configs as C
+from tritonkit.ops.matmul import plan as P
+from tritonkit.ops.matmul.ieee import fma_copies_b
+from tritonkit.ops.matmul.splitk import SPLIT_K
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors
 
 INTERPRETED = interpreter_enabled()
-BF16_DOT_SKIP = "the Triton interpreter computes bf16 tl.dot wrongly: checked on the GPU only"
 
 
 def _ref(a, b):
@@ -51,23 +63,82 @@ def _close(out, ref, dtype=None):
 # ---- the check engine ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["matmul", "linear"])
 def test_check_engine_passes(name, dtype, device):
     """Every shape x params: random, non-contiguous, NaN/inf, gradients, empty."""
-    if dtype == torch.bfloat16 and INTERPRETED:
-        pytest.skip(BF16_DOT_SKIP)
     assert_spec_passes(name, device, dtypes=(dtype,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["scaled_matmul", "int8_matmul"])
 def test_low_precision_specs_pass_the_check_engine(name, device):
     assert_spec_passes(name, device)
 
 
+# ---- every dtype each public GEMM accepts (issue 31) -----------------------------------------
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_every_float_dtype_is_correct_on_every_path(dtype, device):
+    """matmul and linear in each dtype they accept, along every path (the variants, split-K,
+    TMA under the interpreter), within the dtype's rounding of float64: never garbage. Under
+    the CPU interpreter tl.dot on bfloat16 operands gives relative errors near 1e10 unless the
+    kernels upcast the operands (UPCAST)."""
+    bound = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
+    gen = torch.Generator(device=device).manual_seed(31)
+    a = torch.randn(67, 144, generator=gen, device=device).to(dtype)
+    w = torch.randn(48, 144, generator=gen, device=device).to(dtype)
+    bias = torch.randn(48, generator=gen, device=device).to(dtype)
+    ref = a.double() @ w.double().t()
+    for path in ("best", *VARIANTS):
+        assert _rel(matmul_fwd(a, w.t(), path=path), ref) < bound, path
+    assert _rel(matmul(a, w.t()), ref) < bound
+    split = MatmulConfig(16, 32, 32, SPLIT_K=3)
+    assert _rel(matmul_fwd(a, w.t(), config=split), ref) < bound
+    if INTERPRETED:
+        opts = GemmOptions(interpreter_tma=True)
+        tma = MatmulConfig(32, 32, 16, persistent=True, tma=True)
+        assert matmul_plan(a, w.t(), config=tma, options=opts).gemm.use_tma
+        assert _rel(matmul_fwd(a, w.t(), config=tma, options=opts), ref) < bound
+    want = F.gelu(ref + bias.double())
+    assert _rel(linear(a, w, bias, "gelu"), want) < bound
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8])
+def test_every_low_precision_dtype_is_correct(dtype, out_dtype, device):
+    """scaled_matmul (FP8) and int8_matmul in every operand and output dtype they accept."""
+    gen = torch.Generator(device=device).manual_seed(31)
+    if dtype == torch.int8:
+        a = torch.randint(-128, 128, (67, 144), generator=gen, device=device, dtype=dtype)
+        b = torch.randint(-128, 128, (48, 144), generator=gen, device=device, dtype=dtype).t()
+    else:
+        a = torch.randn(67, 144, generator=gen, device=device).to(dtype)
+        b = torch.randn(48, 144, generator=gen, device=device).to(dtype).t()
+    sa = torch.rand(67, 1, generator=gen, device=device) + 0.5
+    sb = torch.rand(1, 48, generator=gen, device=device) + 0.5
+    if dtype == torch.int8:
+        sa = sa / 4096  # int8 products reach 2**21: within float16's range once dequantised
+    ref = (a.double() @ b.double()) * sa.double() * sb.double()
+    if dtype == torch.int8:
+        out = int8_matmul(a, b, sa, sb, out_dtype=out_dtype)
+        assert torch.equal(int8_matmul(a, b), (a.double() @ b.double()).to(torch.int32))
+    else:
+        out = scaled_matmul(a, b, sa, sb, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert _rel(out, ref) < (1e-2 if out_dtype == torch.bfloat16 else 2e-3)
+
+
 # ---- semantics and layouts (acceptance 5) -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "a_shape, b_shape",
@@ -151,46 +222,47 @@ def test_tf32_follows_pytorch_settings():
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        assert not mm._tf32_enabled()
-        assert mm._operand_class(torch.float32) == "ieee"
+        assert not tf32_enabled()
+        assert C.operand_class(torch.float32) == "ieee"
         torch.set_float32_matmul_precision("high")
-        assert mm._tf32_enabled()
-        assert mm._operand_class(torch.float32) == "tf32"
+        assert tf32_enabled()
+        assert C.operand_class(torch.float32) == "tf32"
     finally:
         torch.set_float32_matmul_precision(before)
 
 
-def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(monkeypatch, device):
-    """IEEE fp32 with a K-major B (w.t(), F.linear's weight) copies B row-major above
-    _FMA_COPY_MIN_MNK, counted; results match float64; nothing else is copied."""
-    monkeypatch.setattr(mm, "_FMA_COPY_MIN_MNK", 1)
+def test_fp32_k_major_b_is_copied_row_major_for_the_cuda_cores(device):
+    """IEEE fp32 with a K-major B (w.t(), F.linear's weight) copies B row-major from
+    GemmOptions.fma_copy_min_mnk on, counted; results match float64; nothing else is copied."""
+    opts = GemmOptions(fma_copy_min_mnk=1)
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
         a, w = torch.randn(37, 72, device=device), torch.randn(48, 72, device=device)
         bias = torch.randn(48, device=device)
-        plan = lambda a, b: mm._plan_matmul(a, b, torch.float32)[0]  # noqa: E731
-        assert mm.fma_copies_b(plan(a, w.t()))
-        assert mm.fma_copies_b(plan(a[:, :64], w[:, :64].t()))  # a sliced weight: row stride 72
-        assert not mm.fma_copies_b(plan(a, w.t().contiguous()))  # already row-major
-        assert not mm.fma_copies_b(plan(a.half(), w.half().t()))  # tensor cores
-        assert not mm.fma_copies_b(plan(a[None].expand(2, 37, 72), w.t()))  # a batch
+        plan = lambda a, b: matmul_problem(a, b, torch.float32)[0]  # noqa: E731
+        assert fma_copies_b(plan(a, w.t()), opts)
+        assert fma_copies_b(plan(a[:, :64], w[:, :64].t()), opts)  # a sliced weight: stride 72
+        assert not fma_copies_b(plan(a, w.t().contiguous()), opts)  # already row-major
+        assert not fma_copies_b(plan(a.half(), w.half().t()), opts)  # tensor cores
+        assert not fma_copies_b(plan(a[None].expand(2, 37, 72), w.t()), opts)  # a batch
+        assert matmul_plan(a, w.t(), options=opts).gemm.copies == (None, "rows")
         LAYOUT_COPIES.reset()
-        _close(matmul(a, w.t()), _ref(a, w.t()))
-        _close(matmul(a[:, :64], w[:, :64].t()), _ref(a[:, :64], w[:, :64].t()))
+        _close(matmul_fwd(a, w.t(), options=opts), _ref(a, w.t()))
+        sliced = matmul_fwd(a[:, :64], w[:, :64].t(), options=opts)
+        _close(sliced, _ref(a[:, :64], w[:, :64].t()))
         ref = F.silu(F.linear(a.double(), w.double(), bias.double()))
-        _close(linear(a, w, bias, "silu"), ref)
+        _close(LinearFunction.apply(a, w, bias, None, "silu", opts), ref)
         assert LAYOUT_COPIES.reset() == 3
-        _close(matmul(a, w.t().contiguous()), _ref(a, w.t()))
+        _close(matmul_fwd(a, w.t().contiguous(), options=opts), _ref(a, w.t()))
         assert LAYOUT_COPIES.reset() == 0
         torch.set_float32_matmul_precision("high")  # TF32: wgmma reads K-major B as it is
-        assert not mm.fma_copies_b(plan(a, w.t()))
+        assert not fma_copies_b(plan(a, w.t()), opts)
     finally:
         torch.set_float32_matmul_precision(before)
     # Below the threshold (the default, 512^3) nothing is copied.
-    monkeypatch.undo()
-    assert mm._FMA_COPY_MIN_MNK > 37 * 48 * 72
-    assert not mm.fma_copies_b(mm._plan_matmul(a, w.t(), torch.float32)[0])
+    assert GEMM_OPTIONS.fma_copy_min_mnk > 37 * 48 * 72
+    assert not fma_copies_b(matmul_problem(a, w.t(), torch.float32)[0])
 
 
 # ---- variants, TMA, split-K, configs ------------------------------------------------------------
@@ -213,35 +285,35 @@ def test_naive_variant_in_bfloat16(device):
     _close(matmul_variant(a, b, "naive"), _ref(a, b))
 
 
-# Compiles the matmul kernel for sm_90 without a GPU through benchmarks/ptxas_report.py (which
+# Compiles the matmul kernel for sm_90 without a GPU through experiments/ptxas_report.py (which
 # unsets TRITON_INTERPRET before importing triton) and prints whether its PTX has tensor-core
 # MMAs. A fresh process: this one decorated the kernels for the interpreter.
 _PTX_PROBE = """
 import sys
 sys.path.insert(0, sys.argv[3])
 from ptxas_report import compile_case
-from tritonkit.ops import matmul as mm
+from tritonkit.ops.matmul import configs
+from tritonkit.ops.matmul.tiled import matmul_tile_kernel
 
-cfg = getattr(mm, sys.argv[1])
+cfg = getattr(configs, sys.argv[1])
 unused = ("ws_ptr", "a_desc", "b_desc", "c_desc", "scale_a_ptr", "scale_b_ptr", "bias_ptr",
           "res_ptr", "z_ptr")
 flags = dict.fromkeys(unused)
 flags.update(
-    PERSISTENT=False, NUM_SMS=132, FLATTEN=False, WARP_SPECIALIZE=False, USE_TMA=False,
-    A_T=False, B_T=False, EPILOGUE_SUBTILE=False, SPLIT_K=1, DOT=cfg.dot,
-    INPUT_PRECISION="ieee" if cfg.dot else None, MAX_IMPRECISE=None, PROMOTE_BLOCKS=1,
-    ACC_INT=False, EVEN_K=True, INT64=False, FLOAT_OUT=True, SCALE_A=False, SCALE_B=False,
-    HAS_BIAS=False, ACT=0, HAS_RES=False, STORE_Z=False, BLOCK_M=cfg.BLOCK_M,
-    BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+    USE_TMA=False, DEVICE_DESC=False, A_T=False, B_T=False, EPILOGUE_SUBTILE=False, SPLIT_K=1,
+    DOT=cfg.dot, INPUT_PRECISION="ieee" if cfg.dot else None, MAX_IMPRECISE=None,
+    PROMOTE_BLOCKS=1, UPCAST=False, ACC_INT=False, EVEN_K=True, INT64=False, FLOAT_OUT=True,
+    SCALE_A=False, SCALE_B=False, HAS_BIAS=False, ACT=0, HAS_RES=False, STORE_Z=False,
+    BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
 )
 ptrs = dict.fromkeys(("a_ptr", "b_ptr", "c_ptr"), "*" + sys.argv[2])
-kernel = compile_case(mm._matmul_kernel, ptrs, flags, cfg.num_warps)
+kernel = compile_case(matmul_tile_kernel, ptrs, flags, cfg.num_warps)
 print("mma" in kernel.asm["ptx"])
 """
 
 
 def _has_mma(config_name: str, dtype: str) -> bool:
-    bench = Path(__file__).parents[1] / "benchmarks"
+    bench = Path(__file__).parents[1] / "experiments"
     run = subprocess.run(
         [sys.executable, "-c", _PTX_PROBE, config_name, dtype, str(bench)],
         capture_output=True, text=True, timeout=300,
@@ -250,6 +322,7 @@ def _has_mma(config_name: str, dtype: str) -> bool:
     return run.stdout.split()[-1] == "True"
 
 
+@pytest.mark.slow
 def test_naive_variant_compiles_to_cuda_core_fmas():
     """Triton's combine pass rewrites sum(a[:, :, None] * b[None, :, :], 1) into tl.dot, which
     made the fp32 v0 a tf32 tensor-core kernel on the GPU (errors of 1e-2). Compiled for sm_90
@@ -260,24 +333,26 @@ def test_naive_variant_compiles_to_cuda_core_fmas():
 
 def test_variants_share_one_kernel():
     """The evolution is one kernel at different constexprs, each step adding one idea."""
-    assert not mm.NAIVE.dot and mm.TILED.dot
-    assert (mm.TILED.BLOCK_M, mm.TILED.BLOCK_N, mm.TILED.BLOCK_K) == (
-        mm.PIPELINED.BLOCK_M,
-        mm.PIPELINED.BLOCK_N,
-        mm.PIPELINED.BLOCK_K,
+    assert not C.NAIVE.dot and C.TILED.dot
+    assert (C.TILED.BLOCK_M, C.TILED.BLOCK_N, C.TILED.BLOCK_K) == (
+        C.PIPELINED.BLOCK_M,
+        C.PIPELINED.BLOCK_N,
+        C.PIPELINED.BLOCK_K,
     )
-    assert mm.TILED.num_stages == 1 < mm.PIPELINED.num_stages
-    tuned = mm._candidates("autotuned", "16bit", tma=False, m=4096, split=1)
-    persistent = mm._candidates("persistent", "16bit", tma=True, m=4096, split=1)
+    assert C.TILED.num_stages == 1 < C.PIPELINED.num_stages
+    tuned = C.candidates("autotuned", "16bit", tma=False, m=4096, split=1)
+    persistent = C.candidates("persistent", "16bit", tma=True, m=4096, split=1)
     assert all(c.GROUP_M > 1 and not c.persistent for c in tuned)
     assert all(c.persistent and c.tma for c in persistent)
 
 
-@pytest.fixture
-def tma_in_interpreter(monkeypatch):
+@pytest.fixture(params=["device", "host"], ids=["device descriptors", "host descriptors"])
+def tma_in_interpreter(request):
+    """Options that take the TMA path under the interpreter, with each place descriptors are
+    made (both run on the GPU as they do here)."""
     if not INTERPRETED:
         pytest.skip("forces the TMA path under the interpreter")
-    monkeypatch.setattr(mm, "_INTERPRETER_TMA", True)
+    return GemmOptions(interpreter_tma=True, descriptors=request.param)
 
 
 @pytest.mark.parametrize("a_t", [False, True], ids=["a row-major", "a col-major"])
@@ -296,25 +371,29 @@ def test_tma_path_every_layout(config, a_t, b_t, tma_in_interpreter, device):
     b = torch.randn(72, 48, device=device).half()
     a_in = a.t().contiguous().t() if a_t else a
     b_in = b.t().contiguous().t() if b_t else b
-    p, _ = mm._plan_matmul(a_in, b_in, torch.float16)
-    assert mm._tma_ok(p) and mm._layout_flags(p) == (a_t, b_t)
-    _close(matmul_fwd(a_in, b_in, config=config), _ref(a, b))
+    opts = tma_in_interpreter
+    p, _, _ = matmul_problem(a_in, b_in, torch.float16)
+    assert P.tma_ok(p, opts) and layout_flags(p) == (a_t, b_t)
+    assert matmul_plan(a_in, b_in, config=config, options=opts).gemm.use_tma
+    _close(matmul_fwd(a_in, b_in, config=config, options=opts), _ref(a, b))
 
 
 def test_tma_falls_back_where_it_cannot_read(tma_in_interpreter, device):
+    opts = tma_in_interpreter
     a = torch.randn(40, 65, device=device).half()  # 130-byte rows: not 16-byte aligned
     b = torch.randn(65, 48, device=device).half()
-    p, _ = mm._plan_matmul(a, b, torch.float16)
-    assert not mm._tma_ok(p)
+    problem = lambda a, b, dtype: matmul_problem(a, b, dtype)[0]  # noqa: E731
+    assert not P.tma_ok(problem(a, b, torch.float16), opts)
     config = MatmulConfig(32, 32, 16, persistent=True, tma=True)
-    _close(matmul_fwd(a, b, config=config), _ref(a, b))
+    assert not matmul_plan(a, b, config=config, options=opts).gemm.use_tma
+    _close(matmul_fwd(a, b, config=config, options=opts), _ref(a, b))
     # 8-bit and fp32 operands must be K-major for wgmma: a transposed fp32 b goes through TMA,
     # a row-major one takes the pointer path.
     af, bf = torch.randn(40, 64, device=device), torch.randn(48, 64, device=device)
-    assert mm._tma_ok(mm._plan_matmul(af, bf.t(), torch.float32)[0])
-    assert not mm._tma_ok(mm._plan_matmul(af, bf.t().contiguous(), torch.float32)[0])
+    assert P.tma_ok(problem(af, bf.t(), torch.float32), opts)
+    assert not P.tma_ok(problem(af, bf.t().contiguous(), torch.float32), opts)
     # batches and tiny problems take the pointer path too
-    assert not mm._tma_ok(mm._plan_matmul(a[None].expand(2, 40, 65), b, torch.float16)[0])
+    assert not P.tma_ok(problem(a[None].expand(2, 40, 65), b, torch.float16), opts)
 
 
 def test_split_k_heuristic():
@@ -331,43 +410,47 @@ def test_split_k_heuristic():
     # Each split keeps at least _SPLITK_MIN_CHUNK of K.
     for m, n, k in [(16, 512, 3000), (32, 256, 2048), (8, 128, 100000)]:
         split = split_k_for(m, n, k, sms=sms)
-        assert split == 1 or k // split >= mm._SPLITK_MIN_CHUNK
+        assert split == 1 or k // split >= SPLIT_K.min_chunk
 
 
-def test_split_k_is_chosen_for_skinny_shapes_and_correct(monkeypatch, device):
-    launched = []
-    real = mm._launch
-    monkeypatch.setattr(
-        mm, "_launch", lambda p, epi, cfg: launched.append(cfg) or real(p, epi, cfg)
-    )
-    monkeypatch.setattr(mm, "sm_count", lambda dev: 132)
+def test_split_k_is_chosen_for_skinny_shapes_and_correct(device):
+    opts = GemmOptions(sms=132)  # the schedule of an H200, on any device
     a = torch.randn(16, 4096, device=device)
     b = torch.randn(4096, 64, device=device)
-    out = matmul(a, b)
-    assert launched[-1].SPLIT_K == split_k_for(16, 64, 4096, sms=132) > 1
-    _close(out, _ref(a, b))
+    assert (
+        matmul_plan(a, b, options=opts).gemm.config.SPLIT_K
+        == split_k_for(16, 64, 4096, sms=132)
+        > 1
+    )
+    _close(matmul_fwd(a, b, options=opts), _ref(a, b))
     # the epilogue runs once, in the reduction pass
     x, w = torch.randn(3, 16, 2048, device=device), torch.randn(24, 2048, device=device) / 45
     bias, r = torch.randn(24, device=device), torch.randn(3, 16, 24, device=device)
+    plan = linear_plan(x.view(48, 2048), w, bias, r.view(48, 24), "gelu", False, options=opts)
+    assert plan.gemm.config.SPLIT_K > 1
+    out = LinearFunction.apply(x, w, bias, r, "gelu", opts)
+    torch.testing.assert_close(out, F.gelu(F.linear(x, w, bias)) + r, rtol=1e-4, atol=1e-4)
+    # and with the device's own SM count, through the public function
     out = linear(x, w, bias, "gelu", r)
-    assert launched[-1].SPLIT_K > 1
     torch.testing.assert_close(out, F.gelu(F.linear(x, w, bias)) + r, rtol=1e-4, atol=1e-4)
 
 
-def test_sixty_four_bit_offsets(monkeypatch, device):
+def test_sixty_four_bit_offsets(device):
     """The INT64 path (operands of 2**31 elements or more), forced on small tensors."""
-    monkeypatch.setattr(mm, "_INT32_LIMIT", 16)
+    opts = GemmOptions(int64_above=16)
     a = torch.randn(2, 40, 70, device=device).transpose(1, 2)
     b = torch.randn(40, 30, device=device)
-    _close(matmul(a, b), _ref(a, b))
+    assert matmul_plan(a, b, options=opts).gemm.int64
+    assert not matmul_plan(a, b).gemm.int64
+    _close(matmul_fwd(a, b, options=opts), _ref(a, b))
     cfg = MatmulConfig(16, 32, 32, SPLIT_K=3)
-    _close(matmul_fwd(a[0], b, config=cfg), _ref(a[0], b))
+    _close(matmul_fwd(a[0], b, config=cfg, options=opts), _ref(a[0], b))
 
 
 def test_configs_round_trip_through_the_tuning_cache():
     for cls in ("16bit", "8bit", "fp8", "tf32", "ieee"):
         for kind in ("autotuned", "persistent", "splitk"):
-            for cfg in mm._candidates(kind, cls, tma=True, m=24, split=4):
+            for cfg in C.candidates(kind, cls, tma=True, m=24, split=4):
                 assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
 
 
@@ -381,12 +464,12 @@ def test_default_configs_fit_shared_memory():
             _hardware.set_active(_hardware.KNOWN[gpu])
             for dtype, elems in sizes.items():
                 a = torch.zeros(256, 256, dtype=dtype)
-                p, _ = mm._plan_matmul(a, a, torch.int32 if dtype == torch.int8 else dtype)
+                p, _, _ = matmul_problem(a, a, torch.int32 if dtype == torch.int8 else dtype)
                 for kind in ("autotuned", "persistent"):
-                    cfg = mm._tuned(p, mm._NO_EPILOGUE, kind)
+                    cfg = P.tuned(p, NO_EPILOGUE, kind)
                     assert _tuning.fits_shared_memory(cfg.smem_bytes(*elems)), (gpu, dtype, kind)
                 for name in ("tiled", "pipelined"):
-                    cfg = mm._fixed_config(name, elems[0])
+                    cfg = C.fixed_config(name, elems[0])
                     assert _tuning.fits_shared_memory(cfg.smem_bytes(*elems)), (gpu, dtype, name)
     finally:
         _hardware.set_active(None)
@@ -403,6 +486,7 @@ _ACT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", list(_ACT))
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("with_residual", [True, False])
@@ -486,6 +570,7 @@ def test_nn_linear_loads_a_torch_state_dict(device):
 # ---- FP8 and INT8 -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("b_dtype", mm.FP8_DTYPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -520,7 +605,7 @@ def test_int8_matmul_is_exact_and_dequantises(device):
     out = int8_matmul(a, b)
     assert out.dtype == torch.int32 and torch.equal(out, exact)
     assert torch.equal(int8_matmul(a, b.contiguous()), exact)  # any layout
-    split = mm.scaled_matmul_fwd(
+    split = scaled_matmul_fwd(
         a, b, None, None, None, torch.int32, MatmulConfig(16, 32, 32, SPLIT_K=3)
     )
     assert torch.equal(split, exact)
@@ -544,43 +629,47 @@ def _int_mm_ref(a, b):
 
 
 @pytest.fixture
-def kmajor_route(monkeypatch, tma_in_interpreter):
-    """TMA under the interpreter, the K-major copy threshold low, and a log of the launches."""
-    monkeypatch.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
-    launched = []
-    real = mm._launch
+def kmajor_route(tma_in_interpreter):
+    """Options with TMA under the interpreter and the K-major copy threshold low."""
+    return GemmOptions(
+        interpreter_tma=True, kmajor_copy_min_mnk=1, descriptors=tma_in_interpreter.descriptors
+    )
 
-    def spy(p, epi, cfg):
-        launched.append((mm._tma_ok(p) and cfg.tma, mm._layout_flags(p)))
-        return real(p, epi, cfg)
 
-    monkeypatch.setattr(mm, "_launch", spy)
-    return launched
+def _int8_plan(a, b, options, out_dtype=torch.int32):
+    return scaled_matmul_plan(a, b, None, None, None, out_dtype, options=options)
 
 
 @pytest.mark.parametrize("m, n, k", [(33, 40, 64), (129, 24, 48), (16, 16, 16), (70, 20, 160)])
 def test_int8_row_major_b_is_copied_k_major_and_exact(m, n, k, kmajor_route, device):
+    opts = kmajor_route
     a = _int8((m, k), device, m)
     b = _int8((k, n), device, n)  # row-major: a @ b as a user writes it
-    assert mm.kmajor_copies(a, b) == (False, True)
+    assert mm.kmajor_copies(a, b, options=opts) == (False, True)
+    plan = _int8_plan(a, b, opts)
+    assert plan.copies == (False, True)
+    assert plan.gemm.use_tma and plan.gemm.layout == (False, True)  # a row-major, b K-major
     LAYOUT_COPIES.reset()
-    out = int8_matmul(a, b)
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, options=opts)
     assert LAYOUT_COPIES.reset() == 1
-    assert kmajor_route[-1] == (True, (False, True))  # TMA, a row-major, b K-major
     assert out.dtype == torch.int32 and torch.equal(out, _int_mm_ref(a, b))
     assert torch.equal(b, _int8((k, n), device, n))  # the input is left as it was
     sa, sb = torch.rand(m, 1, device=device) / 5000, torch.rand(1, n, device=device)
-    out = int8_matmul(a, b, sa, sb, out_dtype=torch.float32)
+    out = scaled_matmul_fwd(a, b, sa, sb, None, torch.float32, options=opts)
     _close(out, _int_mm_ref(a, b).double() * sa.double() * sb.double())
 
 
 def test_int8_column_major_a_is_copied_too(kmajor_route, device):
+    opts = kmajor_route
     a = _int8((40, 48), device, 1).t().contiguous().t()  # M-major
     b = _int8((32, 48), device, 2).t()  # K-major already
-    assert mm.kmajor_copies(a, b) == (True, False)
+    assert mm.kmajor_copies(a, b, options=opts) == (True, False)
+    plan = _int8_plan(a, b, opts)
+    assert plan.copies == (True, False)
+    assert plan.gemm.use_tma and plan.gemm.layout == (False, True)
     LAYOUT_COPIES.reset()
-    out = int8_matmul(a, b)
-    assert LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, options=opts)
+    assert LAYOUT_COPIES.reset() == 1
     assert torch.equal(out, _int_mm_ref(a, b))
 
 
@@ -593,54 +682,61 @@ def test_int8_column_major_a_is_copied_too(kmajor_route, device):
     ],
 )
 def test_int8_odd_shapes_keep_the_strided_path(m, n, k, why, kmajor_route, device):
+    opts = kmajor_route
     a, b = _int8((m, k), device, 3), _int8((k, n), device, 4)
-    assert mm.kmajor_copies(a, b) == (False, False), why
+    assert mm.kmajor_copies(a, b, options=opts) == (False, False), why
+    assert not _int8_plan(a, b, opts).gemm.use_tma
     LAYOUT_COPIES.reset()
-    out = int8_matmul(a, b)
-    assert LAYOUT_COPIES.reset() == 0 and not kmajor_route[-1][0]
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, options=opts)
+    assert LAYOUT_COPIES.reset() == 0
     assert torch.equal(out, _int_mm_ref(a, b))
 
 
 def test_kmajor_copy_threshold_and_forcing(tma_in_interpreter, device):
+    opts = tma_in_interpreter
     a, b = _int8((40, 64), device, 5), _int8((64, 32), device, 6)
     # Below the threshold (the default, 512^3): read in place, no copy.
-    assert mm._KMAJOR_COPY_MIN_MNK > 40 * 32 * 64
-    assert mm.kmajor_copies(a, b) == (False, False)
+    assert opts.kmajor_copy_min_mnk == GEMM_OPTIONS.kmajor_copy_min_mnk > 40 * 32 * 64
+    assert mm.kmajor_copies(a, b, options=opts) == (False, False)
     LAYOUT_COPIES.reset()
     exact = _int_mm_ref(a, b)
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, options=opts)
+    assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
     assert torch.equal(int8_matmul(a, b), exact) and LAYOUT_COPIES.reset() == 0
     # kmajor=True forces the copy (sweeps time both routes), kmajor=False forbids it.
-    out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=True)
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=True, options=opts)
     assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 1
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
-        assert mm.kmajor_copies(a, b) == (False, True)
-        out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=False)
-        assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
-        # A forced pointer-path config would not read a copy: none is made.
-        cfg = MatmulConfig(16, 32, 32, SPLIT_K=2)
-        out = mm.scaled_matmul_fwd(a, b, None, None, None, torch.int32, config=cfg)
-        assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
+    low = GemmOptions(interpreter_tma=True, kmajor_copy_min_mnk=1)
+    assert mm.kmajor_copies(a, b, options=low) == (False, True)
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=False, options=low)
+    assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
+    # A forced pointer-path config would not read a copy: none is made.
+    cfg = MatmulConfig(16, 32, 32, SPLIT_K=2)
+    out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, config=cfg, options=low)
+    assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
 
 
-def test_kmajor_copy_needs_tma(monkeypatch, device):
+def test_kmajor_copy_needs_tma(device):
     """Without TMA (no Hopper GPU; the interpreter by default) nothing is copied."""
-    monkeypatch.setattr(mm, "_KMAJOR_COPY_MIN_MNK", 1)
-    monkeypatch.setattr(mm, "_INTERPRETER_TMA", False)
-    if device.type == "cuda" and mm._tma_device(device):
+    opts = GemmOptions(kmajor_copy_min_mnk=1)
+    if device.type == "cuda" and P.tma_device(device, opts):
         pytest.skip("this GPU has TMA")
     a, b = _int8((40, 64), device, 7), _int8((64, 32), device, 8)
-    assert mm.kmajor_copies(a, b) == (False, False)
+    assert mm.kmajor_copies(a, b, options=opts) == (False, False)
 
 
 def test_fp8_row_major_b_is_copied_k_major(kmajor_route, device):
+    opts = kmajor_route
     a = torch.randn(33, 96, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(96, 40, device=device).to(torch.float8_e4m3fn)  # row-major
     sa, sb = torch.tensor(0.5, device=device), torch.rand(1, 40, device=device) + 0.5
-    assert mm.kmajor_copies(a, b, torch.bfloat16) == (False, True)
+    assert mm.kmajor_copies(a, b, torch.bfloat16, options=opts) == (False, True)
+    plan = scaled_matmul_plan(a, b, sa, sb, None, torch.float32, options=opts)
+    assert plan.copies == (False, True) and plan.gemm.use_tma
+    assert plan.gemm.layout == (False, True)
     LAYOUT_COPIES.reset()
-    out = scaled_matmul(a, b, sa, sb, torch.float32)
-    assert LAYOUT_COPIES.reset() == 1 and kmajor_route[-1] == (True, (False, True))
+    out = scaled_matmul_fwd(a, b, sa, sb, None, torch.float32, options=opts)
+    assert LAYOUT_COPIES.reset() == 1
     _close(out, (a.double() @ b.double()) * 0.5 * sb.double())
 
 
@@ -657,7 +753,7 @@ def test_fp8_promotion_policies_run(promote_k, split, device):
     one = torch.tensor(1.0, device=device)
     cfg = MatmulConfig(16, 32, 32, persistent=True, promote_k=promote_k, SPLIT_K=split)
     assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
-    out = mm.scaled_matmul_fwd(a, b, one, one, None, torch.float32, config=cfg)
+    out = scaled_matmul_fwd(a, b, one, one, None, torch.float32, config=cfg)
     _close(out, a.double() @ b.double())
 
 
@@ -669,15 +765,15 @@ def test_fp8_promotion_must_be_a_whole_number_of_blocks(device):
         ValueError, match=r"promote_k must be 0, -1, in \[1, BLOCK_K = 32\] or a multiple of "
         r"BLOCK_K, got 48",
     ):  # fmt: skip
-        mm.scaled_matmul_fwd(
+        scaled_matmul_fwd(
             a, b, one, one, None, torch.float32, config=MatmulConfig(16, 32, 32, promote_k=48)
         )
 
 
 def test_fp8_candidates_start_with_the_hand_promotion():
-    first = mm._candidates("persistent", mm._operand_class(torch.float8_e4m3fn), True, 8192, 1)[0]
+    first = C.candidates("persistent", C.operand_class(torch.float8_e4m3fn), True, 8192, 1)[0]
     assert first.promote_k > first.BLOCK_K and first.promote_k % first.BLOCK_K == 0
-    assert mm._operand_class(torch.int8) == "8bit"
+    assert C.operand_class(torch.int8) == "8bit"
 
 
 # ---- bad inputs: clear errors naming the argument ------------------------------------------------
@@ -827,17 +923,17 @@ def test_compile_traces_low_precision_ops(device):
 def test_tuning_key_classes():
     """M and N: multiples of 256 up to 8192 (the tile count decides the best tile there),
     powers of 2 above; sizes of one class share a tuned config."""
-    assert [mm._size_class(x) for x in (1, 256, 257, 3000, 3072, 8192)] == [
+    assert [size_class(x) for x in (1, 256, 257, 3000, 3072, 8192)] == [
         256, 256, 512, 3072, 3072, 8192,
     ]  # fmt: skip
-    assert [mm._size_class(x) for x in (8193, 11008, 14336, 16385)] == [16384] * 3 + [32768]
+    assert [size_class(x) for x in (8193, 11008, 14336, 16385)] == [16384] * 3 + [32768]
 
 
 def test_chosen_configs_are_remembered_per_problem_and_tuning_setting(
     monkeypatch, tmp_path, device
 ):
-    """_tuned asks the tuner once per problem class and setting, then answers from memory
-    (_tuning.remembered); a forced retune is never remembered."""
+    """plan.tuned asks the tuner once per problem class and setting, then answers from memory
+    (_tuning.remembered, which also keeps the plans); a forced retune is never remembered."""
     monkeypatch.setattr(_tuning, "_CHOSEN", {})
     asked = []
     real_tune = _tuning.tune

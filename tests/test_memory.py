@@ -10,6 +10,7 @@ from tritonkit.ops.memory import STRIDED, TransposeConfig, transpose_fwd
 from _checks import assert_spec_passes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["copy", "transpose"])
 def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:Runtim
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_check_engine_passes(name, device):
     """Every shape x dtype: random, non-contiguous, NaN/inf, gradients (dx, dw, db), empty."""
@@ -77,6 +78,7 @@ def looped(monkeypatch, request):
     monkeypatch.setattr(N, "TILE_ELEMS", 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_looped_path_passes_the_check_engine(name, device, looped):
     assert_spec_passes(
@@ -88,6 +90,7 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
     )
 
 
+@pytest.mark.slow
 def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device, monkeypatch):
     """16-bit rows with a residual take their own looped recipe (LOOP_*_LN_RES16)."""
     monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
@@ -102,6 +105,7 @@ def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device, monkey
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("reread", [True, False], ids=["reread", "in-registers"])
 def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypatch):
@@ -134,6 +138,7 @@ class _LaunchSpy:
         return run
 
 
+@pytest.mark.slow
 def test_pipelined_layer_norm_forward_passes_the_check_engine(device, monkeypatch):
     """LayerNorm rows of FWD_PIPELINE_COLS or more: one program walks every row tile through
     the compiler's pipeline (lowered here so that small rows take it)."""
@@ -160,6 +165,7 @@ def _row_chunks(monkeypatch, block_n):
         monkeypatch.setattr(N, "_row_fwd_config", config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("block_n", [None, 16, 64], ids=["rule", "chunks-of-16", "chunks-of-64"])
 def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch):
@@ -173,6 +179,7 @@ def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch)
     assert spy.launches > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "block_n, elems", [(None, 4), (16, 4), (64, 8), (64, 2)], ids=lambda v: f"{v}"
 )
@@ -189,6 +196,7 @@ def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device, m
     assert spy.launches > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_row_forward_at_model_widths(dtype, device):
     """The default rule at widths it takes unpatched: a row in chunks that divide it (5120
@@ -203,6 +211,7 @@ def test_row_forward_at_model_widths(dtype, device):
     assert spy.launches > 0
 
 
+@pytest.mark.slow
 def test_row_forward_thread_sums_at_their_widths(device):
     """16-bit LayerNorm rows that take the per-thread sums unpatched: 65536 columns in chunks
     of 8192 (8 values a thread), and 40000 in chunks of 4096 with a partial last one."""
@@ -274,6 +283,7 @@ def test_row_forward_chunks():
                     assert n % block_n == 0, (n, element_size, block_n, warps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("shift", [True, False], ids=["shift", "no-shift"])
 @pytest.mark.parametrize("even", [True, False], ids=["even", "masked"])
@@ -291,6 +301,7 @@ def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, de
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("stages", [None, 2, 4], ids=lambda s: f"stages={s}")
 def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
@@ -309,6 +320,7 @@ def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
     """The weight and bias partial rows summed over several row steps and column blocks, both
@@ -458,6 +470,7 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
         torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "wide",
     [None, 0, 1, "row", "row-threads"],
@@ -491,6 +504,7 @@ def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stats", [0, 1, "row"], ids=["chunks", "lanes", "row-kernel"])
 def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, device, monkeypatch):
     """Rows in chunks whose first element or first chunk sits far from the rest (a step of 1e4,
@@ -699,6 +713,7 @@ MIXED_CASES = {  # (function, float64 reference, indices of the inputs (x, r, w,
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", list(MIXED_CASES))
@@ -730,6 +745,7 @@ def test_float32_parameters_beside_16bit_rows(name, dtype, compiled, device):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, device):
     """A transposed input (its rows adjacent in memory) of 96 columns: the forward's tiles
@@ -748,6 +764,7 @@ def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, devic
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, device, monkeypatch):

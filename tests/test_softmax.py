@@ -16,6 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:Runtim
 OPS = {"softmax": (softmax, torch.softmax), "log_softmax": (log_softmax, torch.log_softmax)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 def test_check_engine_passes(name, device):
     """Every shape x dtype x dim: random, non-contiguous, NaN/inf, gradients, empty."""
@@ -33,6 +34,7 @@ class _Count:
         return self.kernel[grid]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("block_n", [None, 16], ids=["one-chunk", "chunks-of-16"])
 def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch):
@@ -83,6 +85,7 @@ def test_row_backward_routing(device):
     assert takes(low_log, op=log_softmax)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("block_n", [None, 8], ids=["one-chunk", "chunks-of-8"])
 def test_aligned_walk_passes_the_check_engine(name, block_n, device, monkeypatch):
@@ -101,6 +104,7 @@ def test_aligned_walk_passes_the_check_engine(name, block_n, device, monkeypatch
     assert fwd.launches > 0 and bwd.launches > 0
 
 
+@pytest.mark.slow
 def test_aligned_walk_routing(device):
     """Odd rows of ALIGNED_MIN_COLS_FWD (backward: _BWD) columns or more take the aligned walk,
     with the same results as PyTorch; aligned rows, an input whose base pointer is off 16
@@ -156,6 +160,7 @@ def looped(monkeypatch, request):
     monkeypatch.setattr(S, "TILE_ELEMS", 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 def test_looped_path_passes_the_check_engine(name, device, looped):
     """Rows of 70 loop over five chunks (the last one partial) along dim -1; along dim 0, three
@@ -217,6 +222,7 @@ def test_dense_input_keeps_its_strides(device):
     assert softmax(x, 0).stride() == x.stride()
 
 
+@pytest.mark.slow
 def test_looped_non_last_dim(device, looped):
     x = torch.randn(70, 3, 6, device=device)  # 70 along the reduced dim 0, adjacent rows
     _grads_match(lambda t: softmax(t, 0), lambda t: torch.softmax(t, 0), x)

@@ -98,6 +98,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_writing_at_once_lose_nothing(cache):
     env = {**os.environ, _tuning.CACHE_ENV: str(cache)}
     procs = [subprocess.Popen([sys.executable, "-c", _WRITER, tag], env=env) for tag in ("a", "b")]
@@ -125,6 +126,7 @@ _TUNER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_second_process_hits_the_cache_and_times_nothing(cache):
     env = {**os.environ, _tuning.CACHE_ENV: str(cache)}
 

@@ -1,20 +1,74 @@
-"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress.
+"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress, new.
 
 Without a GPU, kernels run under Triton's CPU interpreter (turned on here, before any kernel is
 defined): ``check`` works and ``bench`` runs the accuracy checks and says that timings need a GPU.
+
+Every flag is validated before anything runs. A problem with what was asked for is one line on
+stderr naming it and the valid choices, with exit code 2; so is an unexpected failure, whose
+traceback ``--debug`` shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import sys
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tritonkit.harness import quant_report
+
 DEFAULT_OUT = "tritonkit-report"
+COMMANDS = ("list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report")
+# Names a user may type for dtypes, beside the names the specs list (float32, float8_e4m3fn...).
+DTYPE_ALIASES = {
+    "fp32": ("float32",),
+    "float": ("float32",),
+    "fp16": ("float16",),
+    "half": ("float16",),
+    "bf16": ("bfloat16",),
+    "fp8": ("float8_e4m3fn", "float8_e5m2"),
+    "e4m3": ("float8_e4m3fn",),
+    "fp8_e4m3": ("float8_e4m3fn",),
+    "e5m2": ("float8_e5m2",),
+    "fp8_e5m2": ("float8_e5m2",),
+}
+# Files a report directory holds; `--force` removes these (and only these) before writing.
+REPORT_FILES = ("results.json", "report.md", "*.png")
+
+
+class UsageError(Exception):
+    """Something asked for that cannot be done: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage and exits; we want one line
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+class _Version(argparse.Action):
+    """``--version``: tritonkit's version and the torch and triton it runs on."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import triton
+
+        from tritonkit import __version__
+
+        print(f"tritonkit {__version__} (torch {torch.__version__}, triton {triton.__version__})")
+        parser.exit()
+
+
+# ---- validation -------------------------------------------------------------------------------
 
 
 def _enable_interpreter_without_gpu() -> bool:
@@ -26,10 +80,10 @@ def _enable_interpreter_without_gpu() -> bool:
     return interpreter_enabled()
 
 
-def _split(values: list[str] | None) -> list[str] | None:
+def _split(values: Sequence[str] | None) -> list[str] | None:
     if not values:
         return None
-    return [v for item in values for v in item.split(",") if v]
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
 def _select(names: list[str] | None):
@@ -38,20 +92,216 @@ def _select(names: list[str] | None):
     try:
         return select(names)
     except UnknownOp as exc:
-        print(f"tritonkit: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise UsageError(str(exc)) from None
 
 
-def _dtypes(names: list[str] | None):
-    from tritonkit.harness.spec import parse_dtype
+def _dtype_table() -> dict[str, torch.dtype]:
+    """Every dtype some spec takes, by the name `tritonkit list` shows."""
+    from tritonkit.harness.spec import all_specs, dtype_name
 
+    return {dtype_name(d): d for s in all_specs() for d in s.dtypes}
+
+
+def _dtypes(values: Sequence[str] | None, flag: str = "--dtypes") -> list[torch.dtype] | None:
+    """The dtypes named (spec names or aliases, any case), without repeats."""
+    names = _split(values)
     if not names:
         return None
+    table = _dtype_table()
+    chosen: list[torch.dtype] = []
+    for name in names:
+        key = name.lower()
+        found = [table[n] for n in DTYPE_ALIASES.get(key, (key,)) if n in table]
+        if not found:
+            valid = ", ".join([*table, *DTYPE_ALIASES])
+            raise UsageError(f"{flag}: unknown dtype {name!r}; valid: {valid}")
+        chosen += [d for d in found if d not in chosen]
+    return chosen
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from tritonkit.harness.spec import MODES
+
+    if text.strip().lower() == "all":
+        return MODES
+    modes = tuple(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise UsageError(
+            f"--mode: unknown mode {', '.join(map(repr, bad)) or repr(text)}; "
+            f"valid: {', '.join(MODES)}, a comma list of them, or all"
+        )
+    return modes
+
+
+def _parse_shape(text: str, flag: str = "--shapes"):
+    import ast
+
     try:
-        return [parse_dtype(n) for n in names]
+        shape = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        shape = None
+    if not isinstance(shape, (tuple, int)):
+        raise UsageError(
+            f"{flag} takes test, bench, or Python tuples like '(4096, 4096)', got {text!r}"
+        )
+    return shape
+
+
+def _shapes(values: Sequence[str] | None) -> str | list[Any] | None:
+    """``test``, ``bench``, or explicit shapes (one or more tuples); None if not given."""
+    if not values:
+        return None
+    if len(values) == 1 and values[0].strip().lower() in ("test", "bench"):
+        return values[0].strip().lower()
+    return [_parse_shape(v) for v in values]
+
+
+def _shape_list(spec, shapes: str | list[Any], small: bool = False) -> list[Any]:
+    """The shapes of a selection; ``small`` adds the spec's small (host-bound) shapes to its
+    bench shapes."""
+    if shapes == "test":
+        return list(spec.shapes.test)
+    if shapes == "bench":
+        return [*spec.shapes.bench, *(spec.shapes.small if small else ())]
+    return list(shapes)
+
+
+def _seed(args: argparse.Namespace) -> int:
+    from tritonkit.harness.check import fresh_seed
+
+    return args.seed if args.seed is not None else fresh_seed()
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.10, got {text!r}") from None
+    if not 0 <= value < 10 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 10) such as 0.10, got {text}")
+    return value
+
+
+def _writable_file(path: str | None, flag: str) -> Path | None:
+    """A file we will write at the end: checked now, so a long run does not fail at its end."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag}: {p} is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{flag}: the directory {p.parent} does not exist")
+    return p
+
+
+def _fresh_out_dir(path: Path, force: bool) -> Path:
+    """Where a new report goes: ``path``, or ``path-2``, ``path-3``... when ``path`` already
+    holds one (never written over unless ``force``)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out: {path} is a file, not a directory")
+    if force or not path.exists() or not any(path.iterdir()):
+        return path
+    n = 2
+    while (candidate := path.with_name(f"{path.name}-{n}")).exists():
+        n += 1
+    print(
+        f"tritonkit: {path}/ holds an earlier report; writing to {candidate}/ "
+        "(--force writes over it)",
+        file=sys.stderr,
+    )
+    return candidate
+
+
+def _clear_report(path: Path) -> None:
+    """--force: remove the files an earlier report wrote there, so none is left stale."""
+    if path.is_dir():
+        for pattern in REPORT_FILES:
+            for f in path.glob(pattern):
+                f.unlink()
+
+
+def _profile_spec(text: str | None) -> str | None:
+    """--profile with a known GPU's name in any case ('h200', 'nvidia a100 80gb') resolved."""
+    if text is None or "=" in text or text.endswith(".json") or Path(text).exists():
+        return text
+    from tritonkit import _hardware
+
+    for name in _hardware.KNOWN:
+        if name.lower() == text.strip().lower():
+            return name
+    known = _hardware.match(text)
+    return known.name if known is not None else text
+
+
+def _resolve_profile(text: str | None, measured: dict[str, Any] | None = None):
+    from tritonkit import _hardware
+    from tritonkit.harness import hardware
+
+    try:
+        return hardware.resolve_profile(_profile_spec(text), measured)
     except ValueError as exc:
-        print(f"tritonkit: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        known = ", ".join(_hardware.KNOWN)
+        raise UsageError(f"{exc} (known GPUs: {known})") from None
+
+
+def _confirm(what: str, seconds: float, yes: bool) -> None:
+    """Ask before a run the interpreter makes long; a script passes --yes."""
+    from tritonkit.harness.progress import duration
+
+    if yes:
+        return
+    message = f"{what} take roughly {duration(seconds)} under Triton's CPU interpreter"
+    if not sys.stdin.isatty():
+        raise UsageError(f"{message}; pass --yes to run them")
+    answer = input(f"tritonkit: {message}. Run them? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("not run (pass --yes to run without asking)")
+
+
+# The interpreter's cost of one check case, for the estimate shown before a long run: a fixed
+# part, and a part per element of the shape (per multiply-add for a GEMM). On a 2-core CPU
+# machine shared with other jobs, one case took 5 us per element for relu's forward and 16 us
+# for its gradient, 2-58 us for the norms, softmax and cross-entropy, up to 125 us for
+# bias_act's gradient, and 20-80 ns per multiply-add for a float32 GEMM: the estimate gives
+# the order of magnitude, not a promise.
+_CASE_SECONDS = 0.05
+_SECONDS_PER_ELEMENT = 1e-5
+_SECONDS_PER_MAC = 5e-8
+
+
+def _estimate_check_seconds(specs, dtypes, shapes_of) -> float:
+    from tritonkit.harness.check import planned_cases
+
+    total = 0.0
+    for spec in specs:
+        per_unit = _SECONDS_PER_MAC if spec.compute == "tensor" else _SECONDS_PER_ELEMENT
+        for shape in shapes_of(spec):
+            n = planned_cases(spec, dtypes=dtypes, shapes=[shape])
+            total += n * (_CASE_SECONDS + per_unit * _work(shape, spec.compute == "tensor"))
+    return total
+
+
+def _work(shape: Any, gemm: bool) -> int:
+    """Elements of a shape (summed over the operands' shapes when it lists several), or for a
+    GEMM the product of its sizes (M * N * K, batch dimensions included)."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        return shape
+    if not isinstance(shape, (tuple, list)):
+        return 1
+    if not gemm and any(isinstance(s, (tuple, list)) for s in shape):
+        return sum(_work(s, gemm) for s in shape)
+    return math.prod(_work(s, gemm) for s in shape)
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -80,20 +330,43 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_checks(specs, dtypes, seed, shapes: str = "test") -> list[dict[str, Any]]:
+def _check_shapes(shapes: str | list[Any]):
+    """The shapes a check runs at, per spec."""
+    return lambda spec: _shape_list(spec, shapes)
+
+
+def _plan_checks(specs, dtypes, shapes_of) -> dict[str, int]:
+    """Cases per operator; a selection with none is an error that says what was asked."""
+    from tritonkit.harness.check import planned_cases
+    from tritonkit.harness.spec import dtype_name
+
+    plan = {s.name: planned_cases(s, dtypes=dtypes, shapes=shapes_of(s)) for s in specs}
+    if not sum(plan.values()):
+        takes = "; ".join(f"{s.name}: {', '.join(dtype_name(d) for d in s.dtypes)}" for s in specs)
+        asked = ", ".join(dtype_name(d) for d in dtypes or ())
+        raise UsageError(f"nothing to run: no selected operator takes {asked} ({takes})")
+    return plan
+
+
+def _run_checks(specs, dtypes, seed, shapes_of, plan) -> list[dict[str, Any]]:
     from tritonkit.harness.check import check_spec
     from tritonkit.harness.progress import Progress
 
-    progress = Progress(len(specs), "check")
+    progress = Progress(sum(plan.values()), "check")
     results = []
     for spec in specs:
-        chosen = spec.shapes.bench if shapes == "bench" else None
-        out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=chosen)
+        if not plan[spec.name]:
+            continue
+
+        def on_case(res, progress=progress) -> None:
+            progress.step(f"{res.op} {res.dtype} {res.shape} {res.case}")
+
+        out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=shapes_of(spec), on_case=on_case)
         results += [r.as_dict() for r in out]
         ran = [r for r in out if not r.skipped]
         failed = sum(not r.passed for r in ran)
         skipped = f", {len(out) - len(ran)} skipped" if len(ran) < len(out) else ""
-        progress.step(f"{spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
+        progress.log(f"{spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
     progress.close()
     return results
 
@@ -118,44 +391,85 @@ def _print_check_summary(checks: list[dict[str, Any]]) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from tritonkit.harness.check import fresh_seed
-
     interpreted = _enable_interpreter_without_gpu()
     specs = _select(_split(args.ops))
-    seed = args.seed if args.seed is not None else fresh_seed()
+    dtypes = _dtypes(args.dtypes)
+    json_path = _writable_file(args.json, "--json")
+    shapes_of = _check_shapes(args.shapes)
+    plan = _plan_checks(specs, dtypes, shapes_of)
+    if interpreted and args.shapes == "bench":
+        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
+        _confirm(f"{sum(plan.values())} checks at the bench shapes", seconds, args.yes)
+    seed = _seed(args)
     where = "Triton interpreter (CPU)" if interpreted else torch.cuda.get_device_name()
     print(f"checking {len(specs)} operators on {where}, seed {seed}", file=sys.stderr)
-    checks = _run_checks(specs, _dtypes(_split(args.dtypes)), seed, args.shapes)
-    if args.json:
+    checks = _run_checks(specs, dtypes, seed, shapes_of, plan)
+    if json_path is not None:
         import json
 
-        Path(args.json).write_text(json.dumps(checks, indent=1, default=str))
+        json_path.write_text(json.dumps(checks, indent=1, default=str))
     return _print_check_summary(checks)
 
 
+def _bench_cases(specs, dtypes, shapes, modes, small: bool = False) -> int:
+    return sum(
+        len(_shape_list(s, shapes, small))
+        * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
+        * len(modes)
+        for s in specs
+    )
+
+
+def _check_baselines(specs, names: list[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    known = list(dict.fromkeys(b for s in specs for b in s.baselines))
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise UsageError(
+            f"--baselines: unknown baseline {', '.join(map(repr, bad))} for the selected "
+            f"operators; valid: {', '.join(known)}"
+        )
+    return names
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tritonkit.harness.check import fresh_seed
     from tritonkit.harness.device import fingerprint
     from tritonkit.harness.report import make_results, write_report
 
     interpreted = _enable_interpreter_without_gpu()
-    specs = _select(_split(args.ops))
-    dtypes = _dtypes(_split(args.dtypes))
-    seed = args.seed if args.seed is not None else fresh_seed()
-    out_dir = Path(args.out)
     gpu = torch.cuda.is_available() and not interpreted
-    checks = [] if args.no_check else _run_checks(specs, dtypes, seed)
+    specs = _select(_split(args.ops))
+    dtypes = _dtypes(args.dtypes)
+    modes = _modes(args.mode)
+    baselines = _check_baselines(specs, _split(args.baselines))
+    shapes = _shapes(args.shapes) or ("bench" if gpu else "test")
+    if args.profile is not None:
+        _resolve_profile(args.profile)  # checked now; applied to measured ceilings on a GPU
+    if not gpu and args.no_check:
+        raise UsageError(
+            "nothing to run: without a GPU, bench runs only the accuracy checks, and --no-check "
+            "leaves none"
+        )
+    # Without a GPU the checks run at the shapes asked for; with one, at the test shapes (the
+    # bench itself compares each output at its bench shape with the float64 reference).
+    shapes_of = _check_shapes(shapes if not gpu else "test")
+    plan = {} if args.no_check else _plan_checks(specs, dtypes, shapes_of)
+    if gpu and not _bench_cases(specs, dtypes, shapes, modes):
+        raise UsageError("nothing to time: no selected operator takes the dtypes asked for")
+    if not gpu and shapes != "test":
+        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
+        what = "bench shapes" if shapes == "bench" else "those shapes"
+        _confirm(f"{sum(plan.values())} checks at the {what}", seconds, args.yes)
+    out_dir = _fresh_out_dir(Path(args.out), args.force)
+    seed = _seed(args)
+    checks = [] if args.no_check else _run_checks(specs, dtypes, seed, shapes_of, plan)
     bench: list[dict[str, Any]] = []
     ceilings = None
     if gpu:
-        from tritonkit.harness.bench import bench_spec, default_modes
+        from tritonkit.harness.bench import bench_spec
         from tritonkit.harness.progress import Progress
 
-        try:
-            modes = default_modes(args.mode)
-        except ValueError as exc:
-            print(f"tritonkit: {exc}", file=sys.stderr)
-            return 2
         profile = _gpu_profile(args)
         ceilings = _ceilings(profile)
         print(
@@ -163,23 +477,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s",
             file=sys.stderr,
         )
-        total = sum(
-            (len(args.shapes) if args.shapes else len(s.shapes.bench))
-            * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
-            * len(modes)
-            for s in specs
-        )
-        progress = Progress(total, "bench")
+        progress = Progress(_bench_cases(specs, dtypes, shapes, modes, args.small), "bench")
         for spec in specs:
             bench += bench_spec(
                 spec,
                 profile=profile,
                 modes=modes,
                 dtypes=dtypes,
-                baselines=_split(args.baselines),
-                shapes=[_parse_shape(s) for s in args.shapes] if args.shapes else None,
+                baselines=baselines,
+                shapes=_shape_list(spec, shapes, args.small),
                 seed=seed,
-                on_step=progress.step,
+                on_step=progress.running,
             )
         progress.close()
     results = make_results(
@@ -191,6 +499,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         seed=seed,
         ops=[s.name for s in specs],
     )
+    if args.force:
+        _clear_report(out_dir)
     written = write_report(results, out_dir)
     status = _print_check_summary(checks) if checks else 0
     if gpu:
@@ -210,11 +520,7 @@ def _gpu_profile(args: argparse.Namespace):
     from tritonkit.harness import hardware
 
     measured = hardware.measured_ceilings(remeasure=getattr(args, "measure", False))
-    try:
-        profile = hardware.resolve_profile(args.profile, measured)
-    except ValueError as exc:
-        print(f"tritonkit: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    profile = _resolve_profile(args.profile, measured)
     _hardware.set_active(profile)
     return profile
 
@@ -229,14 +535,14 @@ def _ceilings(profile) -> dict[str, Any]:
 
 
 def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
-    from tritonkit.harness.report import _fmt, _table
+    from tritonkit.harness.report import _fmt, _ratio, _table
 
     rows = []
     for r in bench:
         ours = r["candidates"].get("tritonkit", {})
         if r.get("note") or "median" not in ours:
             continue
-        speed = ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
+        speed = ", ".join(f"{k} {_ratio(v)}" for k, v in r["speedup"].items())
         rows.append(
             [
                 r["op"],
@@ -265,21 +571,32 @@ def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from tritonkit.harness.report import load_json, merge, update_readme, write_report
 
+    paths = [Path(p) for p in args.results]
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise UsageError(f"--readme: {readme} is not a file")
     try:
-        results = merge([load_json(Path(p)) for p in args.results])
+        documents = [load_json(p) for p in paths]
+        results = merge(documents)
     except ValueError as exc:
-        print(f"tritonkit: {exc}", file=sys.stderr)
-        return 2
-    # One input is already the results file; several are merged into a new one.
-    written = write_report(results, Path(args.out), with_json=len(args.results) > 1)
+        raise UsageError(str(exc)) from None
+    if readme is not None and results["kind"] != "gpu":
+        raise UsageError("--readme: the README table needs GPU results; these are interpreter-only")
+    # One results directory is re-rendered in place; anything else goes to a fresh directory.
+    in_place = len(paths) == 1 and paths[0].is_dir() and args.out is None
+    out = paths[0] if in_place else _fresh_out_dir(Path(args.out or DEFAULT_OUT), args.force)
+    if args.force and not in_place:
+        _clear_report(out)
+    try:
+        written = write_report(results, out, with_json=not in_place)
+    except (KeyError, TypeError, AttributeError) as exc:
+        names = ", ".join(map(str, paths))
+        raise UsageError(f"results in {names} are malformed: {type(exc).__name__} {exc}") from None
     print("wrote " + ", ".join(str(p) for p in written))
-    if args.readme:
-        if results["kind"] != "gpu":
-            print("tritonkit: the README table needs GPU results", file=sys.stderr)
-            return 2
+    if readme is not None:
         source = args.source or ", ".join(args.results)
-        changed = update_readme(Path(args.readme), results, source=source)
-        print(f"{args.readme}: {'updated' if changed else 'already up to date'}")
+        changed = update_readme(readme, results, source=source)
+        print(f"{readme}: {'updated' if changed else 'already up to date'}")
     return 0
 
 
@@ -288,6 +605,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from tritonkit import _hardware
     from tritonkit.harness.device import fingerprint
 
+    # Without a GPU a profile is only shown; it is resolved first, so a bad one prints nothing.
+    shown = (
+        _resolve_profile(args.profile) if args.profile and not torch.cuda.is_available() else None
+    )
     fp = fingerprint()
     for key, value in fp.items():
         print(f"{key:>16}: {value}")
@@ -297,15 +618,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             + (" (TRITON_INTERPRET=1)." if interpreted else ", once TRITON_INTERPRET=1 is set.")
             + " Accuracy checks work; timings need a GPU."
         )
-        if args.profile:
-            from tritonkit.harness import hardware
-
-            try:
-                profile = hardware.resolve_profile(args.profile)
-            except ValueError as exc:
-                print(f"tritonkit: {exc}", file=sys.stderr)
-                return 2
-            _print_profile(profile)
+        if shown is not None:
+            _print_profile(shown)
         return 0
     datasheet = _hardware.active()
     if not args.measure and not args.profile:
@@ -341,49 +655,48 @@ def _print_profile(profile, datasheet=None) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     _enable_interpreter_without_gpu()
     from tritonkit import _tuning
-    from tritonkit.harness.spec import parse_dtype
+    from tritonkit.harness.progress import Progress
 
-    if not torch.cuda.is_available():
-        print("tritonkit: tuning needs a CUDA GPU", file=sys.stderr)
-        return 2
     specs = _select([args.op])
+    shapes = _shapes(args.shapes) or "bench"
+    dtypes = _dtypes(args.dtypes)
+    if args.profile is not None:
+        _resolve_profile(args.profile)
+    if not torch.cuda.is_available():
+        raise UsageError("tune needs a CUDA GPU (it times kernels); none is visible here")
     _gpu_profile(args)
     if args.force:
         os.environ[_tuning.FORCE_ENV] = "1"
-    for spec in specs:
-        shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else spec.shapes.bench
-        dtypes = [parse_dtype(d) for d in _split(args.dtypes)] if args.dtypes else spec.bench_dtypes
-        for shape in shapes:
-            for dtype in dtypes:
-                inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
-                before = (_tuning.STATS.hits, len(_tuning.STATS.log))
-                spec.impl(*inputs, **spec.params[0])
-                torch.cuda.synchronize()
-                new = _tuning.STATS.log[before[1] :]
-                hits = _tuning.STATS.hits - before[0]
-                print(f"{spec.name} {shape} {dtype}: {len(new)} tuned, {hits} from the cache")
-                for t in new:
-                    print(
-                        f"  {t.kernel} {dict(t.key)}: {len(t.tried)} configs in {t.seconds:.1f} s"
-                    )
-                    for cfg, ms in sorted(t.tried, key=lambda p: (p[1] is None, p[1] or 0)):
-                        mark = "  <- best" if cfg == t.best else ""
-                        time = f"{ms:.4f} ms" if ms is not None else "failed"
-                        print(f"    {time:>12}  {cfg}{mark}")
+    cases = [
+        (spec, shape, dtype)
+        for spec in specs
+        for shape in _shape_list(spec, shapes)
+        for dtype in (dtypes or spec.bench_dtypes)
+        if dtype in spec.dtypes
+    ]
+    if not cases:
+        raise UsageError(f"nothing to tune: {args.op} takes none of the dtypes asked for")
+    progress = Progress(len(cases), "tune")
+    for spec, shape, dtype in cases:
+        progress.running(f"{spec.name} {shape} {dtype}")
+        inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
+        before = (_tuning.STATS.hits, len(_tuning.STATS.log))
+        spec.impl(*inputs, **spec.params[0])
+        torch.cuda.synchronize()
+        new = _tuning.STATS.log[before[1] :]
+        hits = _tuning.STATS.hits - before[0]
+        lines = [f"{spec.name} {shape} {dtype}: {len(new)} tuned, {hits} from the cache"]
+        for t in new:
+            lines.append(f"  {t.kernel} {dict(t.key)}: {len(t.tried)} configs in {t.seconds:.1f} s")
+            for cfg, ms in sorted(t.tried, key=lambda p: (p[1] is None, p[1] or 0)):
+                mark = "  <- best" if cfg == t.best else ""
+                time = f"{ms:.4f} ms" if ms is not None else "failed"
+                lines.append(f"    {time:>12}  {cfg}{mark}")
+        progress.log(lines[0])
+        print("\n".join(lines))
+    progress.close()
     print(f"cache: {_tuning.cache_path()}")
     return 0
-
-
-def _parse_shape(text: str):
-    import ast
-
-    try:
-        shape = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise SystemExit(  # noqa: B904 - the parse error adds nothing to this message
-            f"tritonkit: --shapes takes Python tuples like '(4096, 4096)', got {text!r}"
-        )
-    return shape
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
@@ -394,78 +707,189 @@ def cmd_regress(args: argparse.Namespace) -> int:
         new, old = load_json(Path(args.new)), load_json(Path(args.against))
         rows = regress.compare(new, old, args.threshold)
     except ValueError as exc:
-        print(f"tritonkit regress: refusing to compare: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"regress: refusing to compare: {exc}") from None
     print(regress.render(rows, args.threshold))
     return 1 if regress.failed(rows) else 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from tritonkit.scaffold import ScaffoldError, scaffold
+
+    _enable_interpreter_without_gpu()
+    try:
+        written = scaffold(args.name, root=args.root)
+    except ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    for path in written:
+        print(f"wrote {path}")
+    print(
+        f"\nNext: python -m pytest -q tests/test_{args.name}.py; tritonkit check {args.name}; "
+        f"on a GPU, tritonkit bench {args.name}. Then make it yours: the kernel, the reference, "
+        "the shapes, bytes and FLOPs, the docs (docs/DESIGN.md, 'Adding an operator')."
+    )
+    return 0
+
+
+# ---- the parser -------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="on an error, show the traceback; show library warnings",
+    )
+    p = _Parser(
         prog="tritonkit",
         description="Check, benchmark and report tritonkit's Triton kernels.",
+        parents=[common],
     )
+    p.add_argument("--version", action=_Version, help="print the version and exit")
     p.add_argument(
         "--profile",
-        help="hardware profile: a JSON file, a known GPU name, or scale factors for this GPU "
-        "such as 'bandwidth=0.7' (tuning and the roofline respond to it)",
+        help="hardware profile: a JSON file, a known GPU name (any case, e.g. h200), or scale "
+        "factors for this GPU such as 'bandwidth=0.7' (tuning and the roofline respond to it)",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
 
-    s = sub.add_parser("list", help="operators, their dtypes, baselines and variants")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    s = command("list", "operators, their dtypes, baselines and variants")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
     s.set_defaults(func=cmd_list)
 
-    s = sub.add_parser("check", help="accuracy checks against a float64 reference")
+    s = command("check", "accuracy checks against a float64 reference")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
-    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: all supported)")
-    s.add_argument("--shapes", choices=("test", "bench"), default="test")
-    s.add_argument("--seed", type=int, help="base seed (default: fresh, printed)")
+    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32,int8,fp8 (default: all)")
+    s.add_argument("--shapes", type=str.lower, choices=("test", "bench"), default="test")
+    s.add_argument("--seed", type=_nonnegative_int, help="base seed (default: fresh, printed)")
     s.add_argument("--json", help="also write the results to this file")
+    s.add_argument("--yes", action="store_true", help="run long interpreter work without asking")
     s.set_defaults(func=cmd_check)
 
-    s = sub.add_parser("bench", help="check, time against baselines and write a report")
+    s = command("bench", "check, time against baselines and write a report")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
-    s.add_argument("--mode", default="fwd,bwd", help="fwd, bwd, fwd+bwd, a comma list, or all")
+    s.add_argument("--mode", default="all", help="fwd, bwd, fwd+bwd, a comma list, or all")
     s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
     s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
     s.add_argument(
-        "--shapes", nargs="+", help="shapes instead of the bench shapes, e.g. '(64, 64)'"
+        "--shapes",
+        nargs="+",
+        help="test, bench (the default on a GPU), or shapes such as '(64, 64)'; without a GPU "
+        "the checks run at these (default: test)",
     )
-    s.add_argument("--out", default=DEFAULT_OUT, help=f"report directory (default: {DEFAULT_OUT})")
-    s.add_argument("--seed", type=int, help="base seed (default: fresh, recorded)")
+    s.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"report directory (default: {DEFAULT_OUT}; one holding a report is kept and the "
+        "new one goes to DIR-2, DIR-3, ...)",
+    )
+    s.add_argument("--force", action="store_true", help="write over the report in --out")
+    s.add_argument("--seed", type=_nonnegative_int, help="base seed (default: fresh, recorded)")
     s.add_argument("--no-check", action="store_true", help="skip the accuracy checks")
+    s.add_argument("--yes", action="store_true", help="run long interpreter work without asking")
+    s.add_argument(
+        "--small",
+        action="store_true",
+        help="also time each operator's small shapes, where host time sets the pace",
+    )
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("report", help="render a report (and the README table) from results JSON")
-    s.add_argument("results", nargs="+", help="results.json files of `tritonkit bench` (merged)")
-    s.add_argument("--out", default=DEFAULT_OUT)
+    s = command("report", "render a report (and the README table) from results JSON")
+    s.add_argument(
+        "results", nargs="+", help="results.json files of `tritonkit bench`, or their directories"
+    )
+    s.add_argument(
+        "--out",
+        help="report directory (default: a single results directory is re-rendered in place; "
+        f"otherwise {DEFAULT_OUT}, or a fresh DIR-2... when it holds a report)",
+    )
+    s.add_argument("--force", action="store_true", help="write over the report in --out")
     s.add_argument("--readme", help="also regenerate this README's results section")
     s.add_argument("--source", help="the results file the README should name as its source")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("doctor", help="environment, hardware profile, measured ceilings")
+    s = command("doctor", "environment, hardware profile, measured ceilings")
     s.add_argument("--measure", action="store_true", help="measure (and cache) the ceilings")
     s.set_defaults(func=cmd_doctor)
 
-    s = sub.add_parser("tune", help="pre-tune an operator's kernels; print every config tried")
+    s = command("tune", "pre-tune an operator's kernels; print every config tried")
     s.add_argument("op", help="operator name")
-    s.add_argument("--shapes", nargs="+", help="shapes, e.g. '(8192, 8192)' (default: bench)")
+    s.add_argument(
+        "--shapes", nargs="+", help="test, bench (the default), or shapes such as '(8192, 8192)'"
+    )
     s.add_argument("--dtypes", action="append", help="e.g. bf16 (default: bench dtypes)")
     s.add_argument("--force", action="store_true", help="time again even if cached")
     s.set_defaults(func=cmd_tune)
 
-    s = sub.add_parser("regress", help="fail when an operator got slower or less accurate")
-    s.add_argument("new", help="new results.json")
-    s.add_argument("--against", required=True, help="old results.json")
-    s.add_argument("--threshold", type=float, default=0.10, help="allowed slowdown (0.10)")
+    s = command("regress", "fail when an operator got slower or less accurate")
+    s.add_argument("new", help="new results.json (or its directory)")
+    s.add_argument("--against", required=True, help="old results.json (or its directory)")
+    s.add_argument(
+        "--threshold", type=_threshold, default=0.10, help="allowed slowdown (default: 0.10)"
+    )
     s.set_defaults(func=cmd_regress)
+
+    s = command("new", "scaffold a new operator: family package, spec and test")
+    s.add_argument("name", help="operator name, a lowercase identifier (e.g. scaled_add)")
+    s.add_argument("--root", help="repository root (default: the checkout tritonkit runs from)")
+    s.set_defaults(func=cmd_new)
+    quant_report.add_parser(sub, parents=[common])  # harness/quant_report.py
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+@contextlib.contextmanager
+def _quiet(debug: bool) -> Iterator[None]:
+    """Keep numpy's and torch's warnings out of the output (--debug shows them).
+
+    The interpreter computes with NumPy, which warns about the NaN and inf the special-value
+    checks put in on purpose; torch and triton warn about their own deprecations. tritonkit's
+    own warnings (e.g. a corrupt tuning cache) stay, as one line each.
+    """
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.simplefilter("ignore", RuntimeWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.filterwarnings("ignore", module=r"(torch|triton|numpy)(\.|$)")
+
+            def show(message, category, filename, lineno, file=None, line=None) -> None:
+                print(f"tritonkit: warning: {message}", file=sys.stderr)
+
+            warnings.showwarning = show
+        yield
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        with _quiet(debug):
+            args = build_parser().parse_args(argv)
+            return args.func(args)
+    except UsageError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"tritonkit: {_one_line(exc)}", file=sys.stderr)
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print("tritonkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (rerun with --debug for the traceback)"
+        print(f"tritonkit: {type(exc).__name__}: {_one_line(exc)}{hint}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,31 +1,26 @@
-"""The public functions of tritonkit, one import away: ``from tritonkit.functional import gelu``."""
+"""The public functions of tritonkit, one import away: ``from tritonkit.functional import gelu``.
 
-from tritonkit.ops.cross_entropy import cross_entropy
-from tritonkit.ops.elementwise import add, bias_act, geglu, gelu, relu, silu, swiglu
-from tritonkit.ops.matmul import int8_matmul, linear, matmul, scaled_matmul
-from tritonkit.ops.memory import copy, transpose
-from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
-from tritonkit.ops.softmax import log_softmax, softmax
+Derived from the families (``tritonkit.ops.FAMILIES``, each family's ``__all__``): importing
+this module imports every family.
+"""
 
-__all__ = [
-    "add",
-    "add_layer_norm",
-    "add_rms_norm",
-    "bias_act",
-    "copy",
-    "cross_entropy",
-    "geglu",
-    "gelu",
-    "int8_matmul",
-    "layer_norm",
-    "linear",
-    "log_softmax",
-    "matmul",
-    "relu",
-    "rms_norm",
-    "scaled_matmul",
-    "silu",
-    "softmax",
-    "swiglu",
-    "transpose",
-]
+import importlib
+
+from tritonkit.ops import FAMILIES
+
+
+def _export() -> list[str]:
+    names: dict[str, str] = {}
+    for family in FAMILIES:
+        module = importlib.import_module(f"tritonkit.ops.{family}")
+        for name in module.__all__:
+            if name in names:
+                raise ImportError(
+                    f"tritonkit: {name!r} is exported by families {names[name]!r} and {family!r}"
+                )
+            names[name] = family
+            globals()[name] = getattr(module, name)
+    return sorted(names)
+
+
+__all__ = _export()

@@ -5,21 +5,29 @@ its variants and every available baseline are timed interleaved (see timing.py).
 holds, per candidate, the median time with its percentiles and spread, GB/s and TFLOP/s from
 the spec's byte and FLOP formulas, its place on the roofline of the effective hardware profile
 (measured ceilings), the peak memory of one call, and tritonkit's speedup over each baseline
-(baseline median / ours) with a bootstrap confidence interval and a verdict. Before timing,
-the output at the bench shape is compared with the float64 reference.
+(baseline median / ours) with a bootstrap confidence interval and a verdict. Then what a
+user's loop sees, for every candidate: host time and wall time per call of back-to-back calls
+(timing.time_loops), tritonkit's wall-time speedup over each baseline beside its GPU-time
+one, and whether the host, not the GPU, sets its pace. Before timing, the output at the bench
+shape is compared with the float64 reference.
+
+Inputs a spec declares mutated get a copy of their own per candidate, restored from the same
+values before every timed call (outside the timed region; the back-to-back loops let the calls
+mutate them in turn, as a training loop's steps do); a distributed spec is timed on its ranks
+(distributed.py), rank 0's records kept.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from tritonkit._hardware import Profile
 from tritonkit.harness import roofline, stats, timing
-from tritonkit.harness.check import _flatten, _upcast, compare
+from tritonkit.harness.check import _flatten, run_forward, with_own_state
 from tritonkit.harness.spec import MODES, OpSpec, Unavailable, dtype_name
 from tritonkit.harness.timing import peak_memory, summarize, time_interleaved
 from tritonkit.ops._core.layout import LAYOUT_COPIES
@@ -45,20 +53,28 @@ def _mode_callable(
 
 
 def _bench_correctness(spec: OpSpec, inputs: tuple, params: dict) -> dict[str, Any]:
-    ours = spec.impl(*inputs, **params)
-    ref = spec.reference(*_upcast(inputs), **params)
-    same = spec.reference(*inputs, **params)
-    passed, max_abs, rel, torch_rel, detail = compare(
-        ours, ref, same, spec.tolerance_for(inputs[0].dtype)
-    )
-    del ours, ref, same
-    return {
-        "passed": passed,
-        "max_abs": max_abs,
-        "rel_l2": rel,
-        "torch_rel_l2": torch_rel,
-        "detail": detail,
+    o = run_forward(spec, inputs, params, spec.tolerance_or_none(inputs[0].dtype), poison=False)
+    correct = {
+        "passed": o.passed,
+        "max_abs": o.max_abs,
+        "rel_l2": o.rel_l2,
+        "torch_rel_l2": o.torch_rel_l2,
+        "detail": o.detail,
     }
+    if o.sqnr_db is not None:
+        correct.update(sqnr_db=o.sqnr_db, err_p50=o.err_p50, err_p99=o.err_p99)
+    return correct
+
+
+def _restorer(spec: OpSpec, state: tuple, inputs: tuple) -> Callable[[], None]:
+    """Puts the initial values back into a candidate's copy of the mutated inputs."""
+    pairs = [(state[i], inputs[i]) for i in spec.mutates]
+
+    def restore() -> None:
+        for dst, src in pairs:
+            dst.copy_(src)
+
+    return restore
 
 
 def bench_spec(
@@ -71,12 +87,24 @@ def bench_spec(
     shapes: Sequence[Any] | None = None,
     seed: int = 0,
     on_step: Callable[[str], None] | None = None,
+    small: bool = False,
+    sampling: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Benchmark one operator; returns one record per (shape, dtype, mode)."""
+    """Benchmark one operator; returns one record per (shape, dtype, mode). ``small`` adds the
+    spec's small shapes (where a call's host time, not the GPU's, sets the pace) to the bench
+    shapes. ``sampling``: keyword arguments for ``time_interleaved`` (the ranks of a distributed
+    run fix the sample count)."""
+    if spec.distributed is not None and not torch.distributed.is_initialized():
+        from tritonkit.harness.distributed import bench_on_ranks
+
+        kwargs = dict(profile=profile, modes=tuple(modes), dtypes=dtypes, seed=seed)
+        return bench_on_ranks(spec, {**kwargs, "baselines": baselines, "shapes": shapes})
     device = torch.device("cuda", torch.cuda.current_device())
     params = dict(spec.params[0])
     records = []
-    for shape in shapes if shapes is not None else spec.shapes.bench:
+    if shapes is None:
+        shapes = [*spec.shapes.bench, *(spec.shapes.small if small else ())]
+    for shape in shapes:
         for dtype in dtypes or spec.bench_dtypes:
             if dtype not in spec.dtypes:
                 continue
@@ -99,7 +127,7 @@ def bench_spec(
                 if on_step:
                     on_step(f"{spec.name} {dtype_name(dtype)} {shape} {mode}")
                 record = _bench_case(
-                    spec, shape, dtype, mode, inputs, params, candidates, profile, seed
+                    spec, shape, dtype, mode, inputs, params, candidates, profile, seed, sampling
                 )
                 record["correct"] = correct
                 records.append(record)
@@ -109,7 +137,7 @@ def bench_spec(
     return records
 
 
-def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, seed):
+def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, seed, sampling):
     n_bytes = spec.bytes(inputs, mode, **params)
     n_flops = spec.flops(inputs, mode, **params)
     record: dict[str, Any] = {
@@ -125,12 +153,15 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         "speedup": {},
         "note": None,
     }
+    if spec.mutates:
+        record["mutates"] = list(spec.mutates)
     note = spec.bench_note(shape, mode)
     if note is not None or (mode != "fwd" and not spec.backward):
         record["note"] = note or "no backward pass"
         return record
     grad_idx = spec.grad_indices(inputs)
     runnable: dict[str, Callable[[], Any]] = {}
+    setup: dict[str, Callable[[], None]] = {}  # restores each candidate's mutated inputs
     for name, (kind, fn, skipped, has_bwd) in candidates.items():
         entry: dict[str, Any] = {"kind": kind}
         record["candidates"][name] = entry
@@ -141,9 +172,12 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
             entry["skipped"] = "no backward pass"
             continue
         try:
-            call = _mode_callable(fn, inputs, params, mode, grad_idx, seed)
+            args = with_own_state(spec, inputs)
+            call = _mode_callable(fn, args, params, mode, grad_idx, seed)
             call()  # compile, and fail here rather than in the middle of the timing
             runnable[name] = call
+            if spec.mutates:
+                setup[name] = _restorer(spec, args, inputs)
         except Exception as exc:  # a candidate that fails is reported, not fatal
             entry["skipped"] = f"{type(exc).__name__}: {exc}"[:300]
     if not runnable:
@@ -151,11 +185,19 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         return record
     if OURS in runnable:  # inputs tritonkit had to copy for lack of a strided view, per call
         LAYOUT_COPIES.reset()
+        if OURS in setup:
+            setup[OURS]()
         runnable[OURS]()
         record["layout_copies"] = LAYOUT_COPIES.reset()
     host_us: dict[str, float] = {}
     record["l2_flush"] = timing.FLUSH  # how the L2 was emptied before each sample
-    samples = time_interleaved(runnable, host_times=host_us)
+    samples = time_interleaved(
+        runnable, host_times=host_us, setup=setup or None, **(sampling or {})
+    )
+    medians = {name: float(summarize(times).median) for name, times in samples.items()}
+    loops = timing.time_loops(runnable, medians)
+    for restore in setup.values():
+        restore()
     device = torch.device("cuda", torch.cuda.current_device())
     key = roofline.peak_key(spec.compute, dtype)
     record["roofline_peak"] = key
@@ -163,7 +205,10 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         stats_ = summarize(stats.remove_outliers(times))
         entry = record["candidates"][name]
         entry.update(stats_.as_dict())
-        entry["host_us"] = host_us.get(name)
+        entry["host_us"] = loops[name]["host_us"]  # per call, back to back
+        entry["wall_us"] = loops[name]["wall_us"]
+        entry["loop_calls"] = loops[name]["calls"]
+        entry["host_bound"] = loops[name]["host_us"] > 1e3 * stats_.median
         entry["samples_ms"] = [float(f"{t:.5g}") for t in times]
         point = roofline.place_on(profile, n_flops, n_bytes, stats_.median, key)
         entry["GBps"] = point.achieved_GBps
@@ -172,9 +217,16 @@ def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, s
         entry["pct_of_roofline"] = point.pct_of_roofline
         entry["bottleneck"] = point.bottleneck
         entry["intensity"] = point.intensity if n_bytes else None
+        if name in setup:
+            setup[name]()
         entry["peak_mem_bytes"] = peak_memory(runnable[name], device)
     record["comparison"] = {}
+    record["wall_speedup"] = {}
     if OURS in samples:
+        ours_wall = record["candidates"][OURS]["wall_us"]
+        for name, entry in record["candidates"].items():
+            if entry["kind"] == "baseline" and entry.get("wall_us"):
+                record["wall_speedup"][name] = entry["wall_us"] / ours_wall
         for name, entry in record["candidates"].items():
             if entry["kind"] == "baseline" and name in samples:
                 cmp = stats.compare(samples[OURS], samples[name], seed=seed)

@@ -7,6 +7,11 @@ fresh random inputs; outputs are poisoned (every allocation inside the operator 
 with NaN) so that an element the kernel never writes cannot pass; inputs are also checked as
 non-contiguous views, with NaN and +-inf injected, empty, and through the backward pass, of
 contiguous and of transposed inputs (a backward may take another path than its forward).
+
+Beyond pure floating-point operators: inputs a spec declares mutated are copied for every run
+and compared after it (an input written but not declared fails); integer and bool outputs are
+compared exactly, and a spec may judge any output by Exact or SQNR (with error percentiles)
+instead of an elementwise tolerance; a distributed spec runs on its ranks.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import contextlib
 import math
 import os
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from tritonkit.harness.spec import OpSpec, Tolerance, dtype_name
+from tritonkit.harness.spec import SQNR, Exact, Metric, OpSpec, Tolerance, dtype_name
+from tritonkit.ops._core import replay
 from tritonkit.ops._core.device import interpreter_enabled
 
 MIN_ELEMENTS_FOR_RATIO = 64
@@ -34,6 +40,7 @@ CASES = (
     "specials",
     "grad",
     "grad-transpose",  # gradients of transposed inputs: a backward may take another path
+    "replay",  # CUDA only: a call replayed from C++ gives bitwise what the Python path gives
     "empty",
 )
 _GRAD_CASES = {"grad": None, "grad-transpose": "transpose"}  # case -> the inputs' layout
@@ -51,6 +58,9 @@ class CheckResult:
     rel_l2: float | None = None
     torch_rel_l2: float | None = None
     ratio: float | None = None  # rel_l2 / torch_rel_l2: 1 means as accurate as PyTorch
+    sqnr_db: float | None = None  # outputs judged by SQNR: the lowest, and the worst
+    err_p50: float | None = None  # percentiles of |out - ref|
+    err_p99: float | None = None
     seed: int | None = None
     detail: str = ""
     skipped: str | None = None  # why this case was not run (never a pass)
@@ -73,7 +83,7 @@ def _poison(t: torch.Tensor) -> torch.Tensor:
         elif t.dtype == torch.bool:
             t.fill_(True)
         else:
-            t.fill_(-7777 if t.dtype.is_signed else 77)
+            t.fill_(max(-7777, torch.iinfo(t.dtype).min) if t.dtype.is_signed else 77)
     return t
 
 
@@ -97,7 +107,8 @@ def poisoned_allocations() -> Iterator[None]:
         for name, fn in originals.items():
             setattr(torch, name, wrap(fn))
         torch.Tensor.new_empty = wrap(new_empty)
-        yield
+        with replay.suspended():  # the fills are ATen ops a recording must not see
+            yield
     finally:
         for name, fn in originals.items():
             setattr(torch, name, fn)
@@ -176,6 +187,35 @@ def _rel_l2(err: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @dataclass
+class Outcome:
+    """What comparing an operator's outputs with the reference found."""
+
+    passed: bool
+    max_abs: float = math.inf
+    rel_l2: float = math.inf
+    torch_rel_l2: float | None = None
+    detail: str = ""
+    sqnr_db: float | None = None  # the lowest over the outputs judged by SQNR
+    err_p50: float | None = None  # percentiles of |out - ref| of those outputs (the worst)
+    err_p99: float | None = None
+
+
+def _specials_differ(out64: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """Where NaN and +-inf of ``out64`` differ from ``ref``'s, or None (both float64)."""
+    nan_out, nan_ref = torch.isnan(out64), torch.isnan(ref)
+    if not torch.equal(nan_out, nan_ref):
+        bad = (nan_out != nan_ref).nonzero()[0].tolist()
+        where = "NaN" if nan_out[tuple(bad)] else "a number"
+        return f"{where} at index {bad} where PyTorch differs"
+    inf_ref = torch.isinf(ref)
+    if not torch.equal(torch.isinf(out64), inf_ref) or not torch.equal(
+        out64[inf_ref], ref[inf_ref]
+    ):
+        return "infinities differ from PyTorch's"
+    return None
+
+
+@dataclass
 class _Errors:
     passed: bool
     max_abs: float
@@ -187,17 +227,10 @@ def _errors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> _Errors:
     """Compare one output with the float64 reference: special values first, then magnitudes."""
     ref_in_dtype = ref.to(out.dtype)  # what an exact result would round to (overflow -> inf)
     out64 = out.double()
-    nan_out, nan_ref = torch.isnan(out64), torch.isnan(ref_in_dtype.double())
-    if not torch.equal(nan_out, nan_ref):
-        bad = (nan_out != nan_ref).nonzero()[0].tolist()
-        where = "NaN" if nan_out[tuple(bad)] else "a number"
-        return _Errors(False, math.inf, math.inf, f"{where} at index {bad} where PyTorch differs")
-    inf_ref = torch.isinf(ref_in_dtype.double())
-    if not torch.equal(torch.isinf(out64), inf_ref) or not torch.equal(
-        out64[inf_ref], ref_in_dtype.double()[inf_ref]
-    ):
-        return _Errors(False, math.inf, math.inf, "infinities differ from PyTorch's")
-    finite = ~(nan_ref | inf_ref)
+    why = _specials_differ(out64, ref_in_dtype.double())
+    if why is not None:
+        return _Errors(False, math.inf, math.inf, why)
+    finite = torch.isfinite(ref_in_dtype)
     diff = (out64 - ref)[finite]
     refv = ref[finite]
     if diff.numel() == 0:
@@ -216,6 +249,59 @@ def _errors(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> _Errors:
             f"(atol {tol.atol:g} + rtol {tol.rtol:g} * |ref|, ref = {refv[k].item():.6g})",
         )
     return _Errors(True, max_abs, rel, "")
+
+
+def _exact_mismatch(out: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """Why ``out`` is not the reference rounded to its dtype, element for element, or None."""
+    target = ref.to(out.dtype)
+    if out.dtype.is_floating_point:
+        a, b = out.double(), target.double()
+        bad = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+    else:
+        bad = out != target
+    if not bad.any():
+        return None
+    k = bad.nonzero()[0].tolist()
+    return (
+        f"{int(bad.sum())} of {bad.numel()} elements differ from the exact result, first at "
+        f"index {k}: {out[tuple(k)].item()!r}, expected {target[tuple(k)].item()!r}"
+    )
+
+
+def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """10 log10(sum ref^2 / sum (out - ref)^2), in float64; inf when out equals ref."""
+    ref = ref.double()
+    noise = (out.double() - ref).square().sum().item()
+    signal = ref.square().sum().item()
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def _sqnr_outcome(out: torch.Tensor, ref: torch.Tensor, metric: SQNR) -> Outcome:
+    out64, ref = out.double(), ref.double()
+    why = _specials_differ(out64, ref)
+    if why is not None:
+        return Outcome(False, detail=why)
+    finite = torch.isfinite(ref)
+    o, r = out64[finite], ref[finite]
+    if r.numel() == 0:
+        return Outcome(True, 0.0, 0.0)
+    err = (o - r).abs()
+    p50, p99 = torch.quantile(err.float(), torch.tensor([0.5, 0.99])).tolist()
+    res = Outcome(
+        True, err.max().item(), _rel_l2(o - r, r), sqnr_db=sqnr_db(o, r), err_p50=p50, err_p99=p99
+    )
+    min_db = metric.min_db_for(out.dtype)
+    if res.sqnr_db < min_db:
+        res.passed, res.detail = False, f"SQNR {res.sqnr_db:.2f} dB < {min_db:g} dB"
+    elif metric.p99 is not None and p99 > metric.p99:
+        res.passed, res.detail = False, f"99th percentile of |out - ref| {p99:.3g} > {metric.p99:g}"
+    elif metric.max_abs is not None and res.max_abs > metric.max_abs:
+        res.passed, res.detail = False, f"max |out - ref| {res.max_abs:.3g} > {metric.max_abs:g}"
+    return res
 
 
 def _within_pytorchs_error(
@@ -238,64 +324,87 @@ def _within_pytorchs_error(
     return f"{e.detail}, but within {factor:g} x PyTorch's own largest error {torch_max:.3g}"
 
 
+_EXACT = Exact()
+
+
 def compare(
-    ours: Any, ref: Any, torch_same: Any, tol: Tolerance
-) -> tuple[bool, float, float, float | None, str]:
-    """(passed, max_abs, rel_l2, torch_rel_l2, detail) over every output tensor; a passing
+    ours: Any,
+    ref: Any,
+    torch_same: Any,
+    tol: Tolerance | None,
+    metrics: Mapping[int, Metric] | None = None,
+) -> Outcome:
+    """Every output tensor against the float64 reference, each by its metric (``metrics`` by
+    output index; otherwise ``tol`` for floating outputs, Exact for the others). A passing
     detail names the outputs passed on ``Tolerance.torch_factor``'s count."""
     ours_t, ref_t, same_t = _flatten(ours), _flatten(ref), _flatten(torch_same)
     if len(ours_t) != len(ref_t):
-        return False, math.inf, math.inf, None, f"{len(ours_t)} outputs, PyTorch gives {len(ref_t)}"
-    worst_abs, worst_rel, torch_rel = 0.0, 0.0, None
+        return Outcome(False, detail=f"{len(ours_t)} outputs, PyTorch gives {len(ref_t)}")
+    res = Outcome(True, 0.0, 0.0)
     excused: list[str] = []  # outputs passed on torch_factor's count, said in the detail
     for i, (o, r, s) in enumerate(zip(ours_t, ref_t, same_t)):
         if o.shape != s.shape:
-            return (
-                False,
-                math.inf,
-                math.inf,
-                None,
-                f"output {i} has shape {tuple(o.shape)}, PyTorch {tuple(s.shape)}",
+            return Outcome(
+                False, detail=f"output {i} has shape {tuple(o.shape)}, PyTorch {tuple(s.shape)}"
             )
         if o.dtype != s.dtype:
-            return (
+            return Outcome(False, detail=f"output {i} has dtype {o.dtype}, PyTorch {s.dtype}")
+        o, r = o.detach(), r.detach()
+        metric = (metrics or {}).get(i) or (tol if o.dtype.is_floating_point else _EXACT)
+        if metric is None:
+            return Outcome(
                 False,
-                math.inf,
-                math.inf,
-                None,
-                f"output {i} has dtype {o.dtype}, PyTorch {s.dtype}",
+                detail=f"output {i} is {o.dtype}: the spec gives no tolerance for this case's "
+                f"dtype and no metric for output {i}",
             )
-        if not o.dtype.is_floating_point:
-            if not torch.equal(o, s):
-                return False, math.inf, math.inf, None, f"output {i} differs from PyTorch's"
+        if isinstance(metric, Exact):
+            why = _exact_mismatch(o, r)
+            if why is not None:
+                return Outcome(False, detail=f"output {i}: {why}")
             continue
-        e = _errors(o.detach(), r.detach(), tol)
+        if isinstance(metric, SQNR):
+            q = _sqnr_outcome(o, r, metric)
+            if not q.passed:
+                q.detail = f"output {i}: {q.detail}"
+                return q
+            res.max_abs, res.rel_l2 = max(res.max_abs, q.max_abs), max(res.rel_l2, q.rel_l2)
+            if q.sqnr_db is not None:
+                res.sqnr_db = q.sqnr_db if res.sqnr_db is None else min(res.sqnr_db, q.sqnr_db)
+                res.err_p50 = max(res.err_p50 or 0.0, q.err_p50)
+                res.err_p99 = max(res.err_p99 or 0.0, q.err_p99)
+            continue
+        e = _errors(o, r, metric)
         # The interpreter truncates float32 to bfloat16 instead of rounding (twice the
         # rounding error, whatever the kernel does).
         truncates = interpreter_enabled() and o.dtype == torch.bfloat16
         if not e.passed:
-            why = _within_pytorchs_error(e, o, r, s, tol, truncates)
+            why = _within_pytorchs_error(e, o, r, s, metric, truncates)
             if why is None:
-                return False, e.max_abs, e.rel_l2, None, f"output {i}: {e.detail}"
+                return Outcome(False, e.max_abs, e.rel_l2, detail=f"output {i}: {e.detail}")
             excused.append(f"output {i}: {why}")
-        worst_abs, worst_rel = max(worst_abs, e.max_abs), max(worst_rel, e.rel_l2)
+        res.max_abs, res.rel_l2 = max(res.max_abs, e.max_abs), max(res.rel_l2, e.rel_l2)
         finite = torch.isfinite(r)
         # A ratio of two errors means something only over enough elements: on a handful,
         # PyTorch's rounding can be exact by chance and any ratio explodes.
         if finite.sum() >= MIN_ELEMENTS_FOR_RATIO:
-            rel_same = _rel_l2((s.detach().double() - r)[finite], r[finite].detach())
-            torch_rel = rel_same if torch_rel is None else max(torch_rel, rel_same)
+            rel_same = _rel_l2((s.detach().double() - r)[finite], r[finite])
+            res.torch_rel_l2 = (
+                rel_same if res.torch_rel_l2 is None else max(res.torch_rel_l2, rel_same)
+            )
             # Under the interpreter's truncation the ratio is checked on GPUs only.
-            if tol.max_ratio is not None and not truncates and e.rel_l2 > tol.max_ratio * rel_same:
-                return (
-                    False,
-                    worst_abs,
-                    worst_rel,
-                    torch_rel,
-                    f"output {i}: relative L2 error {e.rel_l2:.3g} > {tol.max_ratio:g} x "
-                    f"PyTorch's {rel_same:.3g}",
+            if (
+                metric.max_ratio is not None
+                and not truncates
+                and e.rel_l2 > metric.max_ratio * rel_same
+            ):
+                res.passed = False
+                res.detail = (
+                    f"output {i}: relative L2 error {e.rel_l2:.3g} > {metric.max_ratio:g} x "
+                    f"PyTorch's {rel_same:.3g}"
                 )
-    return True, worst_abs, worst_rel, torch_rel, "; ".join(excused)
+                return res
+    res.detail = "; ".join(excused)
+    return res
 
 
 def _ratio(rel: float, torch_rel: float | None) -> float | None:
@@ -306,18 +415,71 @@ def _ratio(rel: float, torch_rel: float | None) -> float | None:
     return rel / torch_rel
 
 
+# ---- mutated inputs -------------------------------------------------------------------------
+
+
+def own_copy(t: Any) -> Any:
+    """The same values in memory of its own, with the same strides (non-tensors pass through)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return copy.copy_(t.detach())
+
+
+def with_own_state(spec: OpSpec, inputs: Sequence[Any]) -> tuple:
+    """``inputs`` with a copy of its own of each input the operator mutates: every run starts
+    from the same values and none changes what the next one sees."""
+    return tuple(own_copy(t) if i in spec.mutates else t for i, t in enumerate(inputs))
+
+
+def outputs_of(spec: OpSpec, returned: Any, args: Sequence[Any]) -> list[torch.Tensor]:
+    """What is compared after a run: what the operator returned, then the inputs it mutated."""
+    out = [] if returned is None else _flatten(returned)
+    return out + [args[i] for i in spec.mutates]
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device).copy_(t.detach().reshape(-1))
+    return flat.view(torch.uint8)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(_bytes_of(a), _bytes_of(b))
+
+
 # ---- the engine -----------------------------------------------------------------------------
 
 
-def _run_forward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance):
-    with poisoned_allocations():
-        ours = spec.impl(*inputs, **params)
-    ref = spec.reference(*_upcast(inputs), **params)
-    same = spec.reference(*inputs, **params)
-    return compare(ours, ref, same, tol)
+def run_forward(
+    spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance | None, poison: bool = True
+) -> Outcome:
+    """Run the operator and the reference (float64 and same-dtype) on ``inputs`` and compare;
+    mutated inputs are copied per run, and an input written but not declared fails."""
+    kept = {
+        i: t.clone()
+        for i, t in enumerate(inputs)
+        if isinstance(t, torch.Tensor) and i not in spec.mutates
+    }
+    ours_in = with_own_state(spec, inputs)
+    with poisoned_allocations() if poison else contextlib.nullcontext():
+        ours = spec.impl(*ours_in, **params)
+    for i, t in kept.items():
+        if not _same_bits(inputs[i], t):
+            return Outcome(False, detail=f"input {i} was written; the spec's mutates omits it")
+    ref_in = with_own_state(spec, _upcast(inputs))
+    ref = spec.reference(*ref_in, **params)
+    same_in = with_own_state(spec, inputs)
+    same = spec.reference(*same_in, **params)
+    return compare(
+        outputs_of(spec, ours, ours_in),
+        outputs_of(spec, ref, ref_in),
+        outputs_of(spec, same, same_in),
+        tol,
+        spec.metrics,
+    )
 
 
-def _run_backward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance, seed: int):
+def _run_backward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance | None, seed: int):
     idx = spec.grad_indices(inputs)
 
     def leaves(src: tuple) -> tuple:
@@ -338,12 +500,53 @@ def _run_backward(spec: OpSpec, inputs: tuple, params: dict, tol: Tolerance, see
     ref_g = torch.autograd.grad(ref_out, [ref_in[i] for i in idx], [g.double() for g in grads])
     same_out = _flatten(spec.reference(*same_in, **params))
     same_g = torch.autograd.grad(same_out, [same_in[i] for i in idx], grads)
-    return compare(list(ours_g), list(ref_g), list(same_g), tol)
+    return compare(list(ours_g), list(ref_g), list(same_g), tol, spec.metrics)
+
+
+def _run_replay(spec: OpSpec, inputs: tuple, params: dict, seed: int):
+    """Three calls on the same inputs: the first runs the Python path, the second is recorded,
+    the third replayed from C++ with every allocation poisoned; the third's outputs (and
+    gradients) must equal the first's bit for bit. A call that cannot be replayed passes with
+    the reason in its detail."""
+    idx = spec.grad_indices(inputs) if spec.backward else []
+
+    def once() -> list[torch.Tensor]:
+        leaves = tuple(t.detach().requires_grad_() if i in idx else t for i, t in enumerate(inputs))
+        outs = _flatten(spec.impl(*leaves, **params))
+        got = [o.detach().clone() for o in outs]
+        pairs = [(o, i) for i, o in enumerate(outs) if o.requires_grad]
+        if idx and pairs:
+            gen = torch.Generator(device=outs[0].device).manual_seed(seed)
+            grads = [
+                torch.randn(o.shape, generator=gen, device=o.device).to(o.dtype) for o, _ in pairs
+            ]
+            got += list(torch.autograd.grad([o for o, _ in pairs], [leaves[i] for i in idx], grads))
+        return got
+
+    replay.reset()
+    replay.set_poison(True)
+    try:
+        first, _, third = once(), once(), once()
+    finally:
+        replay.set_poison(False)
+    same = len(first) == len(third) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        for a, b in zip(first, third)
+    )
+    if replay.STATS.replays:
+        detail = (
+            "replayed; bitwise equal" if same else "replayed output differs from the Python path"
+        )
+    else:
+        reasons = "; ".join(replay.STATS.failures) or replay.STATS.disabled or "not recorded"
+        detail = f"not replayed ({reasons})"
+    return same, detail
 
 
 def _run_empty(spec: OpSpec, inputs: tuple, params: dict):
-    ours = _flatten(spec.impl(*inputs, **params))
-    same = _flatten(spec.reference(*inputs, **params))
+    ours_in, same_in = with_own_state(spec, inputs), with_own_state(spec, inputs)
+    ours = outputs_of(spec, spec.impl(*ours_in, **params), ours_in)
+    same = outputs_of(spec, spec.reference(*same_in, **params), same_in)
     for o, s in zip(ours, same):
         if o.shape != s.shape or o.dtype != s.dtype:
             return False, f"got {tuple(o.shape)} {o.dtype}, PyTorch {tuple(s.shape)} {s.dtype}"
@@ -364,8 +567,49 @@ def _run_empty(spec: OpSpec, inputs: tuple, params: dict):
     return True, ""
 
 
+def _record_outcome(res: CheckResult, o: Outcome) -> None:
+    res.passed, res.max_abs, res.rel_l2, res.detail = o.passed, o.max_abs, o.rel_l2, o.detail
+    res.torch_rel_l2, res.ratio = o.torch_rel_l2, _ratio(o.rel_l2, o.torch_rel_l2)
+    res.sqnr_db, res.err_p50, res.err_p99 = o.sqnr_db, o.err_p50, o.err_p99
+
+
+def _rank_seed(seed: int) -> int:
+    """A seed of its own for each rank of a distributed run (the same seed otherwise)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return (seed + 104729 * torch.distributed.get_rank()) % 2**31
+    return seed
+
+
 def _describe(params: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in params.items())
+
+
+def planned_cases(
+    spec: OpSpec,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: Sequence[Any] | None = None,
+    cases: Sequence[str] = CASES,
+) -> int:
+    """How many results ``check_spec`` will return with these arguments (for progress, and
+    to tell a selection that runs nothing)."""
+    per_shape = sum(
+        case != "empty"
+        and not (case in _GRAD_CASES and not spec.backward)
+        and not (case == "specials" and not spec.special_values)
+        for case in cases
+    )
+    n_shapes = len(shapes if shapes is not None else spec.shapes.test)
+    n_empty = len(spec.shapes.empty) if "empty" in cases else 0
+    total = 0
+    for dtype in dtypes or spec.dtypes:
+        if dtype not in spec.dtypes:
+            continue
+        if interpreter_enabled() and dtype in spec.interpreter_skip:
+            total += 1
+        else:
+            total += per_shape * n_shapes + n_empty
+    return total * len(spec.params)
 
 
 def check_spec(
@@ -378,9 +622,21 @@ def check_spec(
     cases: Sequence[str] = CASES,
     on_case: Callable[[CheckResult], None] | None = None,
 ) -> list[CheckResult]:
-    """Run every check of one operator; returns one result per (params, shape, dtype, case)."""
+    """Run every check of one operator; returns one result per (params, shape, dtype, case).
+
+    A distributed spec is checked on its ranks (spawned processes, see distributed.py), each
+    case passing when it passes on every rank."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     base_seed = fresh_seed() if seed is None else seed
+    if spec.distributed is not None and not torch.distributed.is_initialized():
+        from tritonkit.harness.distributed import check_on_ranks
+
+        kwargs = dict(dtypes=dtypes, shapes=shapes, seed=base_seed, cases=tuple(cases))
+        results = check_on_ranks(spec, device, kwargs)
+        for res in results:
+            if on_case:
+                on_case(res)
+        return results
     results: list[CheckResult] = []
     counter = 0
 
@@ -416,6 +672,10 @@ def check_spec(
                         continue
                     if case == "specials" and not spec.special_values:
                         continue
+                    if case == "replay" and (
+                        device.type != "cuda" or spec.mutates or spec.distributed is not None
+                    ):
+                        continue  # replay runs CUDA calls; a mutating op's calls differ
                     counter += 1
                     case_seed = (base_seed + 7919 * counter) % 2**31
                     res = CheckResult(
@@ -428,22 +688,24 @@ def check_spec(
                         seed=case_seed,
                     )
                     try:
-                        inputs = spec.make_inputs(shape, dtype, device, case_seed)
+                        inputs = spec.make_inputs(shape, dtype, device, _rank_seed(case_seed))
                         if case in ("slice", "transpose", "stride2", "mixed"):
                             inputs = _layout_inputs(inputs, case)
                         if _GRAD_CASES.get(case):
                             inputs = _layout_inputs(inputs, _GRAD_CASES[case])
                         if case == "specials":
                             inputs = inject_specials(inputs)
-                        if case in _GRAD_CASES:
-                            tol = spec.tolerance_for(dtype, grad=True)
+                        if case == "replay":
+                            res.passed, res.detail = _run_replay(spec, inputs, params, case_seed)
+                            record(res)
+                            continue
+                        grad = case in _GRAD_CASES
+                        tol = spec.tolerance_or_none(dtype, grad=grad)
+                        if grad:
                             outcome = _run_backward(spec, inputs, params, tol, case_seed)
                         else:
-                            outcome = _run_forward(spec, inputs, params, spec.tolerance_for(dtype))
-                        passed, max_abs, rel, torch_rel, detail = outcome
-                        res.passed, res.max_abs, res.rel_l2 = passed, max_abs, rel
-                        res.torch_rel_l2, res.ratio = torch_rel, _ratio(rel, torch_rel)
-                        res.detail = detail
+                            outcome = run_forward(spec, inputs, params, tol)
+                        _record_outcome(res, outcome)
                     except Exception as exc:  # a crash is a failed check, reported with its cause
                         res.detail = f"{type(exc).__name__}: {exc}".strip()
                         res.detail += "\n" + traceback.format_exc(limit=4)
@@ -454,7 +716,7 @@ def check_spec(
                         spec.name, _describe(params), str(shape), dtype_name(dtype), "empty", False
                     )
                     try:
-                        inputs = spec.make_inputs(shape, dtype, device, base_seed)
+                        inputs = spec.make_inputs(shape, dtype, device, _rank_seed(base_seed))
                         res.passed, res.detail = _run_empty(spec, inputs, params)
                     except Exception as exc:
                         res.detail = f"{type(exc).__name__}: {exc}"

@@ -1,34 +1,112 @@
-"""A dependency-free progress line for long runs (stderr; one line per step when not a TTY)."""
+"""A dependency-free progress display for long runs: the case being run and the time left.
+
+On a terminal it redraws one line (a bar, cases done, elapsed time, an estimate of what is
+left, the case being run); elsewhere (CI logs, pipes) it prints a line for each summary the
+caller logs and otherwise at most one line every ``heartbeat`` seconds, so that a long run is
+never silent and a log never fills with thousands of lines. Everything goes to stderr, so the
+results printed on stdout stay clean.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h12m``: short enough for a progress line."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class Progress:
-    def __init__(self, total: int, label: str, stream=None) -> None:
+    """Progress over ``total`` cases of equal expected cost.
+
+    ``running(desc)`` says which case starts (the previous one, if any, counts as done);
+    ``step(desc)`` says a case finished; ``log(line)`` prints a line that stays (a summary).
+    The estimate of what is left is the mean time per finished case times the cases left.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        stream: TextIO | None = None,
+        heartbeat: float = 30.0,
+        clock=time.perf_counter,
+    ) -> None:
         self.total = max(total, 1)
         self.label = label
         self.done = 0
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
-        self.t0 = time.perf_counter()
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self.t0 = clock()
+        self._current = ""
+        self._started = False
+        self._last_draw = -1e9
+        self._last_line = self.t0
+
+    def estimate_left(self) -> float | None:
+        """Seconds left, from the cases done so far (None before the first one finishes)."""
+        if self.done == 0:
+            return None
+        elapsed = self.clock() - self.t0
+        return elapsed / self.done * max(self.total - self.done, 0)
+
+    def status(self) -> str:
+        width = 24
+        filled = min(width, int(width * self.done / self.total))
+        bar = "#" * filled + "." * (width - filled)
+        left = self.estimate_left()
+        eta = f", ~{duration(left)} left" if left is not None and self.done < self.total else ""
+        elapsed = duration(self.clock() - self.t0)
+        return f"{self.label} [{bar}] {self.done}/{self.total} {elapsed}{eta}"
+
+    def running(self, desc: str) -> None:
+        if self._started:
+            self.done += 1
+        self._started = True
+        self._current = desc
+        self._draw()
 
     def step(self, desc: str) -> None:
         self.done += 1
-        elapsed = time.perf_counter() - self.t0
-        width = 24
-        filled = int(width * self.done / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:5.0f}s  {desc}"
+        self._current = desc
+        self._draw()
+
+    def log(self, line: str) -> None:
+        text = f"{self.status()}  {line}"
         if self.tty:
-            self.stream.write("\r\033[K" + line[:160])
+            self.stream.write("\r\033[K" + text + "\n")
         else:
-            self.stream.write(line + "\n")
+            self.stream.write(text + "\n")
+        self._last_line = self.clock()
         self.stream.flush()
+        self._draw(force=True)
+
+    def _draw(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.tty:
+            if force or now - self._last_draw >= 0.1:  # redrawing costs more than a small case
+                line = f"{self.status()}  {self._current}"
+                self.stream.write("\r\033[K" + line[:160])
+                self.stream.flush()
+                self._last_draw = now
+        elif now - self._last_line >= self.heartbeat:
+            self.stream.write(f"{self.status()}  {self._current}\n")
+            self.stream.flush()
+            self._last_line = now
 
     def close(self) -> None:
+        if self._started and self.done < self.total:
+            self.done += 1
         if self.tty:
-            self.stream.write("\n")
+            self.stream.write("\r\033[K")
             self.stream.flush()

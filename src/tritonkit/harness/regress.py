@@ -68,7 +68,7 @@ def compare(new: dict[str, Any], old: dict[str, Any], threshold: float = 0.10) -
         nr, orr = a[key], b[key]
         new_ms = nr["candidates"]["tritonkit"]["median"]
         old_ms = orr["candidates"]["tritonkit"]["median"]
-        ratio = new_ms / old_ms
+        ratio = new_ms / old_ms if old_ms > 0 else None  # a zero time has no ratio
         new_c, old_c = nr.get("correct", {}), orr.get("correct", {})
         new_err, old_err = new_c.get("rel_l2"), old_c.get("rel_l2")
         status = "ok"
@@ -80,9 +80,9 @@ def compare(new: dict[str, Any], old: dict[str, Any], threshold: float = 0.10) -
             and new_err > old_err * (1 + threshold) + ACCURACY_FLOOR
         ):
             status = "less accurate"
-        elif ratio > 1 + threshold:
+        elif ratio is not None and ratio > 1 + threshold:
             status = "slower"
-        elif ratio < 1 - threshold:
+        elif ratio is not None and ratio < 1 - threshold:
             status = "faster"
         rows.append(Row(key, old_ms, new_ms, ratio, old_err, new_err, status))
     return rows
@@ -100,7 +100,7 @@ def render(rows: list[Row], threshold: float) -> str:
             r.case,
             _fmt(r.old_ms),
             _fmt(r.new_ms),
-            f"{r.ratio:.3f}" if r.ratio else "—",
+            f"{r.ratio:.3f}" if r.ratio is not None else "n/a",
             _fmt(r.old_err),
             _fmt(r.new_err),
             r.status.upper()

@@ -100,17 +100,80 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_json(path: Path) -> dict[str, Any]:
+    """A results document from a results.json file or a directory holding one; a missing,
+    unreadable or malformed one raises ValueError naming the file and what is wrong."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "results.json").is_file():
+            raise ValueError(f"directory {path} holds no results.json (written by tritonkit bench)")
+        path = path / "results.json"
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"results file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"results file {path} cannot be read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"results file {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
         raise ValueError(
-            f"results file {path} is not a tritonkit results document (schema {SCHEMA})"
+            f"results file {path} is not a tritonkit results document (schema {SCHEMA}; "
+            f"found {found!r})"
         )
+    validate(data, path)
     return data
+
+
+_NUMBER = (int, float)
+_DOCUMENT = {"kind": str, "fingerprint": dict, "checks": list, "bench": list, "ops": list}
+_FINGERPRINT = {"torch": str, "triton": str, "python": str, "git_commit": str, "date": str}
+_CHECK = {"op": str, "params": str, "shape": str, "dtype": str, "case": str, "passed": bool}
+_BENCH = {
+    "op": str,
+    "family": str,
+    "params": dict,
+    "shape": str,
+    "dtype": str,
+    "mode": str,
+    "candidates": dict,
+    "speedup": dict,
+    "bytes": _NUMBER,
+    "flops": _NUMBER,
+}
+_CEILINGS = {"copy_GBps": _NUMBER, "tflops": dict, "profile": dict, "source": str}
+
+
+def _require(obj: Any, fields: dict[str, Any], where: str, path: Path) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"results file {path} is malformed: {where} is not an object")
+    for key, types in fields.items():
+        if key not in obj:
+            raise ValueError(f"results file {path} is malformed: {where} has no {key!r}")
+        if not isinstance(obj[key], types) or (types is _NUMBER and isinstance(obj[key], bool)):
+            raise ValueError(
+                f"results file {path} is malformed: {where}.{key} is "
+                f"{type(obj[key]).__name__} {obj[key]!r:.40}"
+            )
+
+
+def validate(data: dict[str, Any], path: Path) -> None:
+    """Every field the report, merge and regress read, so that none fails half-way."""
+    _require(data, _DOCUMENT, "the document", path)
+    if data["kind"] not in ("gpu", "interpreter"):
+        raise ValueError(
+            f"results file {path} is malformed: kind is {data['kind']!r}, not 'gpu' or "
+            "'interpreter'"
+        )
+    _require(data["fingerprint"], _FINGERPRINT, "fingerprint", path)
+    for i, check in enumerate(data["checks"]):
+        _require(check, _CHECK, f"checks[{i}]", path)
+    for i, record in enumerate(data["bench"]):
+        _require(record, _BENCH, f"bench[{i}]", path)
+        for name, candidate in record["candidates"].items():
+            _require(candidate, {"kind": str}, f"bench[{i}].candidates[{name!r}]", path)
+    if data["kind"] == "gpu" and data["bench"]:
+        _require(data.get("ceilings"), _CEILINGS, "ceilings", path)
 
 
 # ---- formatting -----------------------------------------------------------------------------
@@ -130,6 +193,13 @@ def _fmt(x: Any, digits: int = 3) -> str:
             return f"{x:,.0f}"
         return f"{x:.{digits}g}"
     return str(x)
+
+
+def _ratio(x: Any, digits: int = 2) -> str:
+    """A ratio (speedup, error ratio) as ``1.23x``; with no finite baseline, ``n/a``."""
+    if not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "n/a"
+    return f"{x:.{digits}f}x"
 
 
 def _params(p: dict[str, Any]) -> str:
@@ -179,7 +249,12 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
     rows = []
     for (op, dtype), cs in groups.items():
         rels = [c["rel_l2"] for c in cs if isinstance(c.get("rel_l2"), float)]
-        ratios = [c["ratio"] for c in cs if isinstance(c.get("ratio"), float)]
+        # A ratio to PyTorch's error is undefined where PyTorch's own error is 0 (or absent).
+        ratios = [
+            c["ratio"]
+            for c in cs
+            if isinstance(c.get("ratio"), (int, float)) and math.isfinite(c["ratio"])
+        ]
         passed = sum(c["passed"] for c in cs)
         skipped = [c["skipped"] for c in cs if c.get("skipped")]
         run = len(cs) - len(skipped)
@@ -189,7 +264,7 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
                 dtype,
                 f"skipped: {skipped[0]}" if skipped and not run else f"{passed}/{run}",
                 _fmt(max(rels) if rels else None),
-                _fmt(max(ratios) if ratios else None),
+                _fmt(max(ratios)) if ratios else "n/a",
             ]
         )
     out = _table(
@@ -219,16 +294,35 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
     return out
 
 
+def _wall(record: dict[str, Any], baseline: str) -> str:
+    """The wall-time speedup of back-to-back calls, where the run measured it."""
+    ratio = record.get("wall_speedup", {}).get(baseline)
+    return f"; wall {_ratio(ratio)}" if ratio is not None else ""
+
+
 def _speedup_cell(record: dict[str, Any], baseline: str) -> str:
     if baseline in record["speedup"]:
         cmp = record.get("comparison", {}).get(baseline)
-        if not cmp:
-            return f"{record['speedup'][baseline]:.2f}x"
+        wall = _wall(record, baseline)
+        if not cmp or not all(
+            isinstance(cmp.get(k), (int, float)) and math.isfinite(cmp[k])
+            for k in ("speedup", "ci_low", "ci_high")
+        ):
+            return _ratio(record["speedup"][baseline]) + wall
         mark = {"faster": "", "slower": "", "no significant difference": " (≈)"}[cmp["verdict"]]
         flag = " ⚠" if cmp.get("flag") else ""
-        return f"{cmp['speedup']:.2f}x [{cmp['ci_low']:.2f}, {cmp['ci_high']:.2f}]{mark}{flag}"
+        ci = f"[{cmp['ci_low']:.2f}, {cmp['ci_high']:.2f}]"
+        return f"{cmp['speedup']:.2f}x {ci}{mark}{flag}{wall}"
     why = record["candidates"].get(baseline, {}).get("skipped")
     return f"— ({why})" if why else "—"
+
+
+def _loop_cell(c: dict[str, Any]) -> str:
+    """Wall and host time per call of back-to-back calls; ⏱ where the host sets the pace."""
+    if c.get("wall_us") is None:
+        return "—"
+    mark = " ⏱" if c.get("host_bound") else ""
+    return f"{_fmt(c['wall_us'])} / {_fmt(c['host_us'])}{mark}"
 
 
 def _rate(c: dict[str, Any]) -> str:
@@ -250,8 +344,8 @@ def evolution_rows(record: dict[str, Any]) -> list[list[str]]:
         c = cands.get(name, {})
         if "median" not in c:
             continue
-        pct = 100.0 * ref["median"] / c["median"] if "median" in ref else None
-        gain = f"{previous / c['median']:.2f}x" if previous else "—"
+        pct = 100.0 * ref["median"] / c["median"] if "median" in ref and c["median"] else None
+        gain = _ratio(previous / c["median"]) if previous and c["median"] else "—"
         label = name if name != "tritonkit" else "tritonkit (default)"
         rows.append([label, _fmt(c["median"]), _rate(c), _fmt(pct), gain])
         previous = c["median"]
@@ -266,7 +360,8 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
         recs = [r for r in bench if r["family"] == family]
         base = _baselines_in(recs)
         header = ["operator", "params", "shape", "dtype", "mode", "ms", "rate", "% roofline"]
-        header += [f"vs {b} [95% CI]" for b in base]
+        header += ["wall / host us"]
+        header += [f"vs {b} [95% CI]; wall" for b in base]
         header += ["peak MiB (ours / torch)", "correct (rel. L2)"]
         rows, notes = [], []
         for r in recs:
@@ -284,6 +379,7 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
                 _fmt(ours.get("median")),
                 _rate(ours),
                 f"{roof:.0f}% ({ours.get('bottleneck')})" if roof is not None else "—",
+                _loop_cell(ours),
             ]
             row += [_speedup_cell(r, b) for b in base]
             torch_mem = r["candidates"].get("torch", {}).get("peak_mem_bytes")
@@ -317,12 +413,24 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
 
 def render_markdown(results: dict[str, Any], plots: list[Path] | None = None) -> str:
     lines = ["# tritonkit report", "", *environment_lines(results), ""]
+    images = [f"![{p.stem}]({p.name})" for p in plots or []]
     if results["kind"] != "gpu":
+        # Interpreter runs hold no timings, so the GPU sections (rates, roofline, speedups)
+        # are left out rather than shown empty.
         lines += [
             "**No GPU on this machine: the kernels ran under Triton's CPU interpreter, so this "
-            "report holds accuracy checks only. Timings need a GPU.**",
+            "report holds accuracy checks only. Interpreter timings measure nothing of the GPU "
+            "(NumPy runs each kernel program by program), so none were taken. Timings need a "
+            "GPU: run the same command on a machine with a CUDA GPU.**",
+            "",
+            *images,
+            *[""] * bool(images),
+            "## Accuracy",
+            "",
+            render_checks(results["checks"]) if results["checks"] else "No checks in this run.",
             "",
         ]
+        return "\n".join(lines)
     lines += [
         "How to read it: `rate` is the fewest bytes (or FLOPs) the operator must move (or do), "
         "from each spec's formula, over the median time; `% roofline` is the hardware floor "
@@ -330,11 +438,11 @@ def render_markdown(results: dict[str, Any], plots: list[Path] | None = None) ->
         "bounds it; `vs X` is X's median time over tritonkit's (above 1: tritonkit is faster), "
         "both timed in the same run, interleaved, L2 flushed before every sample, outliers "
         "beyond 1.5 IQR dropped, with a 95% bootstrap interval; (≈) marks no significant "
-        "difference, ⚠ a speedup above 10x to review.",
+        "difference, ⚠ a speedup above 10x to review; n/a, a ratio without a baseline.",
         "",
     ]
-    if plots:
-        lines += [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    if images:
+        lines += [*images, ""]
     lines += [
         "## Accuracy",
         "",
@@ -361,7 +469,14 @@ def _readme_cells(rec: dict[str, Any] | None) -> list[str]:
     best = min(rec["speedup"], key=rec["speedup"].get)  # the fastest baseline
     cmp = rec.get("comparison", {}).get(best, {})
     mark = " (≈)" if cmp.get("verdict") == "no significant difference" else ""
-    return [rate, f"{rec['speedup'][best]:.2f}x {best}{mark}"]
+    cell = f"{_ratio(rec['speedup'][best])} {best}{mark}"
+    walls = rec.get("wall_speedup", {})
+    if walls:  # the wall-time ratio against the baseline fastest in wall time
+        wall_best = min(walls, key=walls.get)
+        cell += f"; wall {_ratio(walls[wall_best])} {wall_best}"
+    if ours.get("host_bound"):
+        cell += " ⏱"
+    return [rate, cell]
 
 
 def render_readme_table(results: dict[str, Any], source: str) -> str:
@@ -379,8 +494,11 @@ def render_readme_table(results: dict[str, Any], source: str) -> str:
         f"Measured on {fp.get('gpu')} ({fp['date'][:10]}, torch {fp['torch']}, triton "
         f"{fp['triton']}, commit `{fp['git_commit'][:12]}`); copy ceiling "
         f"{results['ceilings']['copy_GBps']:,.0f} GB/s. Rate with % of the roofline; speedup "
-        f"over the fastest baseline of the same run (torch, torch.compile, and peers), (≈) where "
-        f"the 95% interval includes 1. Source: `{source}`."
+        f"in GPU time over the fastest baseline of the same run (torch, torch.compile, and "
+        f"peers), (≈) where the 95% interval includes 1; then the speedup in wall time per call "
+        f"of back-to-back calls (what a training loop sees, host included) over the baseline "
+        f"fastest in wall time; ⏱ where tritonkit's host time per call exceeds its GPU time. "
+        f"Source: `{source}`."
     )
     table = _table(
         [
@@ -440,10 +558,13 @@ def _pyplot():
     return plt
 
 
+def _short(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+
+
 def _label(r: dict[str, Any], with_shape: bool = False) -> str:
-    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
     shape = f" {r['shape']}" if with_shape else ""
-    return f"{r['op']}{shape} {short} {r['mode']}"
+    return f"{r['op']}{shape} {_short(r['dtype'])} {r['mode']}"
 
 
 def _labels(recs: list[dict[str, Any]]) -> list[str]:
@@ -618,6 +739,55 @@ def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> Path | None:
     return path
 
 
+def plot_accuracy(results: dict[str, Any], out_dir: Path) -> Path | None:
+    """Per operator and dtype, tritonkit's worst relative L2 error against the float64
+    reference beside PyTorch's own in the same dtype (log scale); on the CPU as on a GPU."""
+    plt = _pyplot()
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for c in results["checks"]:
+        if not c.get("skipped"):
+            groups[(c["op"], c["dtype"])].append(c)
+
+    def worst(cs: list[dict[str, Any]], key: str) -> float | None:
+        xs = [c[key] for c in cs if isinstance(c.get(key), (int, float)) and math.isfinite(c[key])]
+        return max(xs) if xs else None
+
+    rows = [
+        (op, dtype, worst(cs, "rel_l2"), worst(cs, "torch_rel_l2"))
+        for (op, dtype), cs in groups.items()
+    ]
+    rows = [r for r in rows if r[2] is not None]
+    if plt is None or not rows:
+        return None
+    floor = 1e-12  # an exact result (error 0) is drawn at the floor of the log axis
+    ys = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.2 * len(rows) + 1.2)))
+    ax.barh(ys, [max(r[2], floor) for r in rows], color="tab:blue", label="tritonkit")
+    theirs = [(y, r[3]) for y, r in zip(ys, rows) if r[3] is not None]
+    ax.scatter(
+        [max(t, floor) for _, t in theirs],
+        [y for y, _ in theirs],
+        color="k",
+        marker="|",
+        s=80,
+        zorder=3,
+        label="PyTorch, same dtype",
+    )
+    ax.set_xscale("log")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{op} {_short(dtype)}" for op, dtype, *_ in rows], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("worst relative L2 error against the float64 reference")
+    where = results["fingerprint"].get("gpu") or "Triton interpreter (CPU)"
+    ax.set_title(f"accuracy over every check, {where}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out_dir / "accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(results: dict[str, Any], out_dir: Path, with_json: bool = True) -> list[Path]:
     """report.md and plots under ``out_dir``, and results.json unless ``with_json`` is False."""
     out_dir = Path(out_dir)
@@ -626,5 +796,6 @@ def write_report(results: dict[str, Any], out_dir: Path, with_json: bool = True)
         write_json(results, out_dir / "results.json")
     plots = [p for p in (plot_roofline(results, out_dir), plot_bandwidth(results, out_dir)) if p]
     plots += plot_speedups(results, out_dir)
+    plots += [p for p in (plot_accuracy(results, out_dir),) if p]
     (out_dir / "report.md").write_text(render_markdown(results, plots))
     return [out_dir / "results.json"] * with_json + [out_dir / "report.md", *plots]

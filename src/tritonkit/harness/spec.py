@@ -11,6 +11,7 @@ This module is a leaf: specs import it, and nothing here imports the kernels.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,53 @@ class Tolerance:
     torch_factor: float | None = None
 
 
+@dataclass(frozen=True)
+class Exact:
+    """Every element equal to the float64 reference's rounded to the output's dtype (integers
+    compared as integers; NaN matches NaN). The default for integer and bool outputs."""
+
+
+@dataclass(frozen=True)
+class SQNR:
+    """Signal-to-quantization-noise ratio against the float64 reference, for outputs that are
+    rounded on purpose (FP8, INT8, their dequantized values):
+    ``10 * log10(sum(ref**2) / sum((out - ref)**2)) >= min_db`` over the finite elements (NaN and
+    +-inf must sit where the reference's are). ``p99`` and ``max_abs``, when given, also bound
+    the 99th percentile and the largest ``|out - ref|``. ``min_db`` may be a mapping by the
+    output's dtype (``{torch.float8_e4m3fn: 28.0, torch.float8_e5m2: 22.0}``)."""
+
+    min_db: float | Mapping[torch.dtype, float]
+    p99: float | None = None
+    max_abs: float | None = None
+
+    def min_db_for(self, dtype: torch.dtype) -> float:
+        if isinstance(self.min_db, Mapping):
+            if dtype not in self.min_db:
+                raise KeyError(f"SQNR: no min_db for {dtype}; give one in the spec")
+            return self.min_db[dtype]
+        return self.min_db
+
+
+# How one output is judged: an elementwise Tolerance (the default for floating outputs, taken
+# from the spec's table by the case's dtype), Exact, or SQNR.
+Metric = Tolerance | Exact | SQNR
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """How to run an operator on several ranks: the engines spawn ``world_size`` processes, join
+    them in a ``torch.distributed`` process group (``backends`` by device type: gloo on the CPU,
+    nccl on GPUs, one GPU per rank) and run the same cases on every rank. ``make_inputs`` gets a
+    seed of its own on each rank; the reference runs on every rank too, so it may use
+    torch.distributed's own collectives (on float64 tensors: the exact answer). A case passes
+    when it passes on every rank. The spec must be built in an importable module (the spawned
+    processes import it to find the spec again)."""
+
+    world_size: int = 2
+    backends: Mapping[str, str] = field(default_factory=lambda: {"cpu": "gloo", "cuda": "nccl"})
+    timeout_s: float = 120.0  # a rank that waits longer in a collective fails the run
+
+
 # Computed in float32 and rounded once, an output is within half a unit in the last place of
 # its dtype. bfloat16 gets two units (2**-6): Triton's CPU interpreter truncates float32 to
 # bfloat16 instead of rounding, which alone costs up to one unit.
@@ -56,6 +104,9 @@ class Shapes:
     test: Sequence[Any]  # small, odd, non-power-of-2: fast under the CPU interpreter
     bench: Sequence[Any]  # fills the GPU
     empty: Sequence[Any] = ()  # shapes with a zero-sized dimension
+    # Where a call's host time sets the pace (e.g. (64, 3000) rows, 256^3 GEMMs): timed with
+    # ``tritonkit bench --small`` beside the bench shapes.
+    small: Sequence[Any] = ()
 
 
 class Unavailable(Exception):
@@ -74,7 +125,7 @@ class Baseline:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One operator, described once. See DESIGN.md for the meaning of each field."""
+    """One operator, described once. See docs/DESIGN.md for the meaning of each field."""
 
     name: str
     family: str
@@ -100,14 +151,41 @@ class OpSpec:
     interpreter_skip: Mapping[torch.dtype, str] = field(default_factory=dict)
     bench_note: Callable[[Any, str], str | None] = lambda shape, mode: None  # reason to skip
     description: str = ""
+    # Inputs the operator writes in place (optimizer state, an accumulator), by index. Every
+    # checked or timed run starts from its own copy of them, made from the same values, and
+    # they are compared after the run as outputs (after what impl returns). No backward.
+    mutates: tuple[int, ...] = ()
+    # How each compared output is judged, by its index among the outputs (what impl returns,
+    # flattened, then the mutated inputs in ``mutates`` order); others take the defaults:
+    # floating outputs the tolerance table, integer and bool outputs Exact.
+    metrics: Mapping[int, Metric] = field(default_factory=dict)
+    distributed: Distributed | None = None  # run on several ranks; None: one process
+    # The module the spec was built in: spawned ranks import it to find the spec again.
+    origin: str = field(default="", init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mutates and self.backward:
+            raise ValueError(f"{self.name}: an operator that mutates its inputs has no backward")
+        if self.distributed is not None and self.distributed.world_size < 1:
+            raise ValueError(f"{self.name}: world_size must be >= 1")
+        # The module that built the spec: the caller of the dataclass's __init__ (which calls
+        # this), or of dataclasses.replace.
+        frame = sys._getframe(2)
+        while frame.f_back is not None and frame.f_globals.get("__name__") == "dataclasses":
+            frame = frame.f_back
+        object.__setattr__(self, "origin", frame.f_globals.get("__name__", ""))
 
     def tolerance_for(self, dtype: torch.dtype, grad: bool = False) -> Tolerance:
-        table = self.grad_tolerance if grad and self.grad_tolerance is not None else self.tolerance
-        if dtype in table:
-            return table[dtype]
-        if dtype not in DEFAULT_TOLERANCES:
+        tol = self.tolerance_or_none(dtype, grad)
+        if tol is None:
             raise KeyError(f"{self.name}: no tolerance for {dtype}; give one in the spec")
-        return DEFAULT_TOLERANCES[dtype]
+        return tol
+
+    def tolerance_or_none(self, dtype: torch.dtype, grad: bool = False) -> Tolerance | None:
+        """The tolerance for a case in ``dtype``, or None where neither the spec nor the
+        defaults give one (an integer operator whose outputs are all Exact needs none)."""
+        table = self.grad_tolerance if grad and self.grad_tolerance is not None else self.tolerance
+        return table.get(dtype, DEFAULT_TOLERANCES.get(dtype))
 
     def grad_indices(self, inputs: Sequence[Any]) -> list[int]:
         if self.grad_inputs is not None:
@@ -186,6 +264,16 @@ _DTYPE_ALIASES = {
     "half": torch.float16,
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "float8_e5m2": torch.float8_e5m2,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
 }
 
 

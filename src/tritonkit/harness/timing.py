@@ -5,10 +5,16 @@ the L2 cache so that no call finds its inputs cached by the previous one. Candid
 compared are timed interleaved (each round times every candidate once, in rotating order), so
 that clock and thermal drift land on all of them alike.
 
-What is measured is GPU time. Before each sample the GPU is kept busy (``torch.cuda._sleep``)
-for longer than the host needs to enqueue the call, so a candidate with more Python overhead
-(a custom op, an autograd Function) is not charged for the host's work while the GPU idles;
-that host time per call is measured separately and reported beside it.
+What is measured first is GPU time. Before each sample the GPU is kept busy
+(``torch.cuda._sleep``) for longer than the host needs to enqueue the call, so a candidate with
+more Python overhead (a custom op, an autograd Function) is not charged for the host's work
+while the GPU idles.
+
+Then what a user's loop sees (``time_loops``): calls made back to back with nothing else
+queued, as a training step makes them. The host time per call is how long the calls take to
+return (to enqueue their work); the wall time per call is how long until the GPU has finished
+them. Where the host time exceeds the GPU time, the host sets the pace and the wall time shows
+it.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
 # How the L2 is flushed before each sample: "write" zeroes a buffer twice the L2's size (as
 # triton.testing.do_bench does), which leaves the L2 full of dirty lines that the timed call
 # then pays to write back (H200, bf16 (16384, 4096): 3.5-5.5 us per call, a torch copy 67.8 us
-# instead of 64.4; benchmarks/NOTES.md run 21); "read" reads the buffer, which writes back the
+# instead of 64.4; docs/performance.md run 21); "read" reads the buffer, which writes back the
 # previous call's dirty lines before the sample and leaves only clean ones. Both evict the
 # call's inputs.
 FLUSH = "read"
@@ -94,6 +100,7 @@ def time_interleaved(
     max_samples: int = 200,
     flush_l2: bool = True,
     host_times: dict[str, float] | None = None,
+    setup: Mapping[str, Callable[[], object]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each zero-argument callable; returns per-candidate samples in milliseconds.
 
@@ -101,7 +108,8 @@ def time_interleaved(
     warm-up budget; after it, each candidate runs for about ``warmup_ms``. The number of
     samples is chosen so that the slowest candidate takes about ``rep_ms`` in all, within
     ``[min_samples, max_samples]``. If ``host_times`` is given, it receives each candidate's
-    median host (CPU) time per call, in microseconds.
+    median host (CPU) time per call, in microseconds. ``setup``, by candidate, runs before each
+    of its calls, outside the timed region (an in-place operator's state put back).
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device; timings on the CPU mean nothing")
@@ -109,14 +117,18 @@ def time_interleaved(
     names = list(fns)
     flush = _flush_buffer(device) if flush_l2 else None
 
+    setup = setup or {}
     estimates, host_us = {}, {}
     for name in names:
+        prepare = setup.get(name, lambda: None)
+        prepare()
         fns[name]()  # first call: compile, autotune, load
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         calls, elapsed, host = 0, 0.0, []
         t0 = time.perf_counter()
         while calls < 3 or (elapsed < warmup_ms and calls < 1000):
+            prepare()
             start.record()
             h0 = time.perf_counter()
             fns[name]()
@@ -138,6 +150,8 @@ def time_interleaved(
     for i in range(n):
         order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
+            if name in setup:
+                setup[name]()
             if flush is not None:
                 _flush(flush)
             torch.cuda._sleep(sleep_cycles)
@@ -151,6 +165,53 @@ def time_interleaved(
     if host_times is not None:
         host_times.update(host_us)
     return samples
+
+
+def _loop(fn: Callable[[], object], calls: int, device: torch.device) -> tuple[float, float]:
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def time_loops(
+    fns: Mapping[str, Callable[[], object]],
+    gpu_ms: Mapping[str, float],
+    *,
+    device: torch.device | None = None,
+    rounds: int = 5,
+    round_ms: float = 30.0,
+    min_calls: int = 10,
+    max_calls: int = 300,
+) -> dict[str, dict[str, float]]:
+    """Host and wall time per call (us) of back-to-back calls, per candidate: the median over
+    ``rounds`` interleaved rounds, each about ``round_ms`` of calls (from ``gpu_ms``, the
+    candidates' GPU medians, or their host time where that is larger)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_loops needs a CUDA device; timings on the CPU mean nothing")
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    calls = {}
+    for name, fn in fns.items():
+        host_us, _ = _loop(fn, 3, device)  # warm, and a first estimate of the host's share
+        per_call_ms = max(gpu_ms.get(name, 0.0), host_us / 1e3, 1e-3)
+        calls[name] = int(min(max_calls, max(min_calls, round_ms / per_call_ms)))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    names = list(fns)
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            samples[name].append(_loop(fns[name], calls[name], device))
+    return {
+        name: {
+            "host_us": float(np.median([h for h, _ in got])),
+            "wall_us": float(np.median([w for _, w in got])),
+            "calls": calls[name],
+        }
+        for name, got in samples.items()
+    }
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device) -> int:

@@ -4,6 +4,8 @@ from tritonkit.nn.activation import GELU, ReLU, SiLU
 from tritonkit.nn.linear import Linear
 from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.nn.norm import LayerNorm, RMSNorm
+from tritonkit.nn.quantized import Float8Linear as Float8Linear
+from tritonkit.nn.quantized import Int8Linear as Int8Linear
 from tritonkit.nn.softmax import LogSoftmax, Softmax
 
 __all__ = [

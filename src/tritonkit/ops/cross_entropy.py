@@ -835,3 +835,7 @@ def cross_entropy(
         loss = apply(CrossEntropyFunction, input.unsqueeze(0), target.unsqueeze(0), *args)
         return loss.squeeze(0) if reduction == "none" else loss
     return apply(CrossEntropyFunction, input, target, *args)
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["cross_entropy"]

@@ -1981,3 +1981,7 @@ def add_layer_norm(
     """
     op = "tritonkit.add_layer_norm"
     return _add_norm(op, x, residual, weight, bias, _check_eps(op, eps), False)
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "rms_norm"]

@@ -868,3 +868,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         ``torch.autocast``, as for ``torch.log_softmax``).
     """
     return _softmax("tritonkit.log_softmax", x, dim, True)
+
+
+# The family's public functions: tritonkit.__all__ and tritonkit.functional derive from these.
+__all__ = ["log_softmax", "softmax"]

@@ -1,6 +1,6 @@
 """Helpers shared by the spec modules: inputs, byte counts and the PyTorch baselines."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,6 +21,13 @@ def randn(
 
 def nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def read_write_bytes(inputs: Sequence[Any], written: Sequence[int]) -> int:
+    """Fewest bytes of an in-place operator: every tensor input read once, and those at the
+    indices ``written`` (the spec's ``mutates``) written back once."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    return nbytes(*tensors) + nbytes(*(inputs[i] for i in written))
 
 
 def _compiled(reference: Callable[..., Any]) -> Callable[..., Any]:

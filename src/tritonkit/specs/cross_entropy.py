@@ -97,6 +97,7 @@ register(
             # (8192, 50257): GPT-2's vocabulary, an odd width (ops ALIGN).
             bench=[(8192, 128256), (8192, 50257)],
             empty=[(0, 5)],
+            small=[(64, 3000)],
         ),
         # Every option is covered in five variants (the interpreter is slow): reductions,
         # smoothing with and without class weights, and a real class index as ignore_index.

@@ -36,10 +36,6 @@ from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
 FAMILY = "matmul"
 
-# The Triton interpreter computes tl.dot on bfloat16 operands wrongly (fp16 and fp32 are right):
-# bf16 GEMMs are checked on the GPU only.
-BF16_DOT_SKIP = {torch.bfloat16: "the Triton interpreter computes bf16 tl.dot wrongly"}
-
 # One unit in the last place of each output dtype (see the module docstring).
 MATMUL_TOLERANCE = {
     torch.float32: Tolerance(atol=1e-4, rtol=1e-5),
@@ -57,9 +53,10 @@ MATMUL_GRAD_TOLERANCE = {
 }
 # FP8 and INT8 GEMMs write bfloat16: one unit in its last place. FP8 on Hopper keeps partial
 # sums in the tensor cores' ~14-bit accumulator, which truncates, between promotions to fp32
-# (ops/matmul.py, PROMOTE_PER_BLOCK): the error of an output grows with the K elements summed
-# between promotions, and is largest relative to outputs near zero. H200, 8192^3 e4m3 with
-# unit-variance outputs (benchmarks/NOTES.md, run 23), worst |out - ref| over 2 seeds: once per
+# (ops/matmul/configs.py, PROMOTE_PER_BLOCK): the error of an output grows with the K elements
+# summed between promotions, and is largest relative to outputs near zero. H200, 8192^3 e4m3
+# with unit-variance outputs (docs/performance.md, "FP8 partial sums promoted by hand every 2048
+# K elements"), worst |out - ref| over 2 seeds: once per
 # K block (128) 0.0016 (what torch._scaled_mm gets), every 512 0.0025, 2048 (the default tile)
 # 0.0086, 4096 0.016. The atol covers 2048; the issue's criterion is the relative L2 error at
 # most 1.5x PyTorch's (max_ratio; its float32 product rounded once has the error of
@@ -154,6 +151,7 @@ register(
             ],
             bench=SQUARES + LLM_SHAPES,
             empty=[((0, 5), (5, 3)), ((3, 0), (0, 4)), ((2, 0, 4), (4, 3))],
+            small=[(256, 256, 256)],
         ),
         bytes=_matmul_bytes,
         flops=_matmul_flops,
@@ -163,7 +161,6 @@ register(
         baselines=torch_baselines(torch.matmul),
         variants={name: _variant(name) for name in VARIANTS},
         compute="tensor",
-        interpreter_skip=BF16_DOT_SKIP,
         description="torch.matmul (2-D, batched, broadcast); naive -> persistent TMA variants",
     )
 )
@@ -233,6 +230,7 @@ register(
             test=[(1, 1, 1), (17, 33, 65), ((2, 3), 10, 12, "residual")],
             bench=[(8192, 4096, 4096)],
             empty=[(0, 5, 4), (3, 4, 0), ((2, 3), 0, 5)],
+            small=[(256, 256, 256)],
         ),
         params=(
             {"activation": "gelu_tanh"},
@@ -248,7 +246,6 @@ register(
         grad_tolerance=MATMUL_GRAD_TOLERANCE,
         baselines=torch_baselines(_linear_ref),
         compute="tensor",
-        interpreter_skip=BF16_DOT_SKIP,
         description="act(x @ W^T + b) + residual, bias/activation/residual in the GEMM epilogue",
     )
 )
@@ -368,6 +365,7 @@ register(
                 (8192, 8192, 8192, "tensor", False),
                 (8192, 8192, 8192, "tensor", False, "b row-major"),
             ],
+            small=[(256, 256, 256, "tensor", False)],
             empty=[(0, 5, 7, "row", False), (3, 4, 0, "tensor", True)],
         ),
         dtypes=(torch.float8_e4m3fn, torch.float8_e5m2),
@@ -457,6 +455,7 @@ register(
             # routes forced).
             bench=[(8192, 8192, 8192), (8192, 8192, 8192, "b row-major")],
             empty=[(0, 5, 7), (3, 4, 0, "dequant")],
+            small=[(256, 256, 256)],
         ),
         dtypes=(torch.int8,),
         bench_dtypes=(torch.int8,),

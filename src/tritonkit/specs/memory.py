@@ -28,7 +28,12 @@ register(
         impl=tritonkit.copy,
         reference=_copy_ref,
         make_inputs=_inputs,
-        shapes=Shapes(test=[(7,), (3, 129), (2, 5, 33)], bench=[(16384, 8192)], empty=[(0, 3)]),
+        shapes=Shapes(
+            test=[(7,), (3, 129), (2, 5, 33)],
+            bench=[(16384, 8192)],
+            empty=[(0, 3)],
+            small=[(64, 3000)],
+        ),
         bytes=_copy_bytes,
         baselines=torch_baselines(_copy_ref),
         bench_note=lambda shape, mode: (
@@ -59,6 +64,7 @@ register(
             test=[(1, 1), (70, 45), (33, 129), (2, 17, 9)],
             bench=[(16384, 8192)],
             empty=[(0, 4), (3, 0)],
+            small=[(64, 3000)],
         ),
         bytes=_transpose_bytes,
         baselines=torch_baselines(_transpose_ref),

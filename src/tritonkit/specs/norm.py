@@ -28,6 +28,7 @@ SHAPES = Shapes(
     test=[(1, 5), (3, 7), (5, 129), (2, 3, 33)],
     bench=[(16384, 4096), (4096, 65536)],
     empty=[(0, 5), (3, 0)],
+    small=[(64, 3000)],
 )
 
 # dx = rstd * (w * dy - xhat * mean(w * dy * xhat) - mean(w * dy)) cancels; the weight and

@@ -15,6 +15,7 @@ SHAPES = Shapes(
     # (1335, 50257): a vocabulary-sized odd width, no row 16-byte aligned (ops ALIGNED).
     bench=[(16384, 4096), (4096, 65536), (1335, 50257)],
     empty=[(0, 5), (3, 0)],
+    small=[(64, 3000)],
 )
 # dim=-1 is timed; dim=0 reduces over a non-last dim through strides (no transpose copy).
 PARAMS = ({"dim": -1}, {"dim": 0})

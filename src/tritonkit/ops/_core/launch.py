@@ -4,9 +4,9 @@ direct call of the compiled launcher.
 ``kernel[grid](*args, **meta)`` on a ``triton.jit`` function runs Triton's generic launcher
 on every call: it binds the arguments, builds a specialization key as a string, looks it up,
 checks the kernel's globals, wraps launch metadata for hooks and calls a Python shim around the
-C launcher. On the H200 host that is 15-26 us per launch (an empty kernel of 4 and of 30
-arguments; benchmarks/NOTES.md, "host time"), more than most row kernels take on the GPU, and
-the autograd engine's device thread runs that Python several times slower again.
+C launcher: 14 us for an empty 4-argument kernel and 28 us for a 30-argument one on the H100
+host (docs/performance.md, "Host time per launch, and replay from C++"), more than most row
+kernels take on the GPU, and the autograd engine's device thread runs that Python slower again.
 
 ``@kernel`` wraps a ``triton.jit`` function so that the same ``k[grid](*args, **meta)`` call
 does less: Triton's own generated binder (C code per argument) gives the specialization
@@ -17,9 +17,20 @@ specialization, or anything the direct path does not handle) goes through Triton
 launcher, which compiles, launches and returns the compiled kernel that the entry is built
 from, so the first call of every specialization behaves exactly as Triton's.
 
-Left to Triton's launcher, every call: the CPU interpreter (``TRITON_INTERPRET=1``), launch
-hooks (Proton and other profilers register them), and kernels that need global or profile
-scratch memory.
+Kernels that need global scratch memory (tensor descriptors made on the device,
+``tl.make_tensor_descriptor``) take the direct path too: the entry allocates the scratch as
+Triton's CudaLauncher does (bytes per program times programs), from a buffer kept per device
+and stream. Left to Triton's launcher, every call: the CPU interpreter
+(``TRITON_INTERPRET=1``), launch hooks (Proton and other profilers register them), and kernels
+that need profile scratch memory.
+
+``Kernel.bind`` goes one step further for launchers that cache a plan per shape: the binder
+runs once, and later calls substitute new tensors of the same dtypes and alignment into the
+bound arguments (``Bound``).
+
+Both paths also tell a recording (``replay.py``) what they launch: the CUfunction, grid, block,
+shared memory and each parameter as the compiled kernel takes it, so that a later call with the
+same metadata can be replayed from C++ without Python.
 """
 
 from __future__ import annotations
@@ -30,6 +41,12 @@ from typing import Any
 
 import torch
 import triton
+from triton.runtime import _allocation
+
+try:  # host-side TMA descriptors (triton >= 3.3): bound like tensors (see Bound)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton
+    TensorDescriptor = None
 
 Grid = Sequence[int] | Callable[[dict[str, Any]], Sequence[int]]
 
@@ -41,7 +58,17 @@ def _interpreting() -> bool:
 class _Entry:
     """One compiled specialization: what the C launcher needs besides the grid and arguments."""
 
-    __slots__ = ("coop", "function", "launch", "metadata", "pdl")
+    __slots__ = (
+        "block",
+        "coop",
+        "function",
+        "launch",
+        "metadata",
+        "pdl",
+        "scratch",
+        "shared",
+        "types",
+    )
 
     def __init__(self, compiled: Any) -> None:
         runner = compiled.run  # the CudaLauncher; loads the module on first access
@@ -50,20 +77,71 @@ class _Entry:
         self.metadata = compiled.packed_metadata
         self.coop = runner.launch_cooperative_grid
         self.pdl = runner.launch_pdl
+        # Global scratch bytes per program (0: none), as CudaLauncher sizes it.
+        self.scratch = getattr(runner, "global_scratch_size", 0) * getattr(runner, "num_ctas", 1)
+        self.block = 32 * compiled.metadata.num_warps
+        self.shared = compiled.metadata.shared
+        # The parameter types in signature order ("constexpr", "*bf16", "i32", ...): how a
+        # recording packs each argument.
+        self.types = tuple(compiled.src.signature.values())
 
     @staticmethod
     def direct(compiled: Any) -> bool:
         """Whether the direct call can stand in for Triton's launcher for this kernel."""
         runner = compiled.run
         return (
-            getattr(runner, "global_scratch_size", 0) == 0
-            and getattr(runner, "profile_scratch_size", 0) == 0
+            getattr(runner, "profile_scratch_size", 0) == 0
             and hasattr(runner, "launch")
             and getattr(runner, "num_ctas", 1) == 1
         )
 
+    def global_scratch(self, programs: int, device: int, stream: int) -> int | None:
+        """Address of ``programs`` programs' global scratch, or None when the kernel has none."""
+        if not self.scratch:
+            return None
+        return _scratch(programs * self.scratch, device, stream)
+
+
+# (device, stream) -> a uint8 buffer. Kernels on one stream run one after another, so every
+# launch on it can take the same buffer; another stream gets its own.
+_SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _scratch(nbytes: int, device: int, stream: int) -> int:
+    buf = _SCRATCH.get((device, stream))
+    if buf is None or buf.numel() < nbytes:
+        buf = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, device=f"cuda:{device}")
+        _SCRATCH[(device, stream)] = buf
+    return buf.data_ptr()
+
+
+def _torch_allocator(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton's launcher an allocator for global scratch if nobody has set one: it is a
+    context variable, unset on every new thread (the autograd engine's among them)."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_allocator)
+
 
 _SLOW = object()  # cached for a specialization that must keep Triton's launcher
+
+# The direct path is on unless TRITONKIT_DIRECT_LAUNCH=0; ``direct_launch`` switches it at run
+# time (measurements compare the two paths in one process).
+_DIRECT = os.environ.get("TRITONKIT_DIRECT_LAUNCH", "1") != "0"
+
+# A recording in progress (replay.py sets it while it records), or None.
+RECORDER: Any = None
+
+
+def direct_launch(enabled: bool | None = None) -> bool:
+    """Whether launches take the direct path; with ``enabled``, switch it first."""
+    global _DIRECT
+    if enabled is not None:
+        _DIRECT = bool(enabled)
+    return _DIRECT
 
 
 class Kernel:
@@ -80,7 +158,8 @@ class Kernel:
         self._interpret = _interpreting() or not isinstance(fn, triton.runtime.JITFunction)
         # device index -> (Triton's binder for it, specialization key -> _Entry or _SLOW)
         self._devices: dict[int, tuple[Callable, dict[Any, Any]]] = {}
-        self.stats = {"direct": 0, "triton": 0}
+        # Launches by path: bound (Bound's call), direct (Kernel.launch's), Triton's launcher.
+        self.stats = {"bound": 0, "direct": 0, "triton": 0}
 
     def __getattr__(self, name: str) -> Any:  # warmup, cache, src, ...: the JIT function's
         return getattr(self.__dict__["fn"], name)
@@ -90,6 +169,10 @@ class Kernel:
 
     def _triton(self, grid: Grid, args: tuple, meta: dict) -> Any:
         self.stats["triton"] += 1
+        if RECORDER is not None:
+            RECORDER.fail(f"{self.__name__} launched through Triton's launcher")
+        if not self._interpret:
+            _ensure_allocator()
         return self.fn[grid](*args, **meta)
 
     def _hooked(self) -> bool:
@@ -102,9 +185,20 @@ class Kernel:
 
     def launch(self, grid: Grid, *args: Any, **meta: Any) -> None:
         """Launch on the current device and stream, as ``fn[grid](*args, **meta)`` does."""
-        if self._interpret or self._hooked():
+        self._launch(grid, args, meta)
+
+    def bind(self, grid: Sequence[int], *args: Any, **meta: Any) -> Bound:
+        """``Bound`` launches of this kernel: ``grid``, the non-tensor arguments and ``meta``
+        fixed, the tensors (and host TMA descriptors) given at each call, in the order of
+        ``args``. Nothing is launched here; ``args``' tensors only say where tensors go."""
+        return Bound(self, grid, args, meta)
+
+    def _launch(self, grid: Grid, args: tuple, meta: dict) -> tuple[_Entry | None, list | None]:
+        """Launch; return the entry and the bound argument list where the direct path holds
+        this specialization from now on (for ``Bound``), else (None, None)."""
+        if self._interpret or not _DIRECT or self._hooked():
             self._triton(grid, args, meta)
-            return
+            return None, None
         device = torch.cuda.current_device()
         per_device = self._devices.get(device)
         if per_device is None:
@@ -117,37 +211,121 @@ class Kernel:
             entry = entries.get(key)
         except TypeError:  # an unhashable constexpr: nothing to cache it by
             self._triton(grid, args, meta)
-            return
+            return None, None
         if entry is None:
-            compiled = self._triton(grid, args, meta)
+            recording = RECORDER is not None
+            if recording:  # compile without launching; the direct launch below is recorded
+                compiled = self.fn.warmup(*args, grid=grid, **meta)
+            else:
+                compiled = self._triton(grid, args, meta)
             if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
                 compiled = compiled.result()
             ok = compiled is not None and _Entry.direct(compiled)
-            entries[key] = _Entry(compiled) if ok else _SLOW
-            return
+            entry = entries[key] = _Entry(compiled) if ok else _SLOW
+            if not recording:
+                return (entry, list(bound.values())) if ok else (None, None)
         if entry is _SLOW:
             self._triton(grid, args, meta)
-            return
+            return None, None
         if callable(grid):
             grid = grid(bound)
-        n = len(grid)
+        values = list(bound.values())
+        _direct(entry, grid, device, values)
         self.stats["direct"] += 1
-        entry.launch(
-            grid[0],
-            grid[1] if n > 1 else 1,
-            grid[2] if n > 2 else 1,
-            torch._C._cuda_getCurrentRawStream(device),
-            entry.function,
-            entry.coop,
-            entry.pdl,
-            None,  # global scratch: none (see _Entry.direct)
-            None,  # profile scratch: none
-            entry.metadata,
-            None,  # launch metadata: only launch hooks read it, and none is set
-            None,
-            None,
-            *bound.values(),
-        )
+        return entry, values
+
+
+def _direct(entry: _Entry, grid: Sequence[int], device: int, values: list) -> None:
+    """One call of the compiled launcher (the C launcher that Triton's own launcher ends in)."""
+    n = len(grid)
+    g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+    if RECORDER is not None:
+        RECORDER.launch(entry, (g0, g1, g2), values)
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    entry.launch(
+        g0,
+        g1,
+        g2,
+        stream,
+        entry.function,
+        entry.coop,
+        entry.pdl,
+        entry.global_scratch(g0 * g1 * g2, device, stream),
+        None,  # profile scratch: none (see _Entry.direct)
+        entry.metadata,
+        None,  # launch metadata: only launch hooks read it, and none is set
+        None,
+        None,
+        *values,
+    )
+
+
+def _bindable(a: object) -> bool:
+    return isinstance(a, torch.Tensor) or (
+        TensorDescriptor is not None and isinstance(a, TensorDescriptor)
+    )
+
+
+class Bound:
+    """A kernel launch whose grid, scalars and constexprs are fixed and whose tensors change:
+    what a launcher's cached plan holds for each kernel it launches.
+
+    ``Kernel.launch`` runs Triton's binder on every call (a specialization of every argument:
+    pointer alignment, integer divisibility, constexpr values) to find the compiled kernel.
+    A plan cached per shapes, strides and dtypes knows all of that but the tensors: the first
+    call resolves the entry and the bound argument list, and every later call puts its tensors
+    into a copy of that list and calls the C launcher. A tensor of another dtype or 16-byte
+    alignment than the first call's, another current device, launch hooks or the interpreter
+    take ``Kernel.launch`` instead, which is always right. No tensor is kept between calls.
+    """
+
+    __slots__ = ("_aligned", "_args", "_device", "_dtypes", "_entry", "_values", "grid", "kernel")
+    __slots__ += ("meta", "slots")
+
+    def __init__(self, kernel: Kernel, grid: Sequence[int], args: Sequence[Any], meta: dict):
+        self.kernel, self.grid, self.meta = kernel, tuple(grid), meta
+        self.slots = tuple(i for i, a in enumerate(args) if _bindable(a))
+        self._args = [None if i in self.slots else a for i, a in enumerate(args)]
+        self._entry: _Entry | None = None
+        self._values: list | None = None
+        self._device = -1
+        self._dtypes: tuple = ()
+        self._aligned: tuple = ()
+
+    def __call__(self, *tensors: Any) -> None:
+        """Launch with ``tensors`` in the slots of the tensors given to ``Kernel.bind``."""
+        entry = self._entry
+        if entry is not None and not self.kernel._hooked():
+            device = torch.cuda.current_device()
+            if device == self._device and _DIRECT and self._same_kind(tensors):
+                values = self._values.copy()
+                for i, t in zip(self.slots, tensors):
+                    values[i] = t
+                _direct(entry, self.grid, device, values)
+                self.kernel.stats["bound"] += 1
+                return
+        args = self._args.copy()
+        for i, t in zip(self.slots, tensors):
+            args[i] = t
+        entry, values = self.kernel._launch(self.grid, tuple(args), self.meta)
+        if entry is not None and self._entry is None:  # the first resolution is the plan's
+            for i in self.slots:
+                values[i] = None  # no tensor outlives the call
+            self._entry, self._values = entry, values
+            self._device = torch.cuda.current_device()
+            self._dtypes, self._aligned = _kinds(tensors)
+
+    def _same_kind(self, tensors: Sequence[Any]) -> bool:
+        return _kinds(tensors) == (self._dtypes, self._aligned)
+
+
+def _kinds(tensors: Sequence[Any]) -> tuple[tuple, tuple]:
+    """What Triton specializes a pointer on: its dtype and whether it is 16-byte aligned."""
+    dtypes = tuple(getattr(t, "dtype", None) for t in tensors)
+    aligned = tuple(
+        t.data_ptr() % 16 == 0 if isinstance(t, torch.Tensor) else True for t in tensors
+    )
+    return dtypes, aligned
 
 
 def kernel(fn: Callable | None = None, **jit_options: Any) -> Any:
@@ -158,3 +336,18 @@ def kernel(fn: Callable | None = None, **jit_options: Any) -> Any:
         return Kernel(triton.jit(f, **jit_options) if jit_options else triton.jit(f))
 
     return wrap(fn) if fn is not None else wrap
+
+
+class PlanCache(dict):
+    """Launch plans by input signature (shapes, strides, dtypes, alignment, options): a dict
+    that forgets everything once it holds ``limit`` plans, so that a stream of ever new shapes
+    cannot grow it without bound (a plan costs one planning call to rebuild)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if len(self) >= self.limit:
+            self.clear()
+        super().__setitem__(key, value)

@@ -109,8 +109,9 @@ def gelu_q16(u):
     """0.5 * erfc(u / sqrt(2)) for u >= 0 to 1.8e-5 relative, for Phi rounded to 16 bits.
 
     One exp2 of a degree-9 polynomial (GELU_Q16_COEFFS): 9 FMAs and one MUFU, where
-    _gelu_parts needs a division and an exp2 around 8 multiply-adds. bf16 GELU was bound by
-    instruction issue (benchmarks/NOTES.md); the forward kernel's SASS for sm_90 (ptxas, 16
+    gelu_parts needs a division and an exp2 around 8 multiply-adds. bf16 GELU was bound by
+    instruction issue (docs/performance.md, "16-bit GELU, column sums, norm forward launches");
+    the forward kernel's SASS for sm_90 (ptxas, 16
     elements per thread) has 20 instructions per element with this Phi, 29.5 with
     gelu_parts (SiLU, at 97% of copy bandwidth: 19.5). u = inf gives 0, NaN stays NaN.
     """

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.device import sm_count
-from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.launch import PlanCache, kernel
 from tritonkit.ops._core.layout import next_power_of_2
 
 
@@ -77,6 +77,9 @@ class PartialSumConfig:
 PARTIAL_SUMS = PartialSumConfig()
 
 
+_PLANS = PlanCache()
+
+
 def sum_partials(
     partial: torch.Tensor,
     out: torch.Tensor,
@@ -86,20 +89,30 @@ def sum_partials(
 ) -> None:
     """``out[j] = sum_i partial[i, j]`` over fp32 partial rows (contiguous), in a fixed order,
     rounded once to out's dtype; with ``partial2`` and ``out2``, a second pair of the same shape
-    in the same launch (a norm's weight and bias gradients)."""
-    n_rows, n_cols = partial.shape
+    in the same launch (a norm's weight and bias gradients).
+
+    ``config`` defaults to ``PARTIAL_SUMS`` (read at each call)."""
     config = config or PARTIAL_SUMS
-    block_m, block_n, warps = config.launch(n_rows, n_cols, sm_count(out.device))
     second = partial2 is not None
-    colsum_kernel[(triton.cdiv(n_cols, block_n),)](
-        partial,
-        out,
-        partial2 if second else partial,
-        out2 if second else out,
-        n_rows,
-        n_cols,
-        SECOND=second,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=warps,
-    )
+    key = (partial.shape, out.dtype, out.stride(), out.device, second, config)
+    launch = _PLANS.get(key)
+    if launch is None:
+        n_rows, n_cols = partial.shape
+        block_m, block_n, warps = config.launch(n_rows, n_cols, sm_count(out.device))
+        launch = _PLANS[key] = colsum_kernel.bind(
+            (triton.cdiv(n_cols, block_n),),
+            partial,
+            out,
+            partial2 if second else partial,
+            out2 if second else out,
+            n_rows,
+            n_cols,
+            SECOND=second,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=warps,
+        )
+    if second:
+        launch(partial, out, partial2, out2)
+    else:
+        launch(partial, out, partial, out)

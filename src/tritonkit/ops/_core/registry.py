@@ -9,11 +9,17 @@ from collections.abc import Callable
 
 import torch
 
+from tritonkit.ops._core import replay
+
+# True while replay.py records a call: its dispatch mode watches the ops, and the call must take
+# the path a plain eager call takes.
+_RECORDING = False
+
 
 def _plain_eager() -> bool:
     """Eager mode with nothing watching the ops: not torch.compile's tracing (Dynamo, make_fx),
     no dispatch mode (FakeTensorMode, FlopCounterMode, ...), no functorch transform."""
-    return not (
+    return _RECORDING or not (
         torch.compiler.is_compiling()
         or torch._C._len_torch_dispatch_stack()
         or torch._C._functorch.peek_interpreter_stack() is not None
@@ -131,17 +137,29 @@ class _NoGradContext:
 
 
 def apply(function: type[torch.autograd.Function], *args):
-    """``function.apply(*args)``; in plain eager calls where no input needs a gradient (grad mode
-    off, or no tensor that requires one), its forward alone.
+    """``function.apply(*args)``; in plain eager calls, replayed from C++ where the call's
+    metadata was seen before (replay.py), and where no input needs a gradient (grad mode off,
+    or no tensor that requires one), its forward alone.
 
     Autograd's bookkeeping (the graph node, the ctx, the outputs' wrapping) costs host time
     on every call; with no gradient to come it keeps nothing, so inference skips it. The
     forward is the same code either way; it sees ``needs_input_grad`` all False, as it would
     under ``apply``.
     """
-    if _plain_eager() and not (
-        torch.is_grad_enabled()
-        and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-    ):
-        return function.forward(_NoGradContext(len(args)), *args)
-    return function.apply(*args)
+    if not _plain_eager():
+        return function.apply(*args)
+    if _REPLAY and not _RECORDING and not torch.autograd._profiler_enabled():
+        return replay.call(function, args, lambda grad: _run(function, args, grad))
+    grad = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    )
+    return _run(function, args, grad)
+
+
+def _run(function: type[torch.autograd.Function], args: tuple, grad: bool):
+    if grad:
+        return function.apply(*args)
+    return function.forward(_NoGradContext(len(args)), *args)
+
+
+_REPLAY = replay.enabled()

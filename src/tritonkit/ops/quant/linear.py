@@ -1,0 +1,137 @@
+"""Quantized linear layers' compute: float8 training (forward and both backward GEMMs in FP8)
+and int8 inference (W8A8 and weight-only), on tritonkit's quantize kernels and its FP8/INT8
+GEMMs (``tritonkit.scaled_matmul``, ``tritonkit.int8_matmul``).
+
+Float8 training follows torchao's float8 recipes:
+
+- "tensorwise": one scale per tensor, e4m3 for x and W, e5m2 for the output gradient. Each
+  tensor is cast once, in both layouts its GEMMs read fastest (``layout="both"``: the codes and
+  their transpose from the same pass), so y = x W^T, dX = dY W and dW = dY^T x read K-major
+  operands without a copy.
+- "rowwise": all e4m3, one power-of-two scale per row of each GEMM operand along the GEMM's
+  reduction dimension (torchao's "rowwise" recipe): x and dY per row for y and dX, x and dY
+  per column for dW, W per row for y and per column for dX. The per-column casts write
+  column-major codes (the b operand's K-major layout).
+
+The weight stays in its own (high) precision; its gradient is returned in its dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tritonkit.functional import int8_matmul, scaled_matmul
+from tritonkit.ops._core.registry import apply
+from tritonkit.ops.quant.quantize import call_quantize
+from tritonkit.ops.quant.weight_only import call_weight_only
+
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+SCALINGS = ("tensorwise", "rowwise")
+
+
+def _q(x: torch.Tensor, fmt: str, block: list[int], pow2: bool, layout: str):
+    data, data_t, scale, _, _ = call_quantize(x, fmt, block, pow2, False, layout)
+    return data, data_t, scale
+
+
+class Float8LinearFunction(torch.autograd.Function):
+    """``x2 @ weight.T + bias`` with FP8 GEMMs forward and backward (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, bias, rowwise: bool):
+        m, k = x2.shape
+        n = weight.shape[0]
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        b = bias.to(x2.dtype) if bias is not None else None
+        if rowwise:
+            xd, _, xs = _q(x2, E4M3, [1, k], True, "row")
+            wd, _, ws = _q(weight, E4M3, [1, k], True, "row")
+            y = scaled_matmul(xd, wd.t(), xs, ws.reshape(1, n), x2.dtype, b)
+            saved = [weight]
+            if need_dw:  # x per column (over the tokens) for dW = dY^T x
+                xcd, _, xcs = _q(x2, E4M3, [m, 1], True, "col")
+                saved += [xcd, xcs]
+        else:
+            xd, xt, xs = _q(x2, E4M3, [m, k], False, "both" if need_dw else "row")
+            wd, wt, ws = _q(weight, E4M3, [n, k], False, "both" if need_dx else "row")
+            y = scaled_matmul(xd, wd.t(), xs, ws, x2.dtype, b)
+            saved = [xt, xs, wt, ws]
+        ctx.save_for_backward(*saved)
+        ctx.rowwise = rowwise
+        ctx.has_bias = bias is not None
+        ctx.weight_dtype = weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = dw = db = None
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy = dy.contiguous()
+        m, n = dy.shape
+        if ctx.rowwise:
+            weight, *xcol = ctx.saved_tensors
+            weight.shape[1]
+            if need_dx:
+                gd, _, gs = _q(dy, E4M3, [1, n], True, "row")
+                wcd, _, wcs = _q(weight, E4M3, [n, 1], True, "col")
+                dx = scaled_matmul(gd, wcd, gs, wcs, dy.dtype)
+            if need_dw:
+                xcd, xcs = xcol
+                gcd, _, gcs = _q(dy, E4M3, [m, 1], True, "col")
+                dw = scaled_matmul(gcd.t(), xcd, gcs.reshape(n, 1), xcs, ctx.weight_dtype)
+        else:
+            xt, xs, wt, ws = ctx.saved_tensors
+            gd, gt, gs = _q(dy, E5M2, [m, n], False, "both" if need_dw else "row")
+            if need_dx:
+                dx = scaled_matmul(gd, wt.t(), gs, ws, dy.dtype)
+            if need_dw:
+                dw = scaled_matmul(gt, xt.t(), gs, xs, ctx.weight_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(0)
+        return dx, dw, db, None
+
+
+def float8_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: str
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with FP8 GEMMs forward and backward (checked by the caller:
+    Float8Linear)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = apply(Float8LinearFunction, x2, weight, bias, scaling == "rowwise")
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def int8_linear_w8a8(
+    x: torch.Tensor,
+    w_int8: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    x_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """W8A8: x quantized to int8 per token (or with the static per-tensor ``x_scale``), the
+    int32 GEMM with both scales applied in its epilogue, then the bias (int8_matmul has no bias
+    epilogue: one elementwise add)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    n = w_int8.shape[0]
+    if x_scale is None:
+        xd, _, xs = _q(x2, "int8", [1, k], False, "row")
+    else:
+        from tritonkit.ops.quant.quantize import call_quantize_with_scale
+
+        xd, _, xs, _ = call_quantize_with_scale(
+            x2, x_scale.reshape(1, 1), "int8", [m, k], "scale", False, "row"
+        )
+    y = int8_matmul(xd, w_int8.t(), xs, w_scale.reshape(1, n), x2.dtype)
+    if bias is not None:
+        y += bias
+    return y.reshape(*x.shape[:-1], n)
+
+
+def int8_linear_weight_only(
+    x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Weight-only int8: ``x @ (w_int8 * w_scale).T + bias`` with W read as int8."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = call_weight_only(x2, w_int8, w_scale.reshape(-1), bias)
+    return y.reshape(*x.shape[:-1], w_int8.shape[0])

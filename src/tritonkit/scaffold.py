@@ -1,0 +1,104 @@
+"""``tritonkit new NAME``: a new operator family from the templates in ``templates/operator``.
+
+It writes the set one operator is made of (docs/DESIGN.md, "Adding an operator"): the family
+package ``ops/NAME/`` (kernel module with its config and launchers; registration, autograd
+Function and public function), its spec ``specs/NAME.py`` (reference, inputs, shapes, bytes,
+FLOPs, baselines) and its test ``tests/test_NAME.py``, and adds NAME to ``ops.FAMILIES``. The
+generated operator is a real one (``x + alpha * y`` with autograd) whose test passes at once
+under the CPU interpreter; ``tritonkit list``, ``check`` and ``bench`` see it.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "templates" / "operator"
+
+# template -> where it goes, relative to the repository root
+FILES = {
+    "ops_init.py.tmpl": "src/tritonkit/ops/{name}/__init__.py",
+    "ops_kernel.py.tmpl": "src/tritonkit/ops/{name}/kernel.py",
+    "ops_function.py.tmpl": "src/tritonkit/ops/{name}/function.py",
+    "spec.py.tmpl": "src/tritonkit/specs/{name}.py",
+    "test.py.tmpl": "tests/test_{name}.py",
+}
+_FAMILIES_FILE = "src/tritonkit/ops/__init__.py"
+_FAMILIES_END = re.compile(r"(FAMILIES: tuple\[str, \.\.\.\] = \((?:[^()]*?))(\n?\))", re.S)
+
+
+class ScaffoldError(ValueError):
+    """Why the operator cannot be scaffolded (bad name, existing files, no source checkout)."""
+
+
+def source_root() -> Path:
+    """The checkout tritonkit is imported from (an editable install or PYTHONPATH=src)."""
+    root = Path(__file__).resolve().parents[2]
+    if not ((root / "pyproject.toml").is_file() and (root / "tests").is_dir()):
+        raise ScaffoldError(
+            f"tritonkit is not imported from a source checkout ({root} has no pyproject.toml "
+            "and tests/): install it editable (pip install -e .) or pass --root"
+        )
+    return root
+
+
+def _check_name(name: str, root: Path) -> None:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        raise ScaffoldError(
+            f"operator name must be a lowercase Python identifier (e.g. scaled_add), got {name!r}"
+        )
+    families = _FAMILIES_END.search((root / _FAMILIES_FILE).read_text())
+    if families is None:
+        raise ScaffoldError(f"no 'FAMILIES: tuple[str, ...] = (...)' in {root / _FAMILIES_FILE}")
+    if (
+        name in re.findall(r'"(\w+)"', families.group(1))
+        or (root / "src/tritonkit/ops" / name).exists()
+    ):
+        raise ScaffoldError(f"family {name!r} exists already")
+    from tritonkit import functional
+    from tritonkit.harness.spec import all_specs
+
+    if name in functional.__all__ or name in {s.name for s in all_specs()}:
+        raise ScaffoldError(f"{name!r} is a tritonkit function or operator already")
+    taken = [p for p in (root / f.format(name=name) for f in FILES.values()) if p.exists()]
+    if taken:
+        raise ScaffoldError(f"{', '.join(map(str, taken))} exists already")
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def render(template: str, name: str) -> str:
+    text = (TEMPLATES / template).read_text()
+    return text.replace("{{name}}", name).replace("{{Name}}", _camel(name))
+
+
+def add_family(root: Path, name: str) -> Path:
+    """Append ``name`` to the FAMILIES tuple of ops/__init__.py."""
+    path = root / _FAMILIES_FILE
+    text = path.read_text()
+    match = _FAMILIES_END.search(text)
+    assert match is not None  # _check_name found it
+    body = match.group(1).rstrip()
+    if not body.endswith(("(", ",")):
+        body += ","
+    updated = f'{body}\n    "{name}",\n)'
+    path.write_text(text[: match.start()] + updated + text[match.end() :])
+    return path
+
+
+def scaffold(name: str, root: Path | None = None) -> list[Path]:
+    """Write the new operator's files under ``root`` (default: the source checkout); returns
+    the paths written or changed."""
+    root = Path(root) if root is not None else source_root()
+    _check_name(name, root)
+    written = []
+    for template, target in FILES.items():
+        path = root / target.format(name=name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(template, name))
+        written.append(path)
+    written.append(add_family(root, name))
+    return written
