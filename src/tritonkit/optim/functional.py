@@ -1,8 +1,9 @@
 """Functional forms of the optimizer kernels, on single tensors: the workbench's view of them.
 
-``adam_step`` returns new tensors instead of updating in place, and ``newton_schulz``
-orthogonalizes a batch of matrices; both run the same kernels as the optimizers (one table
-of one tensor), so ``tritonkit check`` and ``tritonkit bench`` measure what a step does.
+``adam_step`` updates one parameter and its moments in place, and ``newton_schulz``
+orthogonalizes a batch of matrices; both run the same kernels as the optimizers (a table of
+one tensor, a batch of matrices), so ``tritonkit check`` and ``tritonkit bench`` measure what
+a step does.
 """
 
 from __future__ import annotations
@@ -58,45 +59,47 @@ def adam_step(
     weight_decay: float = 0.0,
     decoupled_weight_decay: bool = True,
     maximize: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One Adam (AdamW with ``decoupled_weight_decay``) step, out of place.
+) -> None:
+    """One Adam (AdamW with ``decoupled_weight_decay``) step on one tensor, in place: the
+    optimizers' kernel, as ``torch.optim._functional.adam`` on a single parameter.
 
     Args:
         param, grad, exp_avg, exp_avg_sq: tensors of one shape, dtype and device (float32,
-            float16 or bfloat16; the moments in the parameter's dtype).
+            float16 or bfloat16; the moments in the parameter's dtype). ``param``,
+            ``exp_avg`` and ``exp_avg_sq`` are updated in place; ``grad`` is only read.
         step: the step being taken (1 for the first), which sets the bias corrections.
         lr, beta1, beta2, eps, weight_decay, maximize: as ``torch.optim.Adam``.
         decoupled_weight_decay: AdamW's decay (True) or Adam's L2 term (False).
 
-    Returns:
-        ``(param, exp_avg, exp_avg_sq)`` after the step, new tensors; the inputs are not
-        changed. Reads 4 and writes 3 tensors: 28 bytes per float32 parameter.
+    Reads 4 tensors and writes 3: 28 bytes per float32 parameter. Tensors that are not dense
+    with one common layout are updated through contiguous copies (counted in
+    ``LAYOUT_COPIES``).
     """
     op = "tritonkit.optim.functional.adam_step"
     check_tensor(op, "param", param)
     for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         check_operand(op, name, t, "param", param, param.shape, "param.shape")
-    param, grad, exp_avg, exp_avg_sq = _same_layout([param, grad, exp_avg, exp_avg_sq])
-    outs = [torch.empty_like(t) for t in (param, exp_avg, exp_avg_sq)]
     if param.numel() == 0:
-        return outs[0], outs[1], outs[2]
+        return
+    targets = (param, exp_avg, exp_avg_sq)
+    work = _same_layout([param, grad, exp_avg, exp_avg_sq])
     table = _table(adam_ops.N_ROWS, (param.numel(),), param.device)
-    for row, t in (
-        (adam_ops.ROW_P, param),
-        (adam_ops.ROW_G, grad),
-        (adam_ops.ROW_M, exp_avg),
-        (adam_ops.ROW_V, exp_avg_sq),
-        (adam_ops.ROW_P_OUT, outs[0]),
-        (adam_ops.ROW_M_OUT, outs[1]),
-        (adam_ops.ROW_V_OUT, outs[2]),
-    ):
+    for row, t in zip((adam_ops.ROW_P, adam_ops.ROW_G, adam_ops.ROW_M, adam_ops.ROW_V), work):
         table.set_row(row, [t])
+    for dst, src in (
+        (adam_ops.ROW_P_OUT, adam_ops.ROW_P),
+        (adam_ops.ROW_M_OUT, adam_ops.ROW_M),
+        (adam_ops.ROW_V_OUT, adam_ops.ROW_V),
+    ):
+        table.copy_row(dst, src)
     steps = torch.full((table.n_chunks,), float(step - 1), device=param.device)
     hyper = adam_ops.AdamHyper(
         lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, False, maximize
     )
     adam_ops.launch_adam(table, steps, param.dtype, param.dtype, hyper, config=DEFAULT_CHUNKS)
-    return outs[0], outs[1], outs[2]
+    for target, done in zip(targets, (work[0], work[2], work[3])):
+        if done is not target:  # updated through a contiguous copy: write it back
+            target.copy_(done)
 
 
 def newton_schulz(

@@ -1,8 +1,8 @@
 """Specs of the optimizer family: the Adam step and Muon's Newton-Schulz orthogonalization.
 
-The workbench checks and times functions, so the step is specified through its functional,
-out-of-place form (``tritonkit.optim.functional.adam_step``: the optimizer's kernel on one
-tensor, writing new tensors); the optimizers themselves, with many tensors per launch, are
+The workbench checks and times functions, so the step is specified through its functional
+form (``tritonkit.optim.functional.adam_step``: the optimizers' kernel on one tensor, in
+place: a mutating spec); the optimizers themselves, with many tensors per launch, are
 compared with ``torch.optim`` in tests/test_optim.py and experiments/gpu_optim.py.
 """
 
@@ -13,7 +13,7 @@ import torch
 from tritonkit.harness.spec import OpSpec, Shapes, Tolerance, register
 from tritonkit.ops.optim.newton_schulz import NS_COEFFICIENTS, NS_STEPS
 from tritonkit.optim.functional import adam_step, newton_schulz
-from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
+from tritonkit.specs._common import generator, nbytes, randn, read_write_bytes, torch_baselines
 
 FAMILY = "optim"
 
@@ -40,24 +40,27 @@ def _adam_ref(
     decoupled_weight_decay=True,
     maximize=False,
 ):
-    """torch.optim.Adam's single-tensor update (torch/optim/adam.py), out of place."""
+    """torch.optim.Adam's single-tensor update (torch/optim/adam.py), in place on p, m, v."""
     g = -g if maximize else g
     if weight_decay:
         if decoupled_weight_decay:
-            p = p * (1 - lr * weight_decay)
+            p.mul_(1 - lr * weight_decay)
         else:
-            g = g + weight_decay * p
-    m = m.lerp(g, 1 - beta1)
-    v = v * beta2 + (1 - beta2) * g * g
+            g = g.add(p, alpha=weight_decay)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
     step_size = lr / (1 - beta1**step)
-    denom = v.sqrt() / math.sqrt(1 - beta2**step) + eps
-    return p - step_size * (m / denom), m, v
+    denom = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+    p.addcdiv_(m, denom, value=-step_size)
 
 
 def _adam_bytes(inputs, mode, **params):
     # Read param, grad, exp_avg, exp_avg_sq; write param, exp_avg, exp_avg_sq: 28 B per
     # float32 parameter.
-    return 7 * nbytes(inputs[0])
+    return read_write_bytes(inputs, _ADAM_MUTATES)
+
+
+_ADAM_MUTATES = (0, 2, 3)
 
 
 register(
@@ -73,6 +76,7 @@ register(
             empty=[(0,), (3, 0)],
         ),
         bytes=_adam_bytes,
+        mutates=_ADAM_MUTATES,
         params=(
             {"step": 1, "lr": 1e-2, "weight_decay": 0.1},
             {"step": 10, "lr": 1e-3, "maximize": True},
@@ -81,7 +85,7 @@ register(
         backward=False,
         bench_dtypes=(torch.float32, torch.bfloat16),
         baselines=torch_baselines(_adam_ref),
-        description="AdamW's fused step on one tensor (the optimizer's kernel), out of place",
+        description="AdamW's fused step on one tensor (the optimizers' kernel), in place",
     )
 )
 
