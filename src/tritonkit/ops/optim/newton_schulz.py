@@ -14,6 +14,10 @@ matrix of a batch is one grid row (program id 1), so same-shape parameters share
 per product. A tall X (rows > cols) is never transposed in memory: the products read it
 through swapped strides (``X.T @ X``, ``X @ B``), which is the same iteration on X.T.
 
+The K loop and the tile order are ``ops/_core/gemm.py``'s (``mainloop_ptr``, ``mac``,
+``tile_coords``); what is new here is the triangle, the mirrored store and the ``addmm``
+epilogue, and a TMA variant over 3-D (batch, rows, cols) descriptors (``NSConfig.tma``).
+
 Under the CPU interpreter, where ``tl.dot`` on bfloat16 is wrong, tiles are upcast to float32
 before the product (``UPCAST``): bfloat16 products are exact in float32, so the result is
 what the GPU's bfloat16 tensor cores with float32 accumulation compute.
@@ -28,6 +32,7 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.gemm import mac, mainloop_ptr, tile_coords
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops.optim.math import to_bfloat16
@@ -84,15 +89,6 @@ def _lower_tile(pid):
     return i, pid - i * (i + 1) // 2
 
 
-@triton.jit
-def _grouped_tile(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    """Tile (i, j) in groups of GROUP_M rows, so that consecutive programs share operands in L2."""
-    in_group = GROUP_M * tiles_n
-    first_m = (pid // in_group) * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
-
-
 @kernel
 def _ns_gemm_kernel(
     a_ptr, b_ptr, c_ptr, out_ptr,  # batched operands: out = alpha * (a @ b) + beta * c
@@ -114,28 +110,15 @@ def _ns_gemm_kernel(
     if SYMMETRIC:
         tm, tn = _lower_tile(pid)
     else:
-        tm, tn = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+        tm, tn = tile_coords(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc, _ = mainloop_ptr(
+        a_ptr + batch * stride_ab, b_ptr + batch * stride_bb,
+        tm * BLOCK_M, tn * BLOCK_N, 0, K, M, N, stride_am, stride_ak, stride_bk, stride_bn,
+        acc, acc, True, "ieee", None, 1, UPCAST, EVEN_K, False, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     rm = tm * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tn * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge read a valid row instead (their results are not stored),
-    # which keeps the operand loads unmasked.
-    a_ptrs = a_ptr + batch * stride_ab + (rm % M)[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = b_ptr + batch * stride_bb + rk[:, None] * stride_bk + (rn % N)[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
     in_m = rm < M
     in_n = rn < N
     out = acc * alpha
@@ -179,17 +162,14 @@ def _ns_gemm_tma_kernel(
     if SYMMETRIC:
         tm, tn = _lower_tile(pid)
     else:
-        tm, tn = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+        tm, tn = tile_coords(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     om = tm * BLOCK_M
     on = tn * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         a = _tile_load(a_desc, batch, om, k * BLOCK_K, BLOCK_M, BLOCK_K, A_TRANS)
         b = _tile_load(b_desc, batch, k * BLOCK_K, on, BLOCK_K, BLOCK_N, B_TRANS)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = mac(a, b, acc, True, "ieee", None, UPCAST)
     out = acc * alpha
     if HAS_C:
         out += beta * c_desc.load([batch, om, on]).reshape(BLOCK_M, BLOCK_N).to(tl.float32)
