@@ -522,9 +522,11 @@ def run_probe(row: Row, probe: Probe) -> None:
             continue
         if ref is None:
             ref = _flatten(reference(**_upcast(kw)))
-        passed, _, _, _, detail = compare(got, ref, same, _tolerance(row, dtype, grad))
+        outcome = compare(got, ref, same, _tolerance(row, dtype, grad))
         what = "gradients" if grad else "output"
-        assert passed, f"{where}: {what} differs from the float64 reference: {detail}"
+        assert outcome.passed, (
+            f"{where}: {what} differs from the float64 reference: {outcome.detail}"
+        )
 
 
 def _cases():
