@@ -204,7 +204,7 @@ ROW_FWD_POW2_LN_FP32_WARPS = 16
 ROW_FWD_WARPS = ((8192, 4), (20480, 8), (40960, 16))
 ROW_FWD_ELEMS_PER_THREAD = (4, 8)
 ROW_FWD_WARPS_RMS = ((6144, 4), (14336, 8), (32768, 16))
-ROW_FWD_ELEMS_PER_THREAD_RMS = {4: 16, 8: 16, 16: 8, 32: 8}
+ROW_FWD_ELEMS_PER_THREAD_RMS = ((4, 16), (8, 16), (16, 8), (32, 8))
 # 16-bit rows: the output's stores marked evict_first (ROW_FWD_STORE), so that they do not push
 # out of L2 the rows that the second sweep re-reads, and LayerNorm rows normalized as x * rstd -
 # mean * rstd, one FMA per element (ROW_FWD_SCALE_FIRST; a 16-bit input holds no digits that
@@ -337,7 +337,7 @@ def norm_config(
     LOOP_PROGRAMS_PER_SM)."""
     cfg = row_config(
         layout,
-        device,
+        sms=sm_count(device),
         max_fused=max_fused or MAX_FUSED_COLS,
         loop_block=loop_block or LOOP_BLOCK_N,
         tile_elems=tile_elems,
