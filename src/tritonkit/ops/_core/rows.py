@@ -352,17 +352,17 @@ def row_program_config(
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch with everything but its leading arguments fixed: the grid, the integer
-    arguments after them (sizes, strides), the constexprs and ``num_warps``. ``launch(*args)``
-    passes ``args`` (tensors, and scalars that vary per call such as eps) first."""
+    """One kernel launch with everything but its tensors fixed: the grid, the scalar arguments
+    after the tensors (sizes, strides, eps, ...), the constexprs and ``num_warps``.
+    ``launch(*tensors)`` launches on the current stream."""
 
     kernel: Any  # a tritonkit.ops._core.launch.Kernel
     grid: tuple[int, ...]
-    ints: tuple[int, ...] = ()
+    scalars: tuple[int | float, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
 
-    def __call__(self, *args: Any) -> None:
-        self.kernel.launch(self.grid, *args, *self.ints, **self.meta)
+    def __call__(self, *tensors: Any) -> None:
+        self.kernel.launch(self.grid, *tensors, *self.scalars, **self.meta)
 
 
 PLAN_CACHE_SIZE = 4096  # plans kept per family cache; a model calls the same few shapes
