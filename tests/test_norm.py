@@ -21,16 +21,16 @@ from tritonkit.ops.norm import (
     norm,
     rms_norm,
 )
-from tritonkit.ops.norm.config import (
+from tritonkit.ops.norm.config import depth
+from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.launches import (
     backward_stages,
     backward_tile_elems,
-    depth,
     row_forward_config,
     row_forward_store,
     row_forward_thread_elems,
     row_tiles,
 )
-from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.plan import forward_plan
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
 

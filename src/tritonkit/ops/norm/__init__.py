@@ -42,7 +42,7 @@ fp32 before it is rounded and stored (the unfused eager code normalizes the roun
 rounding less accurate); the backward reads the stored sum, not x and residual.
 
 ``config.py`` holds every tunable (``NormConfig``: ``NormForwardConfig``,
-``NormBackwardConfig``) and chooses the launches; ``plan.py`` caches them per layout;
+``NormBackwardConfig``), ``launches.py`` chooses the launches; ``plan.py`` caches them per layout;
 ``function.py`` has the ops, the autograd Functions and the public functions (``norm`` and
 ``add_norm`` take a config).
 """

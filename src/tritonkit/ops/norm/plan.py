@@ -14,14 +14,9 @@ import torch
 from tritonkit.ops._core.device import shared_memory_per_block, sm_count
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops._core.rows import Launch, RowPlan, remember, row_plan
-from tritonkit.ops.norm.config import (
-    NORM,
-    BackwardLaunches,
-    NormConfig,
-    backward_launches,
-    forward_launch,
-)
+from tritonkit.ops.norm.config import NORM, NormConfig
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.launches import BackwardLaunches, backward_launches, forward_launch
 
 
 def reduced(ndim: int, n_dims: int) -> tuple[int, ...]:
