@@ -22,7 +22,7 @@ def ce_grad_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # int64 targets [n_rows]
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
-    stats_ptr,  # fp32 [2] from ce_prep_kernel: mean denominator, sum of class weights
+    stats_ptr,  # fp32 [2]: the mean's denominator (ce_reduce_kernel), the class weights' sum
     lse_ptr,  # fp32 logsumexp per row [n_rows] from ce_rows_kernel
     go_ptr,  # grad_output: one value per row, or a scalar (stride_go = 0)
     grad_ptr,  # out: gradient of the logits [n_rows, n_cols], unit class stride

@@ -13,10 +13,10 @@ from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.rows import Launch, pow2_floor
 from tritonkit.ops.cross_entropy.backward import ce_grad_kernel
 from tritonkit.ops.cross_entropy.forward import (
-    ce_prep_kernel,
     ce_reduce_kernel,
     ce_rows_kernel,
     ce_stats_kernel,
+    ce_weight_sum_kernel,
 )
 
 _INT32_LIMIT = 2**31
@@ -117,8 +117,8 @@ def needs_int64(
 
 @dataclass(frozen=True)
 class ForwardLaunches:
-    """The launches of one forward: ``prep`` (or None: neither the mean's denominator nor the
-    class weights' sum is needed), ``stats``, ``rows``, ``reduce`` (None for reduction "none"),
+    """The launches of one forward: ``prep`` (the class weights' sum, or None: not needed),
+    ``stats``, ``rows``, ``reduce`` (with the mean's denominator; None for reduction "none"),
     and the shape of the fp32 partials between stats and rows."""
 
     prep: Launch | None
@@ -145,15 +145,13 @@ def forward_launches(
     mean = reduction == "mean"
     w_stride = weight.stride(0) if has_weight else 0
     prep = None
-    need_weight_sum = has_weight and has_smoothing
-    if mean or need_weight_sum:
+    if has_weight and has_smoothing:  # the row kernel needs the class weights' sum
         prep = Launch(
-            ce_prep_kernel,
+            ce_weight_sum_kernel,
             (1,),
-            (n_rows, n_cols, target.stride(0), w_stride, ignore_index),
-            {"HAS_WEIGHT": has_weight, "NEED_DENOM": mean, "NEED_WEIGHT_SUM": need_weight_sum,
-             "BLOCK": config.reduce_block, "num_warps": config.reduce_warps},
-        )  # fmt: skip
+            (n_cols, w_stride),
+            {"BLOCK": config.reduce_block, "num_warps": config.reduce_warps},
+        )
     block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols, config)
     block_r, block_s = rows_config(n_rows, n_segments, config)
     align = align_for(block_m, config, logits)
@@ -185,9 +183,10 @@ def forward_launches(
         reduce = Launch(
             ce_reduce_kernel,
             (1,),
-            (n_rows,),
-            {"MEAN": mean, "BLOCK": config.reduce_block, "num_warps": config.reduce_warps},
-        )
+            (n_rows, n_cols, target.stride(0), w_stride, ignore_index),
+            {"MEAN": mean, "HAS_WEIGHT": has_weight, "BLOCK": config.reduce_block,
+             "num_warps": config.reduce_warps},
+        )  # fmt: skip
     return ForwardLaunches(prep, stats, rows, reduce, parts_shape)
 
 

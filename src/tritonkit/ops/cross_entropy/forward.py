@@ -1,10 +1,11 @@
 """The cross-entropy forward: per-segment partials of each row (``ce_stats_kernel``), merged
 per row into its logsumexp and loss (``ce_rows_kernel``), and the reduction's sum or mean
-(``ce_reduce_kernel``); ``ce_prep_kernel`` gives the mean's denominator and the class weights'
-sum where the reduction or label smoothing needs them."""
+(``ce_reduce_kernel``, which also takes the mean's denominator); ``ce_weight_sum_kernel`` gives
+the class weights' sum where label smoothing with class weights needs it."""
 
 from __future__ import annotations
 
+import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
@@ -21,47 +22,50 @@ from tritonkit.ops.cross_entropy.segments import (
 
 
 @kernel
-def ce_prep_kernel(
-    t_ptr,  # int64 targets [n_rows]
-    w_ptr,  # class weights [n_cols], when HAS_WEIGHT
-    stats_ptr,  # fp32 [2]: out: mean denominator, sum of all class weights
-    n_rows,  # targets
+def ce_weight_sum_kernel(
+    w_ptr,  # class weights [n_cols]
+    stats_ptr,  # fp32 [2]: out: the sum of all class weights, second
     n_cols,  # classes
-    stride_t,  # targets: elements between rows
     stride_w,  # weights: elements between classes
-    ignore_index,
-    HAS_WEIGHT: tl.constexpr,
-    NEED_DENOM: tl.constexpr,  # reduction "mean": sum of w[t] over non-ignored rows (or count)
-    NEED_WEIGHT_SUM: tl.constexpr,  # label smoothing with class weights
     BLOCK: tl.constexpr,
 ):
-    # One program, fixed summation order: deterministic, and only N + C elements are read.
+    # Label smoothing with class weights needs their sum in the row kernel. One program, a fixed
+    # summation order: deterministic.
     offs = tl.arange(0, BLOCK)
-    if NEED_DENOM:
+    acc_w = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        c = start + offs
+        acc_w += tl.load(w_ptr + c * stride_w, mask=c < n_cols, other=0.0).to(tl.float32)
+    tl.store(stats_ptr + 1, tl.sum(acc_w, axis=0))
+
+
+@triton.jit
+def _mean_denominator(
+    t_ptr, w_ptr, n_rows, n_cols, stride_t, stride_w, ignore_index, HAS_WEIGHT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The mean's denominator: the sum of w[t] over non-ignored rows (their count without class
+    weights, exact for any number of rows), in a fixed order."""
+    offs = tl.arange(0, BLOCK)
+    if HAS_WEIGHT:
+        acc = tl.zeros([BLOCK], tl.float32)
+    else:
+        count = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        r = start + offs
+        t = tl.load(t_ptr + r * stride_t, mask=r < n_rows, other=ignore_index)
+        keep = (r < n_rows) & (t != ignore_index)
         if HAS_WEIGHT:
-            acc = tl.zeros([BLOCK], tl.float32)
+            in_range = keep & (t >= 0) & (t < n_cols)
+            wt = tl.load(w_ptr + tl.where(in_range, t, 0) * stride_w, mask=in_range, other=0.0)
+            acc += wt.to(tl.float32)
         else:
-            count = tl.zeros([BLOCK], tl.int32)  # exact for any number of rows
-        for start in range(0, n_rows, BLOCK):
-            r = start + offs
-            t = tl.load(t_ptr + r * stride_t, mask=r < n_rows, other=ignore_index)
-            keep = (r < n_rows) & (t != ignore_index)
-            if HAS_WEIGHT:
-                in_range = keep & (t >= 0) & (t < n_cols)
-                wt = tl.load(w_ptr + tl.where(in_range, t, 0) * stride_w, mask=in_range, other=0.0)
-                acc += wt.to(tl.float32)
-            else:
-                count += keep.to(tl.int32)
-        if HAS_WEIGHT:
-            tl.store(stats_ptr, tl.sum(acc, axis=0))
-        else:
-            tl.store(stats_ptr, tl.sum(count, axis=0).to(tl.float32))
-    if NEED_WEIGHT_SUM:
-        acc_w = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            c = start + offs
-            acc_w += tl.load(w_ptr + c * stride_w, mask=c < n_cols, other=0.0).to(tl.float32)
-        tl.store(stats_ptr + 1, tl.sum(acc_w, axis=0))
+            count += keep.to(tl.int32)
+    if HAS_WEIGHT:
+        den = tl.sum(acc, axis=0)
+    else:
+        den = tl.sum(count, axis=0).to(tl.float32)
+    return den
 
 
 @kernel
@@ -117,7 +121,7 @@ def ce_rows_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides: only x[i, t_i] is read
     t_ptr,  # int64 targets [n_rows]
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
-    stats_ptr,  # fp32 [2] from ce_prep_kernel: mean denominator, sum of class weights
+    stats_ptr,  # fp32 [2]: the sum of class weights second (ce_weight_sum_kernel)
     part_ptr,  # fp32 partials [K, n_rows, n_segments] from ce_stats_kernel
     loss_ptr,  # per-row losses: fp32 (summed later) or the output dtype (reduction "none")
     lse_ptr,  # fp32 out: logsumexp per row [n_rows] (0 on ignored rows), when HAS_GRAD
@@ -207,18 +211,30 @@ def ce_rows_kernel(
 @kernel
 def ce_reduce_kernel(
     loss_ptr,  # fp32 per-row losses [n_rows], contiguous
-    stats_ptr,  # fp32 [2]: the mean denominator first
+    t_ptr,  # int64 targets [n_rows], when MEAN
+    w_ptr,  # class weights [n_cols], when MEAN and HAS_WEIGHT
+    stats_ptr,  # fp32 [2]: out with MEAN: the mean's denominator, first (the backward's too)
     out_ptr,  # the reduced loss, a scalar in the loss dtype (the logits' or float32)
     n_rows,  # losses to sum
+    n_cols,  # classes
+    stride_t,  # targets: elements between rows
+    stride_w,  # weights: elements between classes
+    ignore_index,
     MEAN: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # One program, fixed summation order: deterministic.
+    # One program, fixed summation orders: deterministic. The mean's denominator is taken here
+    # rather than in a launch of its own (one launch fewer per call).
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_rows, BLOCK):
         acc += tl.load(loss_ptr + start + offs, mask=start + offs < n_rows, other=0.0)
     total = tl.sum(acc, axis=0)
     if MEAN:
-        total = total / tl.load(stats_ptr)  # 0 / 0 = NaN when every target is ignored
+        den = _mean_denominator(
+            t_ptr, w_ptr, n_rows, n_cols, stride_t, stride_w, ignore_index, HAS_WEIGHT, BLOCK
+        )
+        tl.store(stats_ptr, den)
+        total = total / den  # 0 / 0 = NaN when every target is ignored
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))

@@ -12,7 +12,7 @@ import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, policy
 from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import launches_directly
+from tritonkit.ops._core.rows import arg_facts, launches_directly, remember
 from tritonkit.ops._core.validate import (
     check_choice,
     check_operand,
@@ -136,19 +136,11 @@ class CrossEntropyFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
-def cross_entropy_loss(
-    input: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None,
-    ignore_index: int,
-    reduction: str,
-    label_smoothing: float,
-    config: CrossEntropyConfig | None = None,
-) -> torch.Tensor:
-    """``cross_entropy``, validated, with autograd: what the public function runs, with
-    ``config`` (None: the default; another runs in plain eager mode only)."""
+_VALIDATED: dict = {}  # arg_facts of calls validated before
+
+
+def _validate(input, target, weight, ignore_index, reduction, label_smoothing) -> None:
     op = "tritonkit.cross_entropy"
-    float32_loss = autocast_dtype("cross_entropy", input) == torch.float32
     check_tensor(op, "input", input)
     check_tensor(op, "target", target, dtypes=(torch.int64,))
     check_same_device(op, input=input, target=target)
@@ -179,6 +171,25 @@ def cross_entropy_loss(
         )
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+
+
+def cross_entropy_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    config: CrossEntropyConfig | None = None,
+) -> torch.Tensor:
+    """``cross_entropy``, validated, with autograd: what the public function runs, with
+    ``config`` (None: the default; another runs in plain eager mode only)."""
+    float32_loss = autocast_dtype("cross_entropy", input) == torch.float32
+    key = arg_facts(input, target, weight, ignore_index, reduction, label_smoothing)
+    if key is None or key not in _VALIDATED:
+        _validate(input, target, weight, ignore_index, reduction, label_smoothing)
+        if key is not None:
+            remember(_VALIDATED, key, True)
     need_grad = input.requires_grad and torch.is_grad_enabled()
     args = (weight, ignore_index, reduction, float(label_smoothing), need_grad, float32_loss)
     if input.dim() == 1:

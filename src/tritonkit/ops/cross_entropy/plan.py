@@ -87,11 +87,11 @@ class ForwardPlan:
         parts = torch.empty(run.parts_shape, **f32)
         rows_out = loss if run.reduce is None else torch.empty(logits.shape[0], **f32)
         if run.prep is not None:
-            run.prep(target, weight if weight is not None else stats, stats)
+            run.prep(weight, stats)
         run.stats(logits, target, w, parts)
         run.rows(logits, target, w, stats, parts, rows_out, lse if self.need_grad else stats)
         if run.reduce is not None:
-            run.reduce(rows_out, stats, loss)
+            run.reduce(rows_out, target, w, stats, loss)
         return loss, lse, stats
 
     def backward_for(self, grad_output, logits, target, weight) -> BackwardPlan:
