@@ -376,6 +376,31 @@ def remember(cache: dict, key: Hashable, value: Any) -> Any:
     return value
 
 
+def arg_facts(*args: Any) -> tuple | None:
+    """What argument validation reads of a call, as a key for the cache of calls validated
+    before (a public function validates a call only when its key is new): each tensor's type,
+    shape, dtype and device, each other value with its type (and a tuple's items' types, so
+    that True and 1 differ). None where no such key holds: while torch.compile traces (a
+    dict of tensors' facts is not something to trace) or for an unhashable value (a list).
+    Validation depends on nothing else, so a call with a known key is a valid call."""
+    if torch.compiler.is_compiling():
+        return None
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((type(a), a.shape, a.dtype, a.device))
+        elif isinstance(a, tuple):
+            out.append((tuple, a, tuple(map(type, a))))
+        else:
+            out.append((type(a), a))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def launches_directly(args: Sequence[Any]) -> bool:
     """Whether a call with ``args`` may launch from its cached plan in this process rather than
     through its torch.library op: the rule of ``eager_direct`` (plain eager mode, no profiler,

@@ -15,7 +15,7 @@ import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, cast, policy
 from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import launches_directly, plan_rows
+from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows, remember
 from tritonkit.ops._core.validate import (
     check_operand,
     check_same_dtype,
@@ -249,6 +249,19 @@ def _rms_eps(eps: float | None) -> float:
     return torch.finfo(torch.float32).eps if eps is None else eps
 
 
+_VALIDATED: dict = {}  # arg_facts of calls validated before -> (n_dims, eps)
+
+
+def _validate_norm(op, x, normalized_shape, weight, bias, eps, rms) -> tuple[int, float]:
+    shape = _normalized_shape(op, normalized_shape)
+    _check_norm_args(op, x, shape, weight=weight, bias=bias)
+    if rms:
+        eps = _rms_eps(None if eps is None else _check_eps(op, eps))
+    else:
+        eps = _check_eps(op, eps)
+    return len(shape), eps
+
+
 def norm(
     x: torch.Tensor,
     normalized_shape: int | Sequence[int],
@@ -261,18 +274,31 @@ def norm(
     """layer_norm (``rms`` False) or rms_norm (``bias`` None), validated, with autograd: what
     the public functions run, with ``config`` (None: the default; another runs in plain eager
     mode only)."""
-    if rms:
-        op = "tritonkit.rms_norm"
-    else:
-        op = "tritonkit.layer_norm"
+    if not rms:
         x, weight, bias = cast(autocast_dtype("layer_norm", x), x, weight, bias)
-    shape = _normalized_shape(op, normalized_shape)
-    _check_norm_args(op, x, shape, weight=weight, bias=bias)
-    if rms:
-        eps = _rms_eps(None if eps is None else _check_eps(op, eps))
-    else:
-        eps = _check_eps(op, eps)
-    return apply(NormFunction, x, weight, bias, len(shape), eps, rms, config)
+    key = arg_facts(x, normalized_shape, weight, bias, eps, rms)
+    valid = _VALIDATED.get(key) if key is not None else None
+    if valid is None:
+        op = "tritonkit.rms_norm" if rms else "tritonkit.layer_norm"
+        valid = _validate_norm(op, x, normalized_shape, weight, bias, eps, rms)
+        if key is not None:
+            remember(_VALIDATED, key, valid)
+    n_dims, eps = valid
+    return apply(NormFunction, x, weight, bias, n_dims, eps, rms, config)
+
+
+def _validate_add_norm(op, x, residual, weight, bias, eps, rms) -> tuple[int, float]:
+    eps = _rms_eps(None if eps is None else _check_eps(op, eps)) if rms else _check_eps(op, eps)
+    check_tensor(op, "x", x)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    shape = (x.shape[-1],)
+    for t in (weight, bias):  # the affine parameters' shape is the normalized shape
+        if isinstance(t, torch.Tensor):
+            shape = tuple(t.shape)
+            break
+    _check_norm_args(op, x, shape, residual, weight=weight, bias=bias)
+    return len(shape), eps
 
 
 def add_norm(
@@ -286,18 +312,15 @@ def add_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """add_layer_norm (``rms`` False) or add_rms_norm (``bias`` None), validated, with autograd,
     with ``config`` (as :func:`norm`)."""
-    op = "tritonkit.add_rms_norm" if rms else "tritonkit.add_layer_norm"
-    eps = _rms_eps(None if eps is None else _check_eps(op, eps)) if rms else _check_eps(op, eps)
-    check_tensor(op, "x", x)
-    if x.dim() == 0:
-        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
-    shape = (x.shape[-1],)
-    for t in (weight, bias):  # the affine parameters' shape is the normalized shape
-        if isinstance(t, torch.Tensor):
-            shape = tuple(t.shape)
-            break
-    _check_norm_args(op, x, shape, residual, weight=weight, bias=bias)
-    return apply(AddNormFunction, x, residual, weight, bias, len(shape), eps, rms, config)
+    key = arg_facts(x, residual, weight, bias, eps, rms, "add")
+    valid = _VALIDATED.get(key) if key is not None else None
+    if valid is None:
+        op = "tritonkit.add_rms_norm" if rms else "tritonkit.add_layer_norm"
+        valid = _validate_add_norm(op, x, residual, weight, bias, eps, rms)
+        if key is not None:
+            remember(_VALIDATED, key, valid)
+    n_dims, eps = valid
+    return apply(AddNormFunction, x, residual, weight, bias, n_dims, eps, rms, config)
 
 
 @policy(cuda=FP32)
