@@ -18,9 +18,11 @@ for s in "$@"; do
       step build
       python3 -c "from tritonkit.ops._core import replay; print(replay.extension(), replay.STATS.disabled)" > "$RES/build.log" 2>&1 ;;
     bench:*)
-      fam=${s#bench:}
+      fam=${s#bench:}  # a family or a comma list of operators
       step "bench $fam"
-      python3 -m tritonkit bench "$fam" --small --no-check --out "$RES/bench-$fam" --force > "$RES/bench-$fam.log" 2>&1 ;;
+      name=${fam%%,*}
+      python3 -m tritonkit bench ${fam//,/ } --small --no-check --out "$RES/bench-$name" --force \
+        > "$RES/bench-$name.log" 2>&1 ;;
     regress-old)
       step regress-old
       PYTHONPATH=/tmp/site:oldtree/src python3 experiments/gpu_regress.py "$RES/regress-old.json" > "$RES/regress-old.log" 2>&1 ;;
