@@ -1,8 +1,8 @@
 """Sweep the segment size and warps of the cross-entropy kernels at (8192, 128256) bf16.
 
-For each candidate (``SEG`` x ``SEG_WARPS``, module constants of ``ops/cross_entropy.py`` set
-per call, so a candidate is exactly what a config change would give) this times, interleaved
-with torch eager and torch.compile in the same run:
+For each candidate (``seg`` x ``seg_warps`` of ``CrossEntropyConfig``, passed to the call, so a
+candidate is exactly what a change of the default would give) this times, interleaved with
+torch eager and torch.compile in the same run:
 
     (a) fwd:      the loss without a gradient          bytes = logits (one read)
     (b) fwd+bwd:  loss.backward() (grad_output 1.0)    bytes = 2 x logits (read + gradient write)
@@ -22,6 +22,7 @@ compiling.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -50,12 +51,12 @@ def _configs() -> list[dict]:
     for seg in SEGS:
         for warps in WARPS:
             if ELEMS_PER_THREAD[0] <= seg // (32 * warps) <= ELEMS_PER_THREAD[1]:
-                out.append({"SEG": seg, "SEG_WARPS": warps})
+                out.append({"seg": seg, "seg_warps": warps})
     return out
 
 
 def _label(cfg: dict) -> str:
-    return f"SEG={cfg['SEG']} w={cfg['SEG_WARPS']}"
+    return f"seg={cfg['seg']} w={cfg['seg_warps']}"
 
 
 def _time(fns: dict[str, Callable[[], object]], device: torch.device, reps: int) -> dict:
@@ -88,15 +89,6 @@ def _time(fns: dict[str, Callable[[], object]], device: torch.device, reps: int)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def _configured(module, cfg: dict, fn: Callable[[], object]) -> Callable[[], object]:
-    def run():
-        for k, v in cfg.items():
-            setattr(module, k, v)
-        return fn()
-
-    return run
-
-
 def _max_err(a: torch.Tensor, ref: torch.Tensor, rows: int = 512) -> float:
     """max |a - ref| in float32, row block by row block (no full float32 copy of a)."""
     if a.dim() < 2:
@@ -114,7 +106,7 @@ def main() -> None:
     args = p.parse_args()
     if args.dry:  # read when the kernels are decorated: before tritonkit is imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from tritonkit.ops import cross_entropy as CE
+    from tritonkit.ops.cross_entropy import CROSS_ENTROPY, cross_entropy_loss
 
     device = torch.device("cpu" if args.dry else "cuda")
     shape, reps = ((8, 5000), 2) if args.dry else (SHAPE, REPS)
@@ -125,7 +117,16 @@ def main() -> None:
     xg = x.clone().requires_grad_()
     logits_bytes = x.numel() * x.element_size()
     configs = _configs()
-    defaults = {k: getattr(CE, k) for k in configs[0]}
+    defaults = {k: getattr(CROSS_ENTROPY, k) for k in configs[0]}
+
+    def ours(cfg: dict):
+        """cross_entropy under the candidate ``cfg`` (fields of the default config)."""
+        config = dataclasses.replace(CROSS_ENTROPY, **cfg)
+        return lambda x, t: cross_entropy_loss(x, t, None, IGNORE, "mean", 0.0, config)
+
+    def ours_fwd(cfg: dict):
+        fn = ours(cfg)
+        return lambda: fn(x, t)
 
     # Reference: eager in float32; eager bf16's own error is printed beside ours.
     xf = x.float().requires_grad_()
@@ -142,9 +143,6 @@ def main() -> None:
 
         return run
 
-    def ours_fwd():
-        return CE.cross_entropy(x, t)
-
     eager = {"fwd": lambda: F.cross_entropy(x, t), "fwd+bwd": fwd_bwd(F.cross_entropy)}
     base = {"eager": eager}
     if not args.no_compile:
@@ -155,47 +153,39 @@ def main() -> None:
 
     rows = []
     errors = []
-    try:
-        # Accuracy of every candidate (and eager bf16) against float32 eager.
-        ours_both = (ours_fwd, fwd_bwd(CE.cross_entropy))
-        checks = {_label(c): (c, *ours_both) for c in configs}
-        checks["[eager bf16]"] = (defaults, eager["fwd"], eager["fwd+bwd"])
-        for name, (cfg, fwd, both) in checks.items():
-            for k, v in cfg.items():
-                setattr(CE, k, v)
-            try:
-                grad = both()
-                loss = fwd()
-            except Exception as exc:  # a candidate that fails to compile is reported, not fatal
-                errors.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-                continue
-            errors.append(
-                {
-                    "config": name,
-                    "loss_abs_err": abs(loss.float().item() - loss_ref.item()),
-                    "grad_max_abs_err": _max_err(grad, grad_ref),
-                    "grad_max_abs_ref": grad_ref.abs().max().item(),
-                }
-            )
-        failed = {e["config"] for e in errors if "error" in e}
-        good = [c for c in configs if _label(c) not in failed]
-        del grad_ref
-        xg.grad = None
+    # Accuracy of every candidate (and eager bf16) against float32 eager.
+    checks = {_label(c): (ours_fwd(c), fwd_bwd(ours(c))) for c in configs}
+    checks["[eager bf16]"] = (eager["fwd"], eager["fwd+bwd"])
+    for name, (fwd, both) in checks.items():
+        try:
+            grad = both()
+            loss = fwd()
+        except Exception as exc:  # a candidate that fails to compile is reported, not fatal
+            errors.append({"config": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        errors.append(
+            {
+                "config": name,
+                "loss_abs_err": abs(loss.float().item() - loss_ref.item()),
+                "grad_max_abs_err": _max_err(grad, grad_ref),
+                "grad_max_abs_ref": grad_ref.abs().max().item(),
+            }
+        )
+    failed = {e["config"] for e in errors if "error" in e}
+    good = [c for c in configs if _label(c) not in failed]
+    del grad_ref
+    xg.grad = None
 
-        for mode, nbytes in (("fwd", logits_bytes), ("fwd+bwd", 2 * logits_bytes)):
-            ours = ours_fwd if mode == "fwd" else fwd_bwd(CE.cross_entropy)
-            fns = {_label(c): _configured(CE, c, ours) for c in good}
-            fns.update({f"[{b}]": fn[mode] for b, fn in base.items()})
-            times = _time(fns, device, reps)
-            for name, ms in times.items():
-                row = {"mode": mode, "config": name, "ms": ms, "GBps": nbytes / ms / 1e6}
-                for b in base:
-                    row[f"vs_{b}"] = times[f"[{b}]"] / ms
-                rows.append(row)
-            xg.grad = None
-    finally:
-        for k, v in defaults.items():
-            setattr(CE, k, v)
+    for mode, nbytes in (("fwd", logits_bytes), ("fwd+bwd", 2 * logits_bytes)):
+        fns = {_label(c): ours_fwd(c) if mode == "fwd" else fwd_bwd(ours(c)) for c in good}
+        fns.update({f"[{b}]": fn[mode] for b, fn in base.items()})
+        times = _time(fns, device, reps)
+        for name, ms in times.items():
+            row = {"mode": mode, "config": name, "ms": ms, "GBps": nbytes / ms / 1e6}
+            for b in base:
+                row[f"vs_{b}"] = times[f"[{b}]"] / ms
+            rows.append(row)
+        xg.grad = None
 
     _print(rows, errors, list(base))
     out = os.environ.get("OUT")

@@ -3,9 +3,10 @@
 Times each kernel at the issue's bench shapes under candidate configs (interleaved with torch
 eager and torch.compile, L2 flushed), prints the best config per case with its share of the
 copy bandwidth, and writes every row to JSON. The defaults live in one place per family
-(module constants of ``ops/softmax.py`` and ``ops/norm.py``; cross-entropy: sweep_ce.py); this
-script sets those constants per candidate, so the candidates are exactly what a config change
-would give. bf16 only; about two and a half minutes on an H200.
+(``SoftmaxConfig`` in ``ops/softmax/config.py``, ``NormConfig`` in ``ops/norm/config.py``;
+cross-entropy: sweep_ce.py); each candidate is the default with some fields replaced, passed
+to the call, so the candidates are exactly what a change of the default would give. bf16
+only; about two and a half minutes on an H200.
 
     python experiments/sweep_norms.py --out sweep_norms.json [--no-compile] [--only softmax,norm]
 
@@ -17,6 +18,7 @@ cross-entropy fwd+grad reads the logits and writes their gradient (2 tensors).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable
@@ -26,8 +28,10 @@ import torch.nn.functional as F
 
 from tritonkit.harness.device import fingerprint
 from tritonkit.harness.timing import summarize, time_interleaved
-from tritonkit.ops import norm as N
-from tritonkit.ops import softmax as S
+from tritonkit.ops.norm import NORM
+from tritonkit.ops.norm import plan as norm_plan
+from tritonkit.ops.softmax import SOFTMAX
+from tritonkit.ops.softmax import plan as softmax_plan
 
 ROW_SHAPES = [(16384, 4096), (4096, 65536)]
 DTYPE = torch.bfloat16
@@ -47,15 +51,20 @@ def _time(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
     return {k: summarize(v).median for k, v in samples.items()}
 
 
-def _configured(module, consts: dict, fn: Callable[[], object]) -> Callable[[], object]:
-    """fn with the module's config constants set to ``consts`` for the call (read at launch)."""
+def _replace(config, fields: dict):
+    """``config`` with ``fields`` replaced; "forward.x" / "backward.x" name a NormConfig's
+    sub-config fields."""
+    top = {k: v for k, v in fields.items() if "." not in k}
+    for part in {k.split(".")[0] for k in fields if "." in k}:
+        sub = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith(part + ".")}
+        top[part] = dataclasses.replace(getattr(config, part), **sub)
+    return dataclasses.replace(config, **top)
 
-    def run():
-        for k, v in consts.items():
-            setattr(module, k, v)
-        return fn()
 
-    return run
+def _get(config, name: str):
+    for part in name.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def _label(consts: dict) -> str:
@@ -77,28 +86,26 @@ class Sweep:
         case: str,
         shape: tuple,
         nbytes: int,
-        module,
+        default,
         configs: list[dict],
-        ours: Callable[[], object],
+        ours: Callable[[object], Callable[[], object]],
         baselines: dict[str, Callable[[], object]],
     ) -> None:
-        defaults = {k: getattr(module, k) for k in configs[0]}
-        fns = {_label(c): _configured(module, c, ours) for c in configs}
+        """Time ``ours(config)`` for each candidate: ``default`` with the fields of one of
+        ``configs`` replaced."""
+        defaults = {k: _get(default, k) for k in configs[0]}
+        fns = {_label(c): ours(_replace(default, c)) for c in configs}
         fns.update({f"[{k}]": v for k, v in baselines.items()})
-        try:
-            for name, fn in list(fns.items()):  # compile; a candidate that fails is reported
-                try:
-                    fn()
-                except Exception as exc:
-                    del fns[name]
-                    error = f"{type(exc).__name__}: {exc}"[:200]
-                    self.rows.append(
-                        {"case": case, "shape": str(shape), "config": name, "error": error}
-                    )
-            times = _time(fns)
-        finally:
-            for k, v in defaults.items():
-                setattr(module, k, v)
+        for name, fn in list(fns.items()):  # compile; a candidate that fails is reported
+            try:
+                fn()
+            except Exception as exc:
+                del fns[name]
+                error = f"{type(exc).__name__}: {exc}"[:200]
+                self.rows.append(
+                    {"case": case, "shape": str(shape), "config": name, "error": error}
+                )
+        times = _time(fns)
         for name, ms in times.items():
             self.rows.append(
                 {
@@ -129,76 +136,84 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     dy = torch.randn_like(x)
     y = torch.softmax(x, -1)
     n = _nbytes(x)
-    if shape[-1] <= S.MAX_FUSED_COLS:
-        configs = _grid(ELEMS_PER_THREAD=[32, 16, 8], TILE_ELEMS=[4096, 8192])
+    if shape[-1] <= SOFTMAX.max_fused_cols:
+        configs = _grid(elems_per_thread=[32, 16, 8], tile_elems=[4096, 8192])
     else:  # looped: elements per thread and programs per SM, the same pair for both passes
-        # (each pass reads its own constants), so each pass's default is among the candidates
+        # (each pass reads its own fields), so each pass's default is among the candidates
         configs = [
-            {**c, "LOOP_ELEMS_PER_THREAD_BWD": c["LOOP_ELEMS_PER_THREAD_FWD"],
-             "LOOP_PROGRAMS_PER_SM_BWD": c["LOOP_PROGRAMS_PER_SM_FWD"]}
+            {**c, "loop_elems_per_thread_bwd": c["loop_elems_per_thread_fwd"],
+             "loop_programs_per_sm_bwd": c["loop_programs_per_sm_fwd"]}
             for c in _grid(
-                LOOP_BLOCK_N=[16384],
-                LOOP_ELEMS_PER_THREAD_FWD=[16, 32],
-                LOOP_PROGRAMS_PER_SM_FWD=[2, 4],
-                LOOP_PREFETCH_FWD=[False],
-                LOOP_PREFETCH_BWD=[True],
+                loop_block_n=[16384],
+                loop_elems_per_thread_fwd=[16, 32],
+                loop_programs_per_sm_fwd=[2, 4],
+                loop_prefetch_fwd=[False],
+                loop_prefetch_bwd=[True],
             )
         ]  # fmt: skip
     fwd_base = {"torch": lambda: torch.softmax(x, -1)}
     if use_compile:
         compiled = _compiled(lambda t: torch.softmax(t, -1))
         fwd_base["torch.compile"] = lambda: compiled(x)
-    sw.run("softmax fwd", shape, 2 * n, S, configs, lambda: S.softmax_fwd(x, 1, False), fwd_base)
+
+    def fwd(config):
+        plan = softmax_plan.forward_plan(x, 1, False, config)
+        return lambda: plan(x)
+
+    def bwd(config):
+        plan = softmax_plan.backward_plan(dy, y, 1, False, config)
+        return lambda: plan(dy, y)
+
+    sw.run("softmax fwd", shape, 2 * n, SOFTMAX, configs, fwd, fwd_base)
     bwd_base = {"torch": lambda: torch._softmax_backward_data(dy, y, -1, DTYPE)}
-    sw.run(
-        "softmax bwd", shape, 3 * n, S, configs, lambda: S.softmax_bwd(dy, y, 1, False), bwd_base
-    )
+    sw.run("softmax bwd", shape, 3 * n, SOFTMAX, configs, bwd, bwd_base)
 
 
 def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> None:
-    if shape[-1] > N.MAX_FUSED_COLS:  # looped forward, two-kernel backward
-        # Elements per thread: LayerNorm's looped chunks take ELEMS_PER_THREAD, RMSNorm's
-        # LOOP_ELEMS_PER_THREAD_RMS; both set alike here.
-        # Each knob set alike for both norms (ops/norm.py: the plain name is LayerNorm's).
+    if shape[-1] > NORM.forward.max_fused_cols:  # looped forward, two-kernel backward
+        # Elements per thread: LayerNorm's looped chunks take elems_per_thread, RMSNorm's
+        # loop_elems_per_thread_rms; each knob set alike for both norms here.
         fwd_configs = [
-            {**c, "LOOP_ELEMS_PER_THREAD_RMS": c["ELEMS_PER_THREAD"],
-             "LOOP_PROGRAMS_PER_SM_RMS": c["LOOP_PROGRAMS_PER_SM"],
-             "LOOP_PREFETCH_RMS": c["LOOP_PREFETCH"], "LOOP_STATS_LN": c["LOOP_STATS_RMS"],
-             "LOOP_ROWS_LN": c["LOOP_ROWS_RMS"]}
+            {f"forward.{k}": v for k, v in {
+                **c, "loop_elems_per_thread_rms": c["elems_per_thread"],
+                "loop_programs_per_sm_rms": c["loop_programs_per_sm_ln"],
+                "loop_prefetch_rms": c["loop_prefetch_ln"], "loop_stats_ln": c["loop_stats_rms"],
+                "loop_rows_ln": c["loop_rows_rms"]}.items()}
             for c in _grid(
-                ELEMS_PER_THREAD=[16, 32],
-                LOOP_PROGRAMS_PER_SM=[2, 4],
-                LOOP_PREFETCH=[True, False],
-                LOOP_STATS_RMS=[1, 0],
-                LOOP_ROWS_RMS=[1, 2],
-                LOOP_EVICT=[True, False],
+                elems_per_thread=[16, 32],
+                loop_programs_per_sm_ln=[2, 4],
+                loop_prefetch_ln=[True, False],
+                loop_stats_rms=[1, 0],
+                loop_rows_rms=[1, 2],
+                loop_evict=[True, False],
             )
         ]  # fmt: skip
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [
-            {"FUSED_ELEMS_PER_THREAD": e, "FWD_PROGRAMS_PER_SM": p, "FWD_PROGRAMS_PER_SM_RMS": p,
-             "FWD_PREFETCH": p > 0}
+            {"forward.fused_elems_per_thread": e, "forward.programs_per_sm_ln": p,
+             "forward.programs_per_sm_rms": p, "forward.prefetch": p > 0}
             for e, p in [(16, 0), (32, 0), (8, 0), (32, 8), (16, 8)]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
     # 16, 48-64 at 32) leaves one program of 8-32 warps per SM: prefetching the next row
     # tile is what keeps bytes in flight. Both paths run this kernel (wide rows per column block).
-    # Tiles of two rows (BWD_TILE_ELEMS 8192) double the bytes each load brings; their partial
-    # sums reduced per tile (BWD_REDUCE_ROWS 2) keep one row of accumulators.
+    # Tiles of two rows (tile_elems 8192) double the bytes each load brings; their partial
+    # sums reduced per tile (reduce_rows 2) keep one row of accumulators.
     bwd_configs = _grid(
-        BWD_ELEMS_PER_THREAD=[16] if shape[-1] <= 4096 else [16, 8],
-        BWD_PROGRAMS_PER_SM=[1, 2],
-        BWD_PREFETCH=[True],
-        BWD_TILE_ELEMS=[8192, 4096] if shape[-1] <= 4096 else [8192],
-        BWD_REDUCE_ROWS=[0, 2] if shape[-1] <= 4096 else [0],
+        elems_per_thread=[16] if shape[-1] <= 4096 else [16, 8],
+        programs_per_sm_rms=[1, 2],
+        prefetch=[True],
+        tile_elems=[8192, 4096] if shape[-1] <= 4096 else [8192],
+        reduce_rows_rms=[0, 2] if shape[-1] <= 4096 else [0],
     )
-    for c in bwd_configs:  # RMSNorm and LayerNorm read their own constants; sweep both alike
-        c["BWD_PROGRAMS_PER_SM_LN"] = c["BWD_PROGRAMS_PER_SM"]
-        c["BWD_REDUCE_ROWS_LN"] = c["BWD_REDUCE_ROWS"]
-    if shape[-1] > N.MAX_FUSED_COLS:
-        bwd_configs = [{**c, "WIDE_BWD_PROGRAMS_PER_SM": c.pop("BWD_PROGRAMS_PER_SM")}
+    for c in bwd_configs:  # RMSNorm and LayerNorm read their own fields; sweep both alike
+        c["programs_per_sm_ln"] = c["programs_per_sm_rms"]
+        c["reduce_rows_ln"] = c["reduce_rows_rms"]
+    if shape[-1] > NORM.forward.max_fused_cols:
+        bwd_configs = [{**c, "wide_programs_per_sm": c.pop("programs_per_sm_rms")}
                        for c in bwd_configs]  # fmt: skip
+    bwd_configs = [{f"backward.{k}": v for k, v in c.items()} for c in bwd_configs]
     for rms in (True, False):
         _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs if bwd else [], use_compile)
         torch.cuda.empty_cache()
@@ -228,7 +243,7 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
     n, nw = _nbytes(x), _nbytes(w)
     eps = 1e-6
     name = "rms_norm" if rms else "layer_norm"
-    _, _, mean, rstd = N.norm_fwd(x, None, w, b, 1, eps, rms)
+    _, _, mean, rstd = norm_plan.forward_plan(x, None, w, b, 1, eps, rms, None)(x, None, w, b)
     if rms:
 
         def ref(t):
@@ -262,26 +277,21 @@ def _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs, use_compile) -> No
         bwd_base["liger"] = lambda: torch.autograd.grad(lo, leaves, dy, retain_graph=True)
     fwd_bytes = 2 * n + nw * (1 if rms else 2)
     bwd_bytes = 3 * n + nw * (2 if rms else 3)
-    sw.run(
-        f"{name} fwd",
-        shape,
-        fwd_bytes,
-        N,
-        fwd_configs,
-        lambda: N.norm_fwd(x, None, w, b, 1, eps, rms),
-        base,
-    )
+
+    def fwd(config):
+        plan = norm_plan.forward_plan(x, None, w, b, 1, eps, rms, config)
+        return lambda: plan(x, None, w, b)
+
+    def bwd(config):
+        plan = norm_plan.backward_plan(
+            dy, None, x, w, mean, rstd, 1, rms, True, not rms, w.dtype, config
+        )
+        return lambda: plan(dy, None, x, w, mean, rstd)
+
+    sw.run(f"{name} fwd", shape, fwd_bytes, NORM, fwd_configs, fwd, base)
     if not bwd_configs:
         return
-    sw.run(
-        f"{name} bwd",
-        shape,
-        bwd_bytes,
-        N,
-        bwd_configs,
-        lambda: N.norm_bwd(dy, None, x, w, mean, rstd, 1, rms, True, not rms, w.dtype),
-        bwd_base,
-    )
+    sw.run(f"{name} bwd", shape, bwd_bytes, NORM, bwd_configs, bwd, bwd_base)
 
 
 def main() -> None:

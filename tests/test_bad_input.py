@@ -318,17 +318,16 @@ TABLE = [
         )),
 ]  # fmt: skip
 
-# Wrong answers other helpers are fixing: strict, so that the fix flips them on merge.
-_CE_TARGET = "cross_entropy does not check target's range: fixed on h-rows (issue 31 Deliver 1)"
-KNOWN: dict[tuple[str, str], str] = {
-    ("cross_entropy", "target-too-large"): _CE_TARGET,
-    ("cross_entropy", "target-negative"): _CE_TARGET,
-    ("nn.CrossEntropyLoss", "target-too-large"): _CE_TARGET,
-}
+# Known wrong answers, strict: a fix flips them (none at present; add a row with its reason).
+KNOWN: dict[tuple[str, str], str] = {}
 # On a GPU an out-of-range target stops the kernel as PyTorch's own device-side assert does,
 # which leaves the process's CUDA context unusable: those probes run in a subprocess there
 # (experiments/gpu_rows.py), not here.
-_CUDA_ONLY_IN_A_SUBPROCESS = {k for k, why in KNOWN.items() if why is _CE_TARGET}
+_CUDA_ONLY_IN_A_SUBPROCESS = {
+    ("cross_entropy", "target-too-large"),
+    ("cross_entropy", "target-negative"),
+    ("nn.CrossEntropyLoss", "target-too-large"),
+}
 
 
 def _marks(key: tuple[str, str]) -> list:
@@ -522,9 +521,11 @@ def run_probe(row: Row, probe: Probe) -> None:
             continue
         if ref is None:
             ref = _flatten(reference(**_upcast(kw)))
-        passed, _, _, _, detail = compare(got, ref, same, _tolerance(row, dtype, grad))
+        outcome = compare(got, ref, same, _tolerance(row, dtype, grad))
         what = "gradients" if grad else "output"
-        assert passed, f"{where}: {what} differs from the float64 reference: {detail}"
+        assert outcome.passed, (
+            f"{where}: {what} differs from the float64 reference: {outcome.detail}"
+        )
 
 
 def _cases():

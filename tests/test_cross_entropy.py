@@ -1,13 +1,19 @@
 """Cross-entropy: accuracy through the check engine, PyTorch's corner cases, memory, compile."""
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonkit.harness.check import poisoned_allocations
+from tritonkit.harness.check import check_spec, fresh_seed, poisoned_allocations
+from tritonkit.harness.spec import get_spec
 from tritonkit.nn.loss import CrossEntropyLoss
-from tritonkit.ops import cross_entropy as CE
-from tritonkit.ops.cross_entropy import cross_entropy
+from tritonkit.ops.cross_entropy import CROSS_ENTROPY, cross_entropy, cross_entropy_loss
+from tritonkit.ops.cross_entropy.config import align_for, ce_config
+from tritonkit.ops.cross_entropy.forward import ce_stats_kernel
 
 from _checks import assert_spec_passes, compile_backend
 
@@ -20,11 +26,33 @@ def test_check_engine_passes(device):
     assert_spec_passes("cross_entropy", device)
 
 
-def test_segmented_rows_pass_the_check_engine(device, monkeypatch):
+def ce(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+       config=None):  # fmt: skip
+    """cross_entropy with a config (None: the default)."""
+    return cross_entropy_loss(x, target, weight, ignore_index, reduction, label_smoothing, config)
+
+
+def assert_passes_with(config, device, **kwargs):
+    """The check engine on the cross_entropy spec, its operator run under ``config``."""
+
+    def impl(logits, target, weight, weighted=False, ignore_index=-100, **options):
+        if ignore_index != -100:  # as the spec's variant: the ignored rows onto that class
+            target = torch.where(target == -100, ignore_index, target)
+        return ce(logits, target, weight if weighted else None, ignore_index, **options,
+                  config=config)  # fmt: skip
+
+    spec = dataclasses.replace(get_spec("cross_entropy"), impl=impl)
+    seed = fresh_seed()
+    results = check_spec(spec, device=device, seed=seed, **kwargs)
+    failed = [r for r in results if not r.passed and not r.skipped]
+    report = "\n".join(f"{r.params} {r.shape} {r.dtype} {r.case}: {r.detail}" for r in failed[:10])
+    assert results and not failed, f"base seed {seed}: {len(failed)} failed\n{report}"
+
+
+def test_segmented_rows_pass_the_check_engine(device):
     """129 classes in segments of 64 (the last holds one class): partials merged per row."""
-    monkeypatch.setattr(CE, "SEG", 64)
-    assert_spec_passes(
-        "cross_entropy",
+    assert_passes_with(
+        dataclasses.replace(CROSS_ENTROPY, seg=64),
         device,
         shapes=[(6, 129)],
         dtypes=[torch.float32],
@@ -32,11 +60,11 @@ def test_segmented_rows_pass_the_check_engine(device, monkeypatch):
     )
 
 
-def _compare(logits, target, weight=None, grad_output=None, **kwargs):
+def _compare(logits, target, weight=None, grad_output=None, config=None, **kwargs):
     """Loss and logits gradient against F.cross_entropy in float64."""
     ours_in = logits.detach().clone().requires_grad_()
     ref_in = logits.detach().double().requires_grad_()
-    loss = cross_entropy(ours_in, target, weight, **kwargs)
+    loss = ce(ours_in, target, weight, **kwargs, config=config)
     ref = F.cross_entropy(ref_in, target, None if weight is None else weight.double(), **kwargs)
     torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6, equal_nan=True)
     g = torch.randn(loss.shape, device=loss.device) if grad_output is None else grad_output
@@ -99,21 +127,51 @@ def test_loss_backward_with_unit_grad_output(device):
     _compare(logits, target, grad_output=torch.tensor(1.0, device=device))
 
 
-def test_out_of_range_target_gives_nan(device):
+@pytest.mark.parametrize("bad", [7, 4, -1, -101])
+def test_out_of_range_target_raises(bad, device):
+    """A target outside [0, C) that is not ignore_index raises as in PyTorch: on the CPU an
+    IndexError naming the target, the range and the value, before any kernel runs; on CUDA the
+    row kernel's device-side assert, which kills the CUDA context (so a subprocess runs it)."""
+    if device.type == "cuda":
+        code = (
+            "import torch, tritonkit; x = torch.randn(3, 4, device='cuda'); "
+            f"t = torch.tensor([0, {bad}, 1], device='cuda'); "
+            "tritonkit.cross_entropy(x, t); torch.cuda.synchronize()"
+        )
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert run.returncode != 0 and "device-side assert" in run.stderr, run.stderr[-2000:]
+        return
     logits = torch.randn(3, 4, device=device, requires_grad=True)
-    loss = cross_entropy(logits, torch.tensor([0, 7, 1], device=device), reduction="none")
-    assert torch.isnan(loss[1]) and torch.isfinite(loss[[0, 2]]).all()
+    target = torch.tensor([0, bad, 1], device=device)
+    before = sum(ce_stats_kernel.stats.values())
+    for reduction in ("mean", "none"):
+        with pytest.raises(
+            IndexError, match=rf"target must be in \[0, 4\).*ignore_index \(-100\), got {bad}"
+        ):
+            cross_entropy(logits, target, reduction=reduction)
+    with pytest.raises(IndexError, match=f"got {bad}"):
+        cross_entropy(logits[1], target[1])  # one-dim input
+    assert sum(ce_stats_kernel.stats.values()) == before  # nothing launched
 
 
-# ---- segments: rows cut into SEG-class pieces (SEG set small, the interpreter is slow) --------
+def test_ignore_index_outside_the_classes_is_honoured(device):
+    """ignore_index may lie outside [0, C) (-100 by default, or any other value): its rows are
+    skipped, not refused."""
+    logits = torch.randn(4, 5, device=device)
+    _compare(logits, torch.tensor([0, -100, 4, -100], device=device), reduction="none")
+    _compare(logits, torch.tensor([9, 1, 9, 2], device=device), ignore_index=9)
+    _compare(logits, torch.tensor([-1, 1, 0, -1], device=device), ignore_index=-1)
+
+
+# ---- segments: rows cut into seg-class pieces (seg set small, the interpreter is slow) --------
 
 SMALL_SEG = 16
 
 
 @pytest.fixture
-def small_seg(monkeypatch):
-    monkeypatch.setattr(CE, "SEG", SMALL_SEG)
-    return SMALL_SEG
+def small_seg():
+    """A config cutting rows into segments of SMALL_SEG classes."""
+    return dataclasses.replace(CROSS_ENTROPY, seg=SMALL_SEG)
 
 
 @pytest.mark.parametrize(
@@ -126,9 +184,11 @@ def test_segment_boundaries(n_cols, small_seg, device):
     target = torch.randint(0, n_cols, (5,), device=device)
     target[1] = -100
     weight = torch.rand(n_cols, device=device) + 0.5
-    _compare(logits, target, reduction="none")
-    _compare(logits, target, weight, reduction="mean", label_smoothing=0.2)
-    _, grad = _compare(logits, target, reduction="sum", label_smoothing=0.1, grad_output=None)
+    _compare(logits, target, reduction="none", config=small_seg)
+    _compare(logits, target, weight, reduction="mean", label_smoothing=0.2, config=small_seg)
+    _, grad = _compare(
+        logits, target, reduction="sum", label_smoothing=0.1, grad_output=None, config=small_seg
+    )
     # Without class weights each non-ignored row of the gradient sums to 0.
     sums = grad[target != -100].sum(1)
     torch.testing.assert_close(sums, torch.zeros_like(sums), rtol=0, atol=1e-5)
@@ -136,61 +196,67 @@ def test_segment_boundaries(n_cols, small_seg, device):
 
 def test_row_maximum_in_the_last_segment(small_seg, device):
     """The last segment's maximum rescales the sums of all the earlier ones."""
-    n_cols = 3 * small_seg + 3
+    n_cols = 3 * SMALL_SEG + 3
     logits = torch.randn(4, n_cols, device=device)
     logits[:, -1] = 30.0  # in the 1-class last segment: exp(x - max) underflows elsewhere
     logits[1, -2] = 40.0
-    target = torch.tensor([0, n_cols - 1, small_seg, -100], device=device)
-    _compare(logits, target, reduction="none", label_smoothing=0.1)
-    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5)
+    target = torch.tensor([0, n_cols - 1, SMALL_SEG, -100], device=device)
+    _compare(logits, target, reduction="none", label_smoothing=0.1, config=small_seg)
+    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, config=small_seg)
 
 
 @pytest.mark.parametrize("segment", [0, 1])
 def test_a_segment_of_minus_inf_adds_nothing(segment, small_seg, device):
     """A segment whose logits are all -inf: softmax 0 there, no NaN anywhere."""
-    n_cols = 3 * small_seg
+    n_cols = 3 * SMALL_SEG
     logits = torch.randn(3, n_cols, device=device)
-    logits[:, segment * small_seg : (segment + 1) * small_seg] = float("-inf")
-    target = torch.tensor([2 * small_seg, 2 * small_seg + 1, -100], device=device)
-    loss, grad = _compare(logits, target, reduction="none")
+    logits[:, segment * SMALL_SEG : (segment + 1) * SMALL_SEG] = float("-inf")
+    target = torch.tensor([2 * SMALL_SEG, 2 * SMALL_SEG + 1, -100], device=device)
+    loss, grad = _compare(logits, target, reduction="none", config=small_seg)
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
-    assert not grad[:, segment * small_seg : (segment + 1) * small_seg].any()
-    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5)
+    assert not grad[:, segment * SMALL_SEG : (segment + 1) * SMALL_SEG].any()
+    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, config=small_seg)
 
 
 def test_segments_of_strided_logits(small_seg, device):
     """Class stride != 1: a transposed copy (class stride N) and every other column."""
-    n_cols = 2 * small_seg + 7
+    n_cols = 2 * SMALL_SEG + 7
     base = torch.randn(6, 2 * n_cols, device=device)
     target = torch.randint(0, n_cols, (6,), device=device)
     target[4] = -100
     weight = torch.rand(n_cols, device=device) + 0.5
     for logits in (base[:, :n_cols].t().contiguous().t(), base[:, ::2]):
         assert logits.stride(1) != 1
-        _compare(logits, target, weight, reduction="none", label_smoothing=0.3)
-        _compare(logits, target)
+        _compare(logits, target, weight, reduction="none", label_smoothing=0.3, config=small_seg)
+        _compare(logits, target, config=small_seg)
 
 
-def test_int64_index_path(small_seg, device, monkeypatch):
+def test_int64_index_path(small_seg, device):
     """The 64-bit index arithmetic (taken past 2**31 elements) forced on a small input."""
-    monkeypatch.setattr(CE, "_INT32_LIMIT", 1)
-    n_cols = 2 * small_seg + 3
+    small_seg = dataclasses.replace(small_seg, int64=True)
+    n_cols = 2 * SMALL_SEG + 3
     logits = torch.randn(5, 2 * n_cols, device=device)[:, ::2]
-    target = torch.tensor([0, n_cols - 1, -100, small_seg, 7], device=device)
-    _compare(logits, target, torch.rand(n_cols, device=device) + 0.5, label_smoothing=0.1)
+    target = torch.tensor([0, n_cols - 1, -100, SMALL_SEG, 7], device=device)
+    _compare(
+        logits,
+        target,
+        torch.rand(n_cols, device=device) + 0.5,
+        label_smoothing=0.1,
+        config=small_seg,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n_cols", [2 * SMALL_SEG + 5, 3 * SMALL_SEG + 7, 6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_aligned_segments(n_cols, dtype, small_seg, device, monkeypatch):
+def test_aligned_segments(n_cols, dtype, small_seg, device):
     """Odd widths: each row's segments start at its first 16-byte aligned class, the edge
-    around that body goes with segment 0 (ALIGN). Targets, -inf, and the row maximum sit in
+    around that body goes with segment 0 (align). Targets, -inf, and the row maximum sit in
     the edges; the result matches F.cross_entropy in float64 and the plain segments."""
     n_rows = 1 if n_cols < SMALL_SEG else 9
     logits = (torch.randn(n_rows, n_cols, device=device) * 3).to(dtype)
     line = 128 // logits.element_size()
-    assert CE.align_for(CE.ce_config(n_rows, n_cols)[0], logits) == line
+    assert align_for(ce_config(n_rows, n_cols, small_seg)[0], small_seg, logits) == line
     target = torch.randint(0, n_cols, (n_rows,), device=device)
     if n_rows > 1:
         target[:4] = torch.tensor([0, n_cols - 1, -100, 1])
@@ -202,11 +268,11 @@ def test_aligned_segments(n_cols, dtype, small_seg, device, monkeypatch):
     weight = torch.rand(n_cols, device=device) + 0.5
     results = []
     for align in (True, False):
-        monkeypatch.setattr(CE, "ALIGN", align)
+        config = dataclasses.replace(small_seg, align=align)
         for kwargs in ({"reduction": "none"}, {"reduction": "mean", "label_smoothing": 0.2}):
             for w in (None, weight):
                 x = logits.detach().clone().requires_grad_()
-                loss = cross_entropy(x, target, w, **kwargs)
+                loss = ce(x, target, w, **kwargs, config=config)
                 g = torch.linspace(0.5, 1.5, loss.numel(), device=device).reshape(loss.shape)
                 (grad,) = torch.autograd.grad(loss, x, g.to(loss.dtype))
                 xd = logits.detach().double().requires_grad_()
@@ -232,25 +298,26 @@ def test_align_routing(small_seg, device):
     aligned."""
     bf = {"device": device, "dtype": torch.bfloat16}
     odd = torch.randn(4, 41, **bf)
-    assert CE.align_for(1, odd) == 64
-    assert CE.align_for(1, odd, torch.empty_like(odd)) == 64
-    assert CE.align_for(2, odd) == 0  # row tiles
-    assert CE.align_for(1, torch.randn(4, 48, **bf)) == 0  # aligned already
-    assert CE.align_for(1, torch.randn(4, 64, **bf)[:, :40]) == 64  # width 40: not provable
-    assert CE.align_for(1, torch.randn(4, 64, **bf)[:, :48]) == 0
-    assert CE.align_for(1, torch.randn(4, 82, **bf)[:, ::2]) == 0  # strided classes
-    assert CE.align_for(1, torch.randn(4, 42, **bf)[:, 1:]) == 0  # base off 16 bytes
-    assert CE.align_for(1, odd, torch.empty(4, 48, **bf)[:, :41]) == 0  # other row offsets
-    assert CE.align_for(1, torch.randn(4, 41, device=device)) == 32
-    assert CE.align_for(1, odd, torch.empty(4, 41 + 64, **bf)[:, :41]) == 64  # 105 = 41 + 64
-    assert CE.align_for(1, odd, torch.empty(4, 41 + 8, **bf)[:, :41]) == 0  # 16 bytes apart
+    c = small_seg
+    assert align_for(1, c, odd) == 64
+    assert align_for(1, c, odd, torch.empty_like(odd)) == 64
+    assert align_for(2, c, odd) == 0  # row tiles
+    assert align_for(1, c, torch.randn(4, 48, **bf)) == 0  # aligned already
+    assert align_for(1, c, torch.randn(4, 64, **bf)[:, :40]) == 64  # width 40: not provable
+    assert align_for(1, c, torch.randn(4, 64, **bf)[:, :48]) == 0
+    assert align_for(1, c, torch.randn(4, 82, **bf)[:, ::2]) == 0  # strided classes
+    assert align_for(1, c, torch.randn(4, 42, **bf)[:, 1:]) == 0  # base off 16 bytes
+    assert align_for(1, c, odd, torch.empty(4, 48, **bf)[:, :41]) == 0  # other row offsets
+    assert align_for(1, c, torch.randn(4, 41, device=device)) == 32
+    assert align_for(1, c, odd, torch.empty(4, 41 + 64, **bf)[:, :41]) == 64  # 105 = 41 + 64
+    assert align_for(1, c, odd, torch.empty(4, 41 + 8, **bf)[:, :41]) == 0  # 16 bytes apart
 
 
 def test_segments_in_bfloat16(small_seg, device):
     """Loss and gradient within twice PyTorch's own bf16 error of the float64 result, plus two
     bf16 steps: the gradient is rounded to bf16 twice (forward, then the in-place scaling),
     and the CPU interpreter truncates where the GPU rounds to nearest."""
-    n_cols = 2 * small_seg + 9
+    n_cols = 2 * SMALL_SEG + 9
     logits = (torch.randn(6, n_cols, device=device) * 4).bfloat16()
     target = torch.randint(0, n_cols, (6,), device=device)
     target[2] = -100
@@ -260,7 +327,8 @@ def test_segments_in_bfloat16(small_seg, device):
     kwargs = {"reduction": "none", "label_smoothing": 0.1}
     g = torch.randn(6, device=device)
     outs = []
-    for x, fn in ((ours_in, cross_entropy), (bf_in, F.cross_entropy), (ref_in, F.cross_entropy)):
+    ours = lambda *args, **kw: ce(*args, **kw, config=small_seg)  # noqa: E731
+    for x, fn in ((ours_in, ours), (bf_in, F.cross_entropy), (ref_in, F.cross_entropy)):
         loss = fn(x, target, **kwargs)
         (grad,) = torch.autograd.grad(loss, x, g.to(loss.dtype))
         outs.append((loss.double(), grad.double()))

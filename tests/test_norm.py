@@ -9,11 +9,29 @@ import torch.nn.functional as F
 from tritonkit.harness.check import check_spec, fresh_seed
 from tritonkit.harness.spec import OpSpec, Shapes, get_spec
 from tritonkit.nn.norm import LayerNorm, RMSNorm
-from tritonkit.ops import norm as N
-from tritonkit.ops._core import reduce as R
 from tritonkit.ops._core.layout import LAYOUT_COPIES, next_power_of_2
 from tritonkit.ops._core.reduce import PartialSumConfig
-from tritonkit.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from tritonkit.ops._core.rows import RowConfig, row_plan
+from tritonkit.ops.norm import (
+    NORM,
+    add_layer_norm,
+    add_norm,
+    add_rms_norm,
+    layer_norm,
+    norm,
+    rms_norm,
+)
+from tritonkit.ops.norm.config import depth
+from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.launches import (
+    backward_stages,
+    backward_tile_elems,
+    row_forward_config,
+    row_forward_store,
+    row_forward_thread_elems,
+    row_tiles,
+)
+from tritonkit.ops.norm.plan import forward_plan
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
 
 from _checks import assert_spec_passes, compile_backend
@@ -21,6 +39,50 @@ from _checks import assert_spec_passes, compile_backend
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
+
+
+def configured(forward=None, backward=None, **top):
+    """NORM with some forward, backward and top-level fields replaced."""
+    return dataclasses.replace(
+        NORM,
+        forward=dataclasses.replace(NORM.forward, **(forward or {})),
+        backward=dataclasses.replace(NORM.backward, **(backward or {})),
+        **top,
+    )
+
+
+def _impl(name, config):
+    """The spec's operator ``name`` (its signature) run under ``config``."""
+    return {
+        "layer_norm": lambda x, w, b, eps=1e-5: norm(x, x.shape[-1:], w, b, eps, False, config),
+        "rms_norm": lambda x, w, eps=None: norm(x, x.shape[-1:], w, None, eps, True, config),
+        "add_layer_norm": lambda x, r, w, b, eps=1e-5: add_norm(x, r, w, b, eps, False, config),
+        "add_rms_norm": lambda x, r, w, eps=None: add_norm(x, r, w, None, eps, True, config),
+    }[name]
+
+
+def assert_passes_with(config, name, device, **kwargs):
+    """The check engine on ``name``'s spec, its operator run under ``config``."""
+    spec = dataclasses.replace(get_spec(name), impl=_impl(name, config))
+    seed = fresh_seed()
+    results = check_spec(spec, device=device, seed=seed, **kwargs)
+    failed = [r for r in results if not r.passed and not r.skipped]
+    report = "\n".join(f"{r.params} {r.shape} {r.dtype} {r.case}: {r.detail}" for r in failed[:10])
+    assert results and not failed, f"{name} (base seed {seed}): {len(failed)} failed\n{report}"
+
+
+class _Count:
+    """Counts the launches of kernels (their launch counters) while active."""
+
+    def __init__(self, *kernels):
+        self.kernels = kernels
+
+    def __enter__(self):
+        self.before = [sum(k.stats.values()) for k in self.kernels]
+        return self
+
+    def __exit__(self, *exc):
+        self.launches = [sum(k.stats.values()) - b for k, b in zip(self.kernels, self.before)]
 
 
 @pytest.mark.slow
@@ -59,29 +121,33 @@ def test_ill_conditioned_residual_draw_is_judged_against_pytorchs_error(device):
     ],
     ids=lambda p: f"prefetch={p[0]}-stats={p[1]}-evict={p[2]}-rows={p[3]}-sumfirst={p[4]}",
 )
-def looped(monkeypatch, request):
-    """Rows wider than 32 take the looped forward (loading the next chunk ahead or not;
-    statistics per lane or per chunk; L2 hints or not; one or two rows per tile; a residual
-    sum stored by the first sweep and read back, or not) and the two-kernel backward."""
+def looped(request):
+    """A config whose rows wider than 32 take the looped forward (loading the next chunk ahead
+    or not; statistics per lane or per chunk; L2 hints or not; one or two rows per tile; a
+    residual sum stored by the first sweep and read back, or not) and the two-kernel
+    backward."""
     prefetch, stats, evict, rows, sum_first = request.param
-    monkeypatch.setattr(N, "LOOP_SUM_FIRST", sum_first)
-    for suffix in ("_LN", "_RMS"):
-        monkeypatch.setattr(N, "LOOP_ROWS" + suffix, rows)
-    monkeypatch.setattr(N, "LOOP_PREFETCH", prefetch)
-    monkeypatch.setattr(N, "LOOP_PREFETCH_RMS", prefetch)
-    monkeypatch.setattr(N, "LOOP_STATS_RMS", stats)
-    monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
-    monkeypatch.setattr(N, "LOOP_EVICT", evict)
-    monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
-    monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
-    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
-    monkeypatch.setattr(N, "TILE_ELEMS", 64)
+    forward = {
+        "loop_sum_first": sum_first,
+        "loop_rows_ln": rows,
+        "loop_rows_rms": rows,
+        "loop_prefetch_ln": prefetch,
+        "loop_prefetch_rms": prefetch,
+        "loop_stats_rms": stats,
+        "loop_stats_ln": stats,
+        "loop_evict": evict,
+        "max_fused_cols": 32,
+        "loop_block_n": 16,
+        "tile_elems": 64,
+    }
+    return configured(forward, {"wide_block_n": 32})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 def test_looped_path_passes_the_check_engine(name, device, looped):
-    assert_spec_passes(
+    assert_passes_with(
+        looped,
         name,
         device,
         shapes=[(3, 70)],
@@ -91,12 +157,11 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
 
 
 @pytest.mark.slow
-def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device, monkeypatch):
-    """16-bit rows with a residual take their own looped recipe (LOOP_*_LN_RES16)."""
-    monkeypatch.setattr(N, "MAX_FUSED_COLS", 32)
-    monkeypatch.setattr(N, "LOOP_BLOCK_N", 16)
-    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
-    assert_spec_passes(
+def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device):
+    """16-bit rows with a residual take their own looped recipe (loop_*_ln_res16)."""
+    config = configured({"max_fused_cols": 32, "loop_block_n": 16}, {"wide_block_n": 32})
+    assert_passes_with(
+        config,
         "add_layer_norm",
         device,
         shapes=[(3, 70), (2, 40)],
@@ -108,11 +173,11 @@ def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("reread", [True, False], ids=["reread", "in-registers"])
-def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypatch):
-    """Rows in registers: the output pass re-reading the row (FWD_REREAD) or keeping it, at a
+def test_forward_with_and_without_the_row_reread(name, reread, device):
+    """Rows in registers: the output pass re-reading the row (reread) or keeping it, at a
     power-of-2 width and a padded one, one and several rows per tile."""
-    monkeypatch.setattr(N, "FWD_REREAD", reread)
-    assert_spec_passes(
+    assert_passes_with(
+        configured({"reread": reread}),
         name,
         device,
         shapes=[(5, 64), (3, 70), (2, 3, 9)],
@@ -121,79 +186,54 @@ def test_forward_with_and_without_the_row_reread(name, reread, device, monkeypat
     )
 
 
-class _LaunchSpy:
-    """Wraps a kernel; records the STAGES constexpr of every launch, then launches."""
-
-    def __init__(self, kernel):
-        self.kernel, self.stages, self.launches = kernel, [], 0
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            self.stages.append(kwargs.get("STAGES"))
-            self.launches += 1
-            return launch(*args, **kwargs)
-
-        return run
-
-
 @pytest.mark.slow
-def test_pipelined_layer_norm_forward_passes_the_check_engine(device, monkeypatch):
-    """LayerNorm rows of FWD_PIPELINE_COLS or more: one program walks every row tile through
-    the compiler's pipeline (lowered here so that small rows take it)."""
-    spy = _LaunchSpy(N._norm_fwd_kernel)
-    monkeypatch.setattr(N, "_norm_fwd_kernel", spy)
-    monkeypatch.setattr(N, "FWD_PIPELINE_COLS", 16)
-    monkeypatch.setattr(N, "sm_count", lambda device: 1)
-    assert_spec_passes(
+def test_pipelined_layer_norm_forward_passes_the_check_engine(device):
+    """LayerNorm rows of pipeline_cols or more: one program walks every row tile through the
+    compiler's pipeline (lowered here so that small rows take it)."""
+    config = configured({"pipeline_cols": 16}, sms=1)
+    x, w = torch.empty(5, 64, device=device), torch.empty(64, device=device)
+    launch = forward_plan(x, None, w, w, 1, 1e-5, False, config).launch
+    assert launch.meta["STAGES"] == NORM.forward.pipeline_stages and launch.grid == (1,)
+    assert_passes_with(
+        config,
         "layer_norm",
         device,
         shapes=[(5, 64), (3, 70), (2, 3, 9)],
         dtypes=[torch.float32, torch.bfloat16, torch.float16],
         cases=("random", "transpose", "specials", "grad"),
     )
-    assert N.FWD_PIPELINE_STAGES in spy.stages
 
 
-def _row_chunks(monkeypatch, block_n):
-    """Let every row width take the row forward (ROW_FWD), in chunks of ``block_n`` (None: the
-    default rule)."""
-    monkeypatch.setattr(N, "ROW_FWD_MIN_COLS", 1)
-    if block_n is not None:
-        config = lambda n, element_size, rms: (min(block_n, next_power_of_2(n)), 1)  # noqa: E731
-        monkeypatch.setattr(N, "_row_fwd_config", config)
+def _row_chunks(block_n, **forward):
+    """A config letting every row width take the row forward (row_fwd), in chunks of
+    ``block_n`` (None: the default rule)."""
+    return configured({"row_fwd_min_cols": 1, "row_fwd_chunk": block_n, **forward})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("block_n", [None, 16, 64], ids=["rule", "chunks-of-16", "chunks-of-64"])
-def test_row_forward_passes_the_check_engine(name, block_n, device, monkeypatch):
-    """One program per row, the width a compile-time constant (ROW_FWD), lowered so that the
+def test_row_forward_passes_the_check_engine(name, block_n, device):
+    """One program per row, the width a compile-time constant (row_fwd), lowered so that the
     test shapes take it: the row in one chunk (the rule on these widths), or in chunks of 16
     or 64 with a partial last one (129 and 33 columns)."""
-    spy = _LaunchSpy(N._norm_fwd_row_kernel)
-    monkeypatch.setattr(N, "_norm_fwd_row_kernel", spy)
-    _row_chunks(monkeypatch, block_n)
-    assert_spec_passes(name, device)
-    assert spy.launches > 0
+    with _Count(norm_fwd_row_kernel) as spy:
+        assert_passes_with(_row_chunks(block_n), name, device)
+    assert spy.launches[0] > 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "block_n, elems", [(None, 4), (16, 4), (64, 8), (64, 2)], ids=lambda v: f"{v}"
 )
-def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device, monkeypatch):
+def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device):
     """LayerNorm's row forward with the first sweep's sums per thread (THREAD_ELEMS), lowered
     to the test shapes and to every dtype: a row in one chunk or in chunks of 16 or 64 with a
     partial last one, threads holding 2-8 values, some of them past the row's end."""
-    spy = _LaunchSpy(N._norm_fwd_row_kernel)
-    monkeypatch.setattr(N, "_norm_fwd_row_kernel", spy)
-    _row_chunks(monkeypatch, block_n)
-    thread_elems = lambda n, dtype, rms, block_n, warps: 0 if rms else min(elems, block_n)  # noqa: E731
-    monkeypatch.setattr(N, "_row_fwd_thread_elems", thread_elems)
-    assert_spec_passes("layer_norm", device)
-    assert spy.launches > 0
+    config = _row_chunks(block_n, row_fwd_thread_elems=elems)
+    with _Count(norm_fwd_row_kernel) as spy:
+        assert_passes_with(config, "layer_norm", device)
+    assert spy.launches[0] > 0
 
 
 @pytest.mark.slow
@@ -202,72 +242,69 @@ def test_row_forward_at_model_widths(dtype, device):
     """The default rule at widths it takes unpatched: a row in chunks that divide it (5120
     columns), a width with no power-of-2 chunk (3000), three batch dims, and a power-of-2 width
     that fp32 LayerNorm takes in one chunk (4096, ROW_FWD_POW2_LN_FP32)."""
-    spy = _LaunchSpy(N._norm_fwd_row_kernel)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(N, "_norm_fwd_row_kernel", spy)
+    with _Count(norm_fwd_row_kernel) as spy:
         for name in ("layer_norm", "rms_norm"):
             shapes, cases = [(2, 3, 5120), (3, 3000), (2, 4096)], ("random", "grad")
             assert_spec_passes(name, device, shapes=shapes, dtypes=[dtype], cases=cases)
-    assert spy.launches > 0
+    assert spy.launches[0] > 0
 
 
 @pytest.mark.slow
 def test_row_forward_thread_sums_at_their_widths(device):
     """16-bit LayerNorm rows that take the per-thread sums unpatched: 65536 columns in chunks
     of 8192 (8 values a thread), and 40000 in chunks of 4096 with a partial last one."""
-    spy = _LaunchSpy(N._norm_fwd_row_kernel)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(N, "_norm_fwd_row_kernel", spy)
+    with _Count(norm_fwd_row_kernel) as spy:
         for dtype in (torch.bfloat16, torch.float16):
             shapes = [(2, 65536), (3, 40000)]
             assert_spec_passes(
                 "layer_norm", device, shapes=shapes, dtypes=[dtype], cases=("random", "stride2")
             )
-    assert spy.launches > 0
+    assert spy.launches[0] > 0
 
 
 def test_row_forward_store_policy_rule():
     """The row forward's stores are marked evict_first for 16-bit LayerNorm rows and for 16-bit
-    RMSNorm rows over ROW_FWD_STORE_MIN_BYTES_RMS; fp32 rows keep the default policy."""
-    assert N._row_fwd_store(4096, 2, rms=False) == N.ROW_FWD_STORE == "evict_first"
-    assert N._row_fwd_store(65536, 2, rms=False) == "evict_first"
-    assert N._row_fwd_store(4096, 4, rms=False) == ""
-    assert N._row_fwd_store(4096, 2, rms=True) == ""
-    assert N._row_fwd_store(N.ROW_FWD_STORE_MIN_BYTES_RMS // 2, 2, rms=True) == ""
-    assert N._row_fwd_store(65536, 2, rms=True) == "evict_first"
-    assert N._row_fwd_store(65536, 4, rms=True) == ""
+    RMSNorm rows over row_fwd_store_min_bytes_rms; fp32 rows keep the default policy."""
+    fc = NORM.forward
+    assert row_forward_store(4096, 2, False, fc) == fc.row_fwd_store == "evict_first"
+    assert row_forward_store(65536, 2, False, fc) == "evict_first"
+    assert row_forward_store(4096, 4, False, fc) == ""
+    assert row_forward_store(4096, 2, True, fc) == ""
+    assert row_forward_store(fc.row_fwd_store_min_bytes_rms // 2, 2, True, fc) == ""
+    assert row_forward_store(65536, 2, True, fc) == "evict_first"
+    assert row_forward_store(65536, 4, True, fc) == ""
 
 
 def test_row_forward_routing():
-    """Which forwards take the row kernel: rows of ROW_FWD_MIN_COLS to ROW_FWD_MAX_COLS
-    contiguous columns, without a residual; LayerNorm rows of at most ROW_FWD_MAX_BYTES_LN
-    (fp32: ROW_FWD_MAX_BYTES_LN_FP32), and not fp32 LayerNorm rows of a power-of-2 width that the
-    rows-in-registers path holds (but for ROW_FWD_POW2_LN_FP32)."""
+    """Which forwards take the row kernel: rows of row_fwd_min_cols to row_fwd_max_cols
+    contiguous columns, without a residual; LayerNorm rows of at most row_fwd_max_bytes_ln
+    (fp32: row_fwd_max_bytes_ln_fp32), and not fp32 LayerNorm rows of a power-of-2 width that the
+    rows-in-registers path holds (but for row_fwd_pow2_ln_fp32)."""
     bf16, fp32 = torch.bfloat16, torch.float32
+    fc = NORM.forward
 
     def takes(shape, dtype=bf16, rms=False, residual=False, transpose=False):
         x = torch.empty(shape[::-1] if transpose else shape, dtype=dtype)
         x = x.t() if transpose else x
-        layout = N._fwd_plan(x, x if residual else None, 1, rms, count=False)[3]
-        return N._row_fwd(layout, x if residual else None, rms, dtype)
+        return forward_plan(x, x if residual else None, None, None, 1, 1e-5, rms, None).row_kernel
 
     assert takes((4, 3000)) and takes((4, 3000), rms=True) and takes((4, 65536))
     assert not takes((4, 3000), residual=True)
     assert not takes((4, 3000), transpose=True)
-    assert not takes((4, N.ROW_FWD_MIN_COLS - 1)) and not takes((4, N.ROW_FWD_MAX_COLS + 1))
+    assert not takes((4, fc.row_fwd_min_cols - 1)) and not takes((4, fc.row_fwd_max_cols + 1))
     assert takes((4, 4096), fp32) and takes((4, 8192), fp32) and takes((4, 4096), fp32, rms=True)
     assert not takes((4, 2048), fp32) and not takes((4, 16384), fp32)
-    assert N._row_fwd_config(8192, 4, rms=False) == (8192, N.ROW_FWD_POW2_LN_FP32_WARPS)
+    assert row_forward_config(8192, 4, False, fc) == (8192, fc.row_fwd_pow2_ln_fp32_warps)
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
     assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)
-    # per-thread sums (ROW_FWD_THREAD_SUMS_MIN_COLS): 16-bit LayerNorm rows of 24576 or more
-    assert N._row_fwd_thread_elems(65536, bf16, False, 8192, 32) == 8
-    assert N._row_fwd_thread_elems(40000, torch.float16, False, 4096, 32) == 4
-    assert N._row_fwd_thread_elems(24576, bf16, False, 8192, 32) == 8
-    assert N._row_fwd_thread_elems(16384, bf16, False, 8192, 16) == 0
-    assert N._row_fwd_thread_elems(65536, fp32, False, 8192, 32) == 0
-    assert N._row_fwd_thread_elems(65536, bf16, True, 8192, 32) == 0
+    # per-thread sums (row_fwd_thread_sums_min_cols): 16-bit LayerNorm rows of 24576 or more
+    assert row_forward_thread_elems(65536, bf16, False, 8192, 32, fc) == 8
+    assert row_forward_thread_elems(40000, torch.float16, False, 4096, 32, fc) == 4
+    assert row_forward_thread_elems(24576, bf16, False, 8192, 32, fc) == 8
+    assert row_forward_thread_elems(16384, bf16, False, 8192, 16, fc) == 0
+    assert row_forward_thread_elems(65536, fp32, False, 8192, 32, fc) == 0
+    assert row_forward_thread_elems(65536, bf16, True, 8192, 32, fc) == 0
 
 
 def test_row_forward_chunks():
@@ -276,9 +313,9 @@ def test_row_forward_chunks():
     for n in [*range(1536, 65537, 512), 3000, 4095, 12345]:
         for element_size in (2, 4):
             for rms in (False, True):
-                block_n, warps = N._row_fwd_config(n, element_size, rms)
+                block_n, warps = row_forward_config(n, element_size, rms, NORM.forward)
                 assert block_n & (block_n - 1) == 0 and block_n <= next_power_of_2(n)
-                low = 32 * warps * N.ROW_FWD_ELEMS_PER_THREAD[0]
+                low = 32 * warps * NORM.forward.row_fwd_elems_per_thread[0]
                 if not rms and n % low == 0:
                     assert n % block_n == 0, (n, element_size, block_n, warps)
 
@@ -287,12 +324,11 @@ def test_row_forward_chunks():
 @pytest.mark.parametrize("name", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("shift", [True, False], ids=["shift", "no-shift"])
 @pytest.mark.parametrize("even", [True, False], ids=["even", "masked"])
-def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, device, monkeypatch):
+def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, device):
     """16-bit rows in registers with and without the first-element shift (forward and backward
     must agree), and a power-of-2 row with and without its selects."""
-    monkeypatch.setattr(N, "LN_SHIFT_16BIT", shift)
-    monkeypatch.setattr(N, "EVEN_N", even)
-    assert_spec_passes(
+    assert_passes_with(
+        configured({"even_n": even}, shift_16bit=shift),
         name,
         device,
         shapes=[(5, 64), (3, 70)],
@@ -304,14 +340,11 @@ def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, de
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("stages", [None, 2, 4], ids=lambda s: f"stages={s}")
-def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
+def test_backward_pipelined_or_prefetched(name, stages, device):
     """Rows in registers: the backward walks its row tiles through the compiler's pipeline
-    (BWD_STAGES) or the hand prefetch (None); one program walks every tile of small ones."""
-    monkeypatch.setattr(N, "BWD_STAGES", stages)
-    monkeypatch.setattr(N, "BWD_STAGES_LN", stages)
-    monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)
-    monkeypatch.setattr(N, "sm_count", lambda device: 1)
-    assert_spec_passes(
+    (stages) or the hand prefetch (None); one program walks every tile of small ones."""
+    assert_passes_with(
+        configured(backward={"stages": stages, "stages_ln": stages, "tile_elems": 128}, sms=1),
         name,
         device,
         shapes=[(37, 64), (9, 70)],
@@ -322,15 +355,15 @@ def test_backward_pipelined_or_prefetched(name, stages, device, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", OPS)
-def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
+def test_parameter_gradient_sums_in_steps(name, device):
     """The weight and bias partial rows summed over several row steps and column blocks, both
-    gradients in one launch (partial_sum_config); many row groups (many partial rows)."""
-    monkeypatch.setattr(N, "sm_count", lambda device: 64)
-    monkeypatch.setattr(N, "BWD_TILE_ELEMS", 128)  # small row tiles: up to 64 row groups
-    config = PartialSumConfig(8, 8, max_rows=4)
-    monkeypatch.setattr(R, "PARTIAL_SUMS", config)
-    assert config.launch(37, 70, sms=64)[:2] == (4, 8)
-    assert_spec_passes(
+    gradients in one launch (partial_sums); many row groups (many partial rows)."""
+    sums = PartialSumConfig(8, 8, max_rows=4)
+    assert sums.launch(37, 70, sms=64)[:2] == (4, 8)
+    # small row tiles: up to 64 row groups
+    config = configured(backward={"tile_elems": 128, "partial_sums": sums}, sms=64)
+    assert_passes_with(
+        config,
         name,
         device,
         shapes=[(37, 70), (300, 24)],
@@ -339,46 +372,45 @@ def test_parameter_gradient_sums_in_steps(name, device, monkeypatch):
     )
 
 
-def test_backward_pipeline_depth_fits_shared_memory(monkeypatch):
+def test_backward_pipeline_depth_fits_shared_memory():
     """On an H100/H200 (227 KiB per program): LayerNorm goes deeper on small tiles; no depth
     puts more tiles in flight than the shared memory holds; a tile too large for two stages
     falls back to the hand prefetch; wide rows pipeline RMSNorm's dx pass only."""
     limit = 227 * 1024
-    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: limit)
+    bc, slack = NORM.backward, NORM.pipeline_smem_slack
 
-    def depth(rows, cols, dtype, n_tensors, rms, looped=False):
-        cfg = N.RowConfig(rows, cols, looped, 16, 1, 1, 1)
-        return N._bwd_stages(cfg, cols, [torch.empty(0, dtype=dtype)] * n_tensors, rms)
+    def stages_of(rows, cols, dtype, n_tensors, rms, looped=False):
+        cfg = RowConfig(rows, cols, looped, 16, 1, 1, 1)
+        return backward_stages(cfg, cols, (dtype.itemsize,) * n_tensors, rms, NORM, limit)
 
-    assert depth(2, 4096, torch.bfloat16, 2, rms=False) == N.BWD_STAGES_LN
-    assert depth(2, 4096, torch.bfloat16, 2, rms=True) == N.BWD_STAGES
-    assert depth(2, 4096, torch.bfloat16, 3, rms=False) == N.BWD_STAGES
-    assert depth(1, 16384, torch.float32, 2, rms=False) == 2
-    assert depth(1, 32768, torch.float32, 2, rms=True) is None
+    assert stages_of(2, 4096, torch.bfloat16, 2, rms=False) == bc.stages_ln
+    assert stages_of(2, 4096, torch.bfloat16, 2, rms=True) == bc.stages
+    assert stages_of(2, 4096, torch.bfloat16, 3, rms=False) == bc.stages
+    assert stages_of(1, 16384, torch.float32, 2, rms=False) == 2
+    assert stages_of(1, 32768, torch.float32, 2, rms=True) is None
     for cols, dtype, n in [
         (4096, torch.float32, 2),
         (8192, torch.float32, 3),
         (1024, torch.float16, 2),
     ]:
         for rms in (False, True):
-            stages = depth(2, cols, dtype, n, rms)
+            stages = stages_of(2, cols, dtype, n, rms)
             in_flight = (stages - 1) * 2 * cols * dtype.itemsize * n if stages else 0
-            assert in_flight <= limit - N.PIPELINE_SMEM_SLACK
-    assert depth(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == N.WIDE_BWD_STAGES_RMS
-    assert depth(1, 4096, torch.bfloat16, 2, rms=False, looped=True) is None
+            assert in_flight <= limit - slack
+    assert stages_of(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == bc.wide_stages_rms
+    assert stages_of(1, 4096, torch.bfloat16, 2, rms=False, looped=True) is None
 
 
-def test_pipeline_depth_follows_the_device_shared_memory(monkeypatch):
+def test_pipeline_depth_follows_the_device_shared_memory():
     """On a GPU with less shared memory per program (Ada: 99 KiB) the pipelines get shallower,
     and none is used where two stages do not fit."""
-    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: 99 * 1024)
-    cpu = torch.device("cpu")
-    assert N._depth(4, 32768, cpu) == 3
-    assert N._depth(3, 65536, cpu) == 2
-    assert N._depth(3, 131072, cpu) is None
-    assert N._depth(None, 1024, cpu) is None
-    monkeypatch.setattr(N, "shared_memory_per_block", lambda device: 16384 + N.PIPELINE_SMEM_SLACK)
-    assert N._depth(4, 8192, cpu) == 3
+    slack = NORM.pipeline_smem_slack
+    ada = 99 * 1024
+    assert depth(4, 32768, ada, slack) == 3
+    assert depth(3, 65536, ada, slack) == 2
+    assert depth(3, 131072, ada, slack) is None
+    assert depth(None, 1024, ada, slack) is None
+    assert depth(4, 8192, 16384 + slack, slack) == 3
 
 
 # ---- weight and bias optional: the same engine on specs that are not registered -----------
@@ -476,21 +508,19 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
     [None, 0, 1, "row", "row-threads"],
     ids=["in-registers", "chunks", "lanes", "row-kernel", "row-thread-sums"],
 )
-def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
+def test_layer_norm_is_stable_on_large_mean_rows(wide, device):
     """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
-    if wide in ("row", "row-threads"):  # one program per row (ROW_FWD), chunks of 128
-        _row_chunks(monkeypatch, 128)
-        if wide == "row-threads":  # sums per thread of 4 values (THREAD_ELEMS)
-            monkeypatch.setattr(N, "_row_fwd_thread_elems", lambda *args: 4)
+    config = None
+    if wide in ("row", "row-threads"):  # one program per row (row_fwd), chunks of 128
+        # with "row-threads" sums per thread of 4 values (THREAD_ELEMS)
+        config = _row_chunks(128, row_fwd_thread_elems=4 if wide == "row-threads" else None)
     elif wide is not None:  # looped, statistics merged per chunk or summed per lane
-        monkeypatch.setattr(N, "LOOP_STATS_LN", wide)
-        monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
-        monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
-        monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 512)
+        forward = {"loop_stats_ln": wide, "max_fused_cols": 256, "loop_block_n": 256}
+        config = configured(forward, {"wide_block_n": 512})
     x = 1e4 + torch.randn(4, 1000, device=device)
     w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
     _matches_float64(
-        lambda x, w, b: layer_norm(x, (1000,), w, b),
+        lambda x, w, b: norm(x, (1000,), w, b, 1e-5, False, config),
         lambda x, w, b: F.layer_norm(x, (1000,), w, b),
         [x, w, b],
         rtol=1e-5,
@@ -499,14 +529,14 @@ def test_layer_norm_is_stable_on_large_mean_rows(wide, device, monkeypatch):
     # The fused residual form shifts the sum the same way. (The fp32 sum itself is rounded to
     # 1e-3 at this magnitude: the reference normalizes the same sum.)
     r = torch.randn(4, 1000, device=device)
-    y, h = add_layer_norm(x, r, w, b)
+    y, h = add_norm(x, r, w, b, 1e-5, False, config)
     ref = F.layer_norm(h.double(), (1000,), w.double(), b.double())
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=2e-5)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stats", [0, 1, "row"], ids=["chunks", "lanes", "row-kernel"])
-def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, device, monkeypatch):
+def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, device):
     """Rows in chunks whose first element or first chunk sits far from the rest (a step of 1e4,
     one outlier of 1e4 in front). Looped: the per-lane sums are shifted by the first chunk's
     mean, whose distance from the row's mean the variance bounds, so the variance keeps its
@@ -514,17 +544,15 @@ def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, devi
     itself). The row kernel (ROW_FWD): each lane's sums are about its own first value, and
     only the lane holding the outlier pays for it."""
     if stats == "row":
-        _row_chunks(monkeypatch, 256)
+        config = _row_chunks(256)
     else:
-        monkeypatch.setattr(N, "ROW_FWD", False)
-        monkeypatch.setattr(N, "LOOP_STATS_LN", stats)
-        monkeypatch.setattr(N, "MAX_FUSED_COLS", 256)
-        monkeypatch.setattr(N, "LOOP_BLOCK_N", 256)
+        forward = {"row_fwd": False, "loop_stats_ln": stats, "max_fused_cols": 256}
+        config = configured({**forward, "loop_block_n": 256})
     x = torch.randn(3, 16000, device=device)
     x[0, :256] += 1e4
     x[1, 0] = 1e4  # the row's variance is ~1e8 / 16000: E[(x - x[0])^2] is 16000 times that
     x[2] = 1e4 + x[2] * 1e-2
-    y = layer_norm(x, (16000,))
+    y = norm(x, (16000,), None, None, 1e-5, False, config)
     ref = F.layer_norm(x.double(), (16000,))
     # The outlier row's floor is the rounding of x - 1e4 (ulp 1e-3) over its std of ~78:
     # F.layer_norm in fp32 is off by 1e-5 to 2e-5 there too (and by 1e-2 on the third row).
@@ -755,10 +783,11 @@ def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, devic
     dw were wrong by 100%)."""
     x = torch.empty(96, 200, device=device, dtype=dtype).t()  # (200, 96), as the case lays it out
     stats = torch.empty(200, 1, device=device)
-    fwd = N._fwd_plan(x, None, 1, False, count=False)[3]
-    bwd = N._bwd_plan(x, None, x, stats, stats, 1, False, count=False)[3]
-    assert N.norm_config(fwd, x.device).LOOPED
-    assert not N.norm_config(bwd, x.device, tile_elems=N._bwd_tile_elems(2, dtype)).LOOPED
+    fwd = row_plan([x], (1,), 1, n_row_outputs=2).layout
+    bwd = row_plan([x, x], (1,), 1, row_inputs=[stats, stats]).layout
+    tiles = backward_tile_elems(2, dtype, NORM.backward)
+    assert row_tiles(fwd, NORM, sms=4).LOOPED
+    assert not row_tiles(bwd, NORM, sms=4, tile_elems=tiles).LOOPED
     assert_spec_passes(
         "layer_norm", device, shapes=[(200, 96)], dtypes=[dtype], cases=("grad-transpose",)
     )
@@ -767,14 +796,13 @@ def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, devic
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, device, monkeypatch):
-    """Rows wider than BWD_MAX_FUSED_COLS but within MAX_FUSED_COLS (8193-16384 on a GPU): the
-    forward holds them in registers, the backward takes the two-kernel path in chunks of
-    BWD_MID_BLOCK_N."""
-    monkeypatch.setattr(N, "BWD_MAX_FUSED_COLS", 32)
-    monkeypatch.setattr(N, "BWD_MID_BLOCK_N", 16)
-    monkeypatch.setattr(N, "WIDE_BWD_BLOCK_N", 32)
-    assert_spec_passes(
+def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, device):
+    """Rows wider than the backward's max_fused_cols but within the forward's (8193-16384 on a
+    GPU): the forward holds them in registers, the backward takes the two-kernel path in chunks
+    of mid_block_n."""
+    backward = {"max_fused_cols": 32, "mid_block_n": 16, "wide_block_n": 32}
+    assert_passes_with(
+        configured(backward=backward),
         name,
         device,
         shapes=[(3, 70), (5, 33)],

@@ -1,12 +1,17 @@
 """Softmax family: accuracy through the check engine, any dim, looped rows, modules, compile."""
 
+import dataclasses
+
 import pytest
 import torch
 
+from tritonkit.harness.check import check_spec, fresh_seed
+from tritonkit.harness.spec import get_spec
 from tritonkit.nn.softmax import LogSoftmax, Softmax
-from tritonkit.ops import softmax as S
-from tritonkit.ops._core.layout import LAYOUT_COPIES, next_power_of_2
-from tritonkit.ops.softmax import log_softmax, softmax
+from tritonkit.ops._core.layout import LAYOUT_COPIES
+from tritonkit.ops.softmax import SOFTMAX, log_softmax, softmax, softmax_along
+from tritonkit.ops.softmax.aligned import softmax_bwd_aligned_kernel, softmax_fwd_aligned_kernel
+from tritonkit.ops.softmax.row_backward import softmax_bwd_row_kernel
 
 from _checks import assert_spec_passes, compile_backend
 
@@ -23,38 +28,52 @@ def test_check_engine_passes(name, device):
     assert_spec_passes(name, device)
 
 
+def assert_passes_with(config, name, device, **kwargs):
+    """The check engine on ``name``'s spec, its operator run under ``config``."""
+    log = name == "log_softmax"
+    spec = dataclasses.replace(
+        get_spec(name), impl=lambda x, dim=-1: softmax_along(x, dim, log, config)
+    )
+    seed = fresh_seed()
+    results = check_spec(spec, device=device, seed=seed, **kwargs)
+    failed = [r for r in results if not r.passed and not r.skipped]
+    report = "\n".join(f"{r.params} {r.shape} {r.dtype} {r.case}: {r.detail}" for r in failed[:10])
+    assert results and not failed, f"{name} (base seed {seed}): {len(failed)} failed\n{report}"
+
+
 class _Count:
-    """Wraps a kernel and counts its launches."""
+    """Counts the launches of kernels (their launch counters) while active."""
 
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+    def __init__(self, *kernels):
+        self.kernels = kernels
 
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
+    def __enter__(self):
+        self.before = [sum(k.stats.values()) for k in self.kernels]
+        return self
+
+    def __exit__(self, *exc):
+        self.launches = [sum(k.stats.values()) - b for k, b in zip(self.kernels, self.before)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("block_n", [None, 16], ids=["one-chunk", "chunks-of-16"])
-def test_row_backward_passes_the_check_engine(name, block_n, device, monkeypatch):
+def test_row_backward_passes_the_check_engine(name, block_n, device):
     """16-bit rows (and fp32 softmax rows) take the backward of one program per row, the
-    width a compile-time constant (ROW_BWD), lowered so that the test shapes take it: in one
+    width a compile-time constant (row_bwd), lowered so that the test shapes take it: in one
     chunk, or in chunks of 16 with a partial last one."""
-    spy = _Count(S._softmax_bwd_row_kernel)
-    monkeypatch.setattr(S, "_softmax_bwd_row_kernel", spy)
-    monkeypatch.setattr(S, "ROW_BWD_MIN_COLS", 1)
-    monkeypatch.setattr(S, "ROW_BWD_MIN_COLS_LOG", 1)
-    if block_n is not None:
-        config = lambda n, element_size: (min(block_n, next_power_of_2(n)), 1)  # noqa: E731
-        monkeypatch.setattr(S, "_row_bwd_config", config)
-    assert_spec_passes(
-        name,
-        device,
-        dtypes=[torch.bfloat16, torch.float16, torch.float32],
-        cases=("random", "specials", "grad", "grad-transpose"),
+    config = dataclasses.replace(
+        SOFTMAX, row_bwd_min_cols=1, row_bwd_min_cols_log=1, row_bwd_chunk=block_n
     )
-    assert spy.launches > 0
+    with _Count(softmax_bwd_row_kernel) as spy:
+        assert_passes_with(
+            config,
+            name,
+            device,
+            dtypes=[torch.bfloat16, torch.float16, torch.float32],
+            cases=("random", "specials", "grad", "grad-transpose"),
+        )
+    assert spy.launches[0] > 0
 
 
 def test_row_backward_routing(device):
@@ -64,23 +83,23 @@ def test_row_backward_routing(device):
     test_aligned_walk_routing)."""
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
-        spy = _Count(S._softmax_bwd_row_kernel)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(S, "_softmax_bwd_row_kernel", spy)
+        with _Count(softmax_bwd_row_kernel) as spy:
             x = torch.randn(n, 2, device=device).t() if transpose else torch.randn(2, n)
             x = x.to(device, dtype).requires_grad_()
             y = op(x, -1)
             torch.autograd.grad(y, x, torch.randn_like(y))
-        return spy.launches > 0
+        return spy.launches[0] > 0
 
-    assert takes(S.ROW_BWD_MIN_COLS) and takes(S.ROW_BWD_MAX_COLS)
-    assert not takes(S.ROW_BWD_MIN_COLS - 1) and not takes(S.ROW_BWD_MAX_COLS + 1)
+    c = SOFTMAX
+    assert takes(c.row_bwd_min_cols) and takes(c.row_bwd_max_cols)
+    assert not takes(c.row_bwd_min_cols - 1) and not takes(c.row_bwd_max_cols + 1)
     fp32 = torch.float32
-    assert takes(S.ROW_BWD_MIN_COLS, fp32) and takes(S.ROW_BWD_MAX_COLS_FP32, fp32)
-    assert not takes(S.ROW_BWD_MIN_COLS - 4, fp32) and not takes(S.ROW_BWD_MAX_COLS_FP32 + 4, fp32)
-    assert not takes(S.ROW_BWD_MIN_COLS, fp32, op=log_softmax)
-    assert not takes(S.ROW_BWD_MIN_COLS, transpose=True)
-    low_log = -(-S.ROW_BWD_MIN_COLS_LOG // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
+    assert takes(c.row_bwd_min_cols, fp32) and takes(c.row_bwd_max_cols_fp32, fp32)
+    assert not takes(c.row_bwd_min_cols - 4, fp32)
+    assert not takes(c.row_bwd_max_cols_fp32 + 4, fp32)
+    assert not takes(c.row_bwd_min_cols, fp32, op=log_softmax)
+    assert not takes(c.row_bwd_min_cols, transpose=True)
+    low_log = -(-c.row_bwd_min_cols_log // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
     assert not takes(low_log - 8, op=log_softmax)
     assert takes(low_log, op=log_softmax)
 
@@ -88,35 +107,29 @@ def test_row_backward_routing(device):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("block_n", [None, 8], ids=["one-chunk", "chunks-of-8"])
-def test_aligned_walk_passes_the_check_engine(name, block_n, device, monkeypatch):
-    """Rows that do not start on 16 bytes take the aligned-walk kernels (ALIGNED), lowered so
+def test_aligned_walk_passes_the_check_engine(name, block_n, device):
+    """Rows that do not start on 16 bytes take the aligned-walk kernels (aligned), lowered so
     that the odd test widths take them: the body in one chunk, or in chunks of 8 with a partial
     last one, and the edge elements before and after it."""
-    fwd = _Count(S._softmax_fwd_aligned_kernel)
-    bwd = _Count(S._softmax_bwd_aligned_kernel)
-    monkeypatch.setattr(S, "_softmax_fwd_aligned_kernel", fwd)
-    monkeypatch.setattr(S, "_softmax_bwd_aligned_kernel", bwd)
-    monkeypatch.setattr(S, "ALIGNED_MIN_COLS_FWD", 1)
-    monkeypatch.setattr(S, "ALIGNED_MIN_COLS_BWD", 1)
-    if block_n is not None:
-        monkeypatch.setattr(S, "_aligned_config", lambda n, size, backward: (block_n, 1))
-    assert_spec_passes(name, device, cases=("random", "specials", "grad", "grad-transpose"))
-    assert fwd.launches > 0 and bwd.launches > 0
+    config = dataclasses.replace(
+        SOFTMAX, aligned_min_cols_fwd=1, aligned_min_cols_bwd=1, aligned_chunk=block_n
+    )
+    with _Count(softmax_fwd_aligned_kernel, softmax_bwd_aligned_kernel) as spy:
+        assert_passes_with(
+            config, name, device, cases=("random", "specials", "grad", "grad-transpose")
+        )
+    assert spy.launches[0] > 0 and spy.launches[1] > 0
 
 
 @pytest.mark.slow
 def test_aligned_walk_routing(device):
-    """Odd rows of ALIGNED_MIN_COLS_FWD (backward: _BWD) columns or more take the aligned walk,
+    """Odd rows of aligned_min_cols_fwd (backward: _bwd) columns or more take the aligned walk,
     with the same results as PyTorch; aligned rows, an input whose base pointer is off 16
     bytes, and an input whose rows start at other offsets than the output's keep the other
     paths."""
 
     def takes(x, op=softmax, ref=torch.softmax):
-        fwd = _Count(S._softmax_fwd_aligned_kernel)
-        bwd = _Count(S._softmax_bwd_aligned_kernel)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(S, "_softmax_fwd_aligned_kernel", fwd)
-            mp.setattr(S, "_softmax_bwd_aligned_kernel", bwd)
+        with _Count(softmax_fwd_aligned_kernel, softmax_bwd_aligned_kernel) as spy:
             x = x.detach().requires_grad_()
             y = op(x, -1)
             dy = torch.randn_like(y)
@@ -127,10 +140,10 @@ def test_aligned_walk_routing(device):
         tol = 2e-2 if x.dtype == torch.bfloat16 else 1e-5
         torch.testing.assert_close(y.double(), y64, atol=tol, rtol=tol)
         torch.testing.assert_close(dx.double(), dx64, atol=tol, rtol=tol)
-        return fwd.launches > 0, bwd.launches > 0
+        return spy.launches[0] > 0, spy.launches[1] > 0
 
-    wide = S.ALIGNED_MIN_COLS_FWD | 1  # odd
-    mid = S.ALIGNED_MIN_COLS_BWD | 1
+    wide = SOFTMAX.aligned_min_cols_fwd | 1  # odd
+    mid = SOFTMAX.aligned_min_cols_bwd | 1
     bf16 = {"device": device, "dtype": torch.bfloat16}
     assert takes(torch.randn(3, wide, **bf16)) == (True, True)
     assert takes(torch.randn(3, wide, **bf16), log_softmax, torch.log_softmax) == (True, True)
@@ -147,17 +160,21 @@ def test_aligned_walk_routing(device):
     params=[(True, False), (False, False), (True, True), (False, True)],
     ids=["prefetch", "no-prefetch", "prefetch-chunk-max", "chunk-max"],
 )
-def looped(monkeypatch, request):
-    """Rows wider than 32 columns take the looped (online) path, in chunks of 16, with and
-    without loading the next chunk ahead, the forward's first sweep per lane or per chunk."""
+def looped(request):
+    """A config whose rows wider than 32 columns take the looped (online) path, in chunks of
+    16, with and without loading the next chunk ahead, the forward's first sweep per lane or
+    per chunk."""
     prefetch, chunk_max = request.param
-    monkeypatch.setattr(S, "LOOP_PREFETCH_FWD", prefetch)
-    monkeypatch.setattr(S, "LOOP_PREFETCH_BWD", prefetch)
-    monkeypatch.setattr(S, "LOOP_CHUNK_MAX", chunk_max)
-    monkeypatch.setattr(S, "LOOP_EVICT_FWD", chunk_max)  # the hints' code path (no-ops here)
-    monkeypatch.setattr(S, "MAX_FUSED_COLS", 32)
-    monkeypatch.setattr(S, "LOOP_BLOCK_N", 16)
-    monkeypatch.setattr(S, "TILE_ELEMS", 64)
+    return dataclasses.replace(
+        SOFTMAX,
+        loop_prefetch_fwd=prefetch,
+        loop_prefetch_bwd=prefetch,
+        loop_chunk_max=chunk_max,
+        loop_evict_fwd=chunk_max,  # the hints' code path (no-ops here)
+        max_fused_cols=32,
+        loop_block_n=16,
+        tile_elems=64,
+    )
 
 
 @pytest.mark.slow
@@ -165,7 +182,8 @@ def looped(monkeypatch, request):
 def test_looped_path_passes_the_check_engine(name, device, looped):
     """Rows of 70 loop over five chunks (the last one partial) along dim -1; along dim 0, three
     columns of 64 adjacent rows loop one column at a time."""
-    assert_spec_passes(
+    assert_passes_with(
+        looped,
         name,
         device,
         shapes=[(3, 70)],
@@ -225,8 +243,8 @@ def test_dense_input_keeps_its_strides(device):
 @pytest.mark.slow
 def test_looped_non_last_dim(device, looped):
     x = torch.randn(70, 3, 6, device=device)  # 70 along the reduced dim 0, adjacent rows
-    _grads_match(lambda t: softmax(t, 0), lambda t: torch.softmax(t, 0), x)
-    _grads_match(lambda t: log_softmax(t, 0), lambda t: torch.log_softmax(t, 0), x)
+    _grads_match(lambda t: softmax_along(t, 0, False, looped), lambda t: torch.softmax(t, 0), x)
+    _grads_match(lambda t: softmax_along(t, 0, True, looped), lambda t: torch.log_softmax(t, 0), x)
 
 
 # ---- semantics and properties ------------------------------------------------------------------

@@ -94,7 +94,7 @@ register(
         make_inputs=_inputs,
         shapes=Shapes(
             test=[(1, 1), (3, 7), (6, 129)],
-            # (8192, 50257): GPT-2's vocabulary, an odd width (ops ALIGN).
+            # (8192, 50257): GPT-2's vocabulary, an odd width (CrossEntropyConfig.align).
             bench=[(8192, 128256), (8192, 50257)],
             empty=[(0, 5)],
             small=[(64, 3000)],

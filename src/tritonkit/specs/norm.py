@@ -21,7 +21,7 @@ from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 FAMILY = "norm"
 
 # Small and odd for the CPU interpreter (the looped path for wide rows is checked by the tests
-# with MAX_FUSED_COLS monkeypatched low); on the GPU, 128 MiB and 512 MiB per bf16 tensor. Every
+# with a config whose max_fused_cols is low); on the GPU, 128 MiB and 512 MiB per bf16 tensor. Every
 # shape is normalized over its last dim. One-column rows are tested apart: RMSNorm's gradient
 # there is ill-conditioned in any fp32 implementation (1 - xhat^2 cancels).
 SHAPES = Shapes(

@@ -9,7 +9,7 @@ from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 FAMILY = "softmax"
 
 # Small and odd for the CPU interpreter (the looped path for long rows is checked by the tests
-# with MAX_FUSED_COLS monkeypatched low); on the GPU, 128 MiB and 512 MiB per bf16 tensor.
+# with a config whose max_fused_cols is low); on the GPU, 128 MiB and 512 MiB per bf16 tensor.
 SHAPES = Shapes(
     test=[(1, 1), (3, 7), (5, 129), (2, 3, 33)],
     # (1335, 50257): a vocabulary-sized odd width, no row 16-byte aligned (ops ALIGNED).
@@ -86,7 +86,7 @@ register(
             **torch_baselines(_softmax_ref),
             "liger": Baseline("liger", _liger_softmax, description="Liger-Kernel softmax"),
         },
-        description="softmax over any dim; online (looped) beyond MAX_FUSED_COLS columns",
+        description="softmax over any dim; online (looped) beyond max_fused_cols columns",
     )
 )
 
@@ -102,6 +102,6 @@ register(
         bytes=_bytes,
         grad_tolerance=LOG_SOFTMAX_GRAD_TOLERANCE,
         baselines=torch_baselines(_log_softmax_ref),
-        description="log_softmax over any dim; online (looped) beyond MAX_FUSED_COLS columns",
+        description="log_softmax over any dim; online (looped) beyond max_fused_cols columns",
     )
 )

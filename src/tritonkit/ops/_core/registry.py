@@ -29,7 +29,7 @@ def _plain_eager() -> bool:
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _direct_call_allowed(args: tuple) -> bool:
+def direct_call_allowed(args: tuple) -> bool:
     """Whether a call may skip the op (see Op) and run its launcher: plain eager, real tensors.
 
     The op is kept wherever something must see it as one op: outside plain eager mode
@@ -107,7 +107,7 @@ def eager_direct(op: Op) -> Callable:
 
     torch.compile needs the op (it traces each call as one graph node), but in eager mode its
     dispatch (the dispatcher and the Autograd kernel) costs host time that a small kernel
-    does not take on the GPU. Where ``_direct_call_allowed`` says the op adds nothing, the
+    does not take on the GPU. Where ``direct_call_allowed`` says the op adds nothing, the
     launcher runs directly: the same function the op runs, with the same arguments, so the
     results are the same.
     """
@@ -115,7 +115,7 @@ def eager_direct(op: Op) -> Callable:
     overload = op.overload
 
     def call(*args):
-        if _direct_call_allowed(args):
+        if direct_call_allowed(args):
             return launcher(*args)
         return overload(*args)
 

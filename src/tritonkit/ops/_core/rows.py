@@ -1,21 +1,30 @@
 """Row-reduction machinery shared by softmax, the norms and cross-entropy: tensors seen as
-``(n_outer, n_cols, n_inner)`` with real strides (``plan_rows``), tile and grid choice
-(``row_config``), and the ``@triton.jit`` helpers that walk rows and chunks."""
+``(n_outer, n_cols, n_inner)`` with real strides (``plan_rows``, ``row_plan``), tile and grid
+choice (``row_config``), launches fixed once per shape (``Launch``, ``remember``), and the
+``@triton.jit`` helpers that walk rows and chunks.
+
+Host time: a row kernel often takes less time on the GPU than the Python around its launch, and
+a backward's Python runs on the autograd engine's device thread, 3-5x slower than on the main
+thread (docs/performance.md, "host time on the engine's thread; the partial-row sums in one
+launch"). So the families work out everything that depends only on shapes, dtypes and strides
+once (a plan: the layout, the path, the grid, the constexprs), keep it in a dict keyed by them,
+and per call only allocate and launch."""
 
 from __future__ import annotations
 
 import functools
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, is_dense, next_power_of_2
+from tritonkit.ops._core.registry import direct_call_allowed
 
 _INT32_LIMIT = 2**31
 
@@ -44,8 +53,8 @@ def row_warps(elems: int, elems_per_thread: int, max_warps: int) -> int:
 
 def row_config(
     layout: RowLayout,
-    device: torch.device,
     *,
+    sms: int,
     max_fused: int,
     loop_block: int,
     tile_elems: int,
@@ -57,8 +66,8 @@ def row_config(
 ) -> RowConfig:
     """Tile shape, warps and grid for one row-reduction launch (shared by softmax and norms).
 
-    The family's constants are passed in by its own config function, so each family tunes its
-    kernels in one place.
+    The family's knobs are passed in by its own config function, so each family tunes its
+    kernels in one place; ``sms``: the device's streaming multiprocessors (looped grids).
     """
     _, stride_n, stride_i = layout.strides[0]
     rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
@@ -79,7 +88,7 @@ def row_config(
     n_tiles = layout.n_outer * n_iblocks
     programs = n_tiles
     if looped:
-        programs = max(1, min(n_tiles, loop_programs_per_sm * sm_count(device)))
+        programs = max(1, min(n_tiles, loop_programs_per_sm * sms))
     return RowConfig(
         BLOCK_R=block_r,
         BLOCK_N=block_n,
@@ -317,11 +326,137 @@ def row_program_warps(row_bytes: int, table: Sequence[tuple[int, int]], max_warp
     return next((w for limit, w in table if row_bytes <= limit), max_warps)
 
 
+def lookup(table: Sequence[tuple[Any, Any]], key: Any, default: Any = None) -> Any:
+    """The value of ``key`` in a table of (key, value) pairs (configs keep tables as tuples, so
+    that they stay frozen and hashable); ``default`` where the key is missing."""
+    return next((v for k, v in table if k == key), default)
+
+
 def row_program_config(
-    n_cols: int, element_size: int, table: Sequence[tuple[int, int]], elems_per_thread: dict
+    n_cols: int,
+    element_size: int,
+    table: Sequence[tuple[int, int]],
+    elems_per_thread: Sequence[tuple[int, int]],
 ) -> tuple[int, int]:
     """(BLOCK_N, warps) of a one-row-per-program kernel: warps by the row's bytes
-    (row_program_warps), chunks of ``elems_per_thread[warps]`` elements per thread."""
+    (row_program_warps), chunks of ``lookup(elems_per_thread, warps)`` elements per thread."""
     warps = row_program_warps(n_cols * element_size, table)
-    block_n = 32 * warps * elems_per_thread[warps]
+    block_n = 32 * warps * lookup(elems_per_thread, warps)
     return min(block_n, next_power_of_2(n_cols)), warps
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans: what a call needs from shapes, dtypes and strides alone, worked out once per key.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch with everything but its tensors fixed: the grid, the scalar arguments
+    after the tensors (sizes, strides, eps, ...), the constexprs and ``num_warps``.
+    ``launch(*tensors)`` launches on the current stream."""
+
+    kernel: Any  # a tritonkit.ops._core.launch.Kernel
+    grid: tuple[int, ...]
+    scalars: tuple[int | float, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *tensors: Any) -> None:
+        self.kernel.launch(self.grid, *tensors, *self.scalars, **self.meta)
+
+
+PLAN_CACHE_SIZE = 4096  # plans kept per family cache; a model calls the same few shapes
+
+
+def remember(cache: dict, key: Hashable, value: Any) -> Any:
+    """Store ``value`` under ``key`` (the cache emptied first when full) and return it."""
+    if len(cache) >= PLAN_CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def arg_facts(*args: Any) -> tuple | None:
+    """What argument validation reads of a call, as a key for the cache of calls validated
+    before (a public function validates a call only when its key is new): each tensor's type,
+    shape, dtype and device, each other value with its type (and a tuple's items' types, so
+    that True and 1 differ). None where no such key holds: while torch.compile traces (a
+    dict of tensors' facts is not something to trace) or for an unhashable value (a list).
+    Validation depends on nothing else, so a call with a known key is a valid call."""
+    if torch.compiler.is_compiling():
+        return None
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((type(a), a.shape, a.dtype, a.device))
+        elif isinstance(a, tuple):
+            out.append((tuple, a, tuple(map(type, a))))
+        else:
+            out.append((type(a), a))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def launches_directly(args: Sequence[Any]) -> bool:
+    """Whether a call with ``args`` may launch from its cached plan in this process rather than
+    through its torch.library op: the rule of ``eager_direct`` (plain eager mode, no profiler,
+    plain tensors, nothing that needs a gradient)."""
+    return direct_call_allowed(tuple(args))
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """How one row pass walks its tensors, from shapes and strides alone (see ``plan_rows``):
+    the layout (None for empty tensors), which inputs are copied contiguous first (no common
+    strided view exists; counted in ``LAYOUT_COPIES``), and whether the outputs are allocated
+    like ``inputs[0]`` (``empty_like``: dense and not copied) or contiguous."""
+
+    layout: RowLayout | None
+    copies: tuple[bool, ...]
+    outputs_like: bool
+    keep: tuple[int, ...]  # shape of the fp32 per-row statistics
+
+    @property
+    def copied(self) -> bool:
+        return any(self.copies)
+
+    def inputs(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The inputs as the layout reads them: copied where the plan says so (counted)."""
+        out = []
+        for t, copy in zip(tensors, self.copies):
+            if copy:
+                LAYOUT_COPIES.count += 1
+                t = t.contiguous()
+            out.append(t)
+        return out
+
+    def output(self, first: torch.Tensor) -> torch.Tensor:
+        """A new output for the pass whose first input is ``first`` (as given, before copies)."""
+        if self.outputs_like:
+            return torch.empty_like(first)
+        return torch.empty(first.shape, dtype=first.dtype, device=first.device)
+
+    def row_output(self, first: torch.Tensor) -> torch.Tensor:
+        """A new fp32 per-row statistic, contiguous."""
+        return torch.empty(self.keep, dtype=torch.float32, device=first.device)
+
+
+def row_plan(
+    inputs: Sequence[torch.Tensor],
+    reduced: Sequence[int],
+    n_outputs: int,
+    row_inputs: Sequence[torch.Tensor] = (),
+    n_row_outputs: int = 0,
+) -> RowPlan:
+    """The ``RowPlan`` of a pass as ``plan_rows`` would run it (the same layout, copies and
+    output strides), without keeping its tensors."""
+    ins, _, _, layout = plan_rows(
+        inputs, reduced, n_outputs, row_inputs, n_row_outputs, count=False
+    )
+    copies = tuple(a is not b for a, b in zip(inputs, ins))
+    like = not any(copies) and is_dense(inputs[0])
+    return RowPlan(layout, copies, like, keepdim_shape(inputs[0].shape, reduced))

@@ -1,0 +1,453 @@
+"""The choice of the norm family's launches: from a layout (``ops/_core/rows.py``), dtypes
+and a ``NormConfig``, the kernel, grid, scalar arguments and constexprs of the forward
+(``forward_launch``: the row kernel, rows in registers or looped rows) and of the backward
+(``backward_launches``: the wide rows' sums, dx with the partial sums, the partial rows' sum).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.reduce import colsum_kernel
+from tritonkit.ops._core.rows import (
+    Launch,
+    RowConfig,
+    RowLayout,
+    evict_kwargs,
+    lookup,
+    pow2_floor,
+    row_config,
+    row_program_config,
+    row_program_warps,
+    row_warps,
+)
+from tritonkit.ops.norm.backward import norm_bwd_kernel
+from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
+from tritonkit.ops.norm.config import (
+    NormBackwardConfig,
+    NormConfig,
+    NormForwardConfig,
+    depth,
+    shifts,
+)
+from tritonkit.ops.norm.forward_looped import norm_fwd_looped_kernel
+from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.forward_tiles import norm_fwd_tiles_kernel
+
+
+def row_tiles(
+    layout: RowLayout,
+    config: NormConfig,
+    sms: int,
+    rms: bool = False,
+    tile_elems: int | None = None,
+    elems_per_thread: int | None = None,
+    max_fused: int | None = None,
+    loop_block: int | None = None,
+    loop_programs_per_sm: int | None = None,
+) -> RowConfig:
+    """The row tiles of a norm pass (the forward's by default; the backward passes its own
+    tile size, widest row in registers, looped chunk and programs per SM). Rows in registers
+    are one tile per program (programs per SM 0) at ``elems_per_thread`` per thread (default
+    fused_elems_per_thread)."""
+    fc = config.forward
+    cfg = row_config(
+        layout,
+        sms=sms,
+        max_fused=max_fused or fc.max_fused_cols,
+        loop_block=loop_block or fc.loop_block_n,
+        tile_elems=tile_elems or fc.tile_elems,
+        adjacent_rows=fc.adjacent_rows,
+        elems_per_thread=fc.elems_per_thread,
+        loop_elems_per_thread=fc.elems_per_thread,
+        max_warps=fc.max_warps,
+        loop_programs_per_sm=loop_programs_per_sm or fc.loop_programs_per_sm_ln,
+    )
+    if not cfg.LOOPED:  # programs per SM 0: one row tile per program
+        programs = cfg.n_tiles
+        per_sm = fc.programs_per_sm_rms if rms else fc.programs_per_sm_ln
+        if per_sm > 0:
+            programs = min(cfg.n_tiles, per_sm * sms)
+        per_thread = elems_per_thread or fc.fused_elems_per_thread
+        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, fc.max_warps)
+        cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
+    return cfg
+
+
+def _fit_chunk(block_r: int, block_n: int, per_thread: int, max_warps: int) -> tuple[int, int]:
+    """(BLOCK_N, warps) of a tile of ``block_r`` rows: at most ``block_n`` columns, narrowed so
+    that ``per_thread`` elements per thread fit ``max_warps``."""
+    block_n = min(block_n, pow2_floor(per_thread * 32 * max_warps // block_r))
+    return block_n, row_warps(block_r * block_n, per_thread, max_warps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------
+
+
+def takes_row_forward(
+    layout: RowLayout, has_residual: bool, rms: bool, dtype: torch.dtype, fc: NormForwardConfig
+) -> bool:
+    """Whether the forward takes norm_fwd_row_kernel: rows without a residual of contiguous
+    columns within the widths of ``row_fwd_*``. fp32 LayerNorm rows of a power-of-2 width up to
+    max_fused_cols stay in registers, kept there across the statistics (no re-read), which ran
+    as fast or faster ("the norm forward with the row width a compile-time constant"), but
+    for the widths of row_fwd_pow2_ln_fp32."""
+    (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
+    n_cols = layout.n_cols
+    kept = (
+        not rms
+        and dtype == torch.float32
+        and n_cols == next_power_of_2(n_cols)
+        and n_cols not in fc.row_fwd_pow2_ln_fp32
+    )
+    max_bytes_ln = (
+        fc.row_fwd_max_bytes_ln_fp32 if dtype == torch.float32 else fc.row_fwd_max_bytes_ln
+    )
+    return (
+        fc.row_fwd
+        and not has_residual
+        and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
+        and stride_yn == 1
+        and fc.row_fwd_min_cols <= n_cols <= fc.row_fwd_max_cols
+        and (rms or n_cols * dtype.itemsize <= max_bytes_ln)
+        and not (kept and n_cols <= fc.max_fused_cols)
+    )
+
+
+def row_forward_config(
+    n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig
+) -> tuple[int, int]:
+    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm:
+    row_fwd_warps_rms, chunks of row_fwd_elems_per_thread_rms per thread. LayerNorm:
+    row_fwd_warps, and within the bounds of row_fwd_elems_per_thread the largest power of 2
+    that divides the row (no partial last chunk)."""
+    if rms:
+        block_n, warps = row_program_config(
+            n_cols, element_size, fc.row_fwd_warps_rms, fc.row_fwd_elems_per_thread_rms
+        )
+    elif element_size == 4 and n_cols in fc.row_fwd_pow2_ln_fp32:
+        block_n, warps = n_cols, fc.row_fwd_pow2_ln_fp32_warps
+    else:
+        warps = row_program_warps(n_cols * element_size, fc.row_fwd_warps)
+        low, high = (32 * warps * e for e in fc.row_fwd_elems_per_thread)
+        even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
+        block_n = min(max(even, low), high, next_power_of_2(n_cols))
+    if fc.row_fwd_chunk is not None:
+        block_n = min(fc.row_fwd_chunk, next_power_of_2(n_cols))
+    return block_n, warps
+
+
+def row_forward_store(n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig) -> str:
+    """The L2 policy of norm_fwd_row_kernel's stores (see row_fwd_store)."""
+    if element_size != 2 or (rms and n_cols * element_size <= fc.row_fwd_store_min_bytes_rms):
+        return ""
+    return fc.row_fwd_store
+
+
+def row_forward_thread_elems(
+    n_cols: int, dtype: torch.dtype, rms: bool, block_n: int, warps: int, fc: NormForwardConfig
+) -> int:
+    """norm_fwd_row_kernel's THREAD_ELEMS: each thread's share of a chunk for 16-bit LayerNorm
+    rows of row_fwd_thread_sums_min_cols or more (or row_fwd_thread_elems for every LayerNorm
+    row), else 0 (per-lane sums)."""
+    if rms:
+        return 0
+    if fc.row_fwd_thread_elems is not None:
+        return min(fc.row_fwd_thread_elems, block_n)
+    if dtype == torch.float32 or n_cols < fc.row_fwd_thread_sums_min_cols:
+        return 0
+    return max(block_n // (32 * warps), 1)
+
+
+def _looped_forward_tiles(
+    cfg: RowConfig,
+    layout: RowLayout,
+    fc: NormForwardConfig,
+    rms: bool,
+    load_bytes: int,
+    res16: bool,
+    sms: int,
+) -> RowConfig:
+    """The looped forward's own rows per tile, warps and programs per SM (loop_*_rms / _ln);
+    ``load_bytes``: bytes each element of a row loads (x, and the residual); ``res16``: 16-bit
+    rows with a residual."""
+    rows = fc.loop_rows_rms if rms else (fc.loop_rows_ln_res16 if res16 else fc.loop_rows_ln)
+    per_sm = fc.loop_programs_per_sm_rms if rms else fc.loop_programs_per_sm_ln
+    if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
+        # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
+        # loaded serves them all.
+        block_r = min(rows, next_power_of_2(layout.n_inner))
+        n_iblocks = cdiv(layout.n_inner, block_r)
+        cfg = dataclasses.replace(
+            cfg, BLOCK_R=block_r, BLOCK_N=cfg.BLOCK_N // block_r, n_iblocks=n_iblocks,
+            n_tiles=layout.n_outer * n_iblocks,
+        )  # fmt: skip
+    wide = load_bytes >= 8  # fp32 x and residual
+    if rms:
+        per_thread = fc.loop_elems_per_thread_rms_wide if wide else fc.loop_elems_per_thread_rms
+    else:
+        per_thread = fc.loop_elems_per_thread_ln_wide if wide else fc.elems_per_thread
+    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, fc.max_warps)
+    return dataclasses.replace(
+        cfg, BLOCK_N=block_n, programs=max(1, min(cfg.n_tiles, per_sm * sms)), num_warps=warps
+    )
+
+
+def forward_launch(
+    layout: RowLayout,
+    dtype: torch.dtype,
+    has_residual: bool,
+    has_weight: bool,
+    has_bias: bool,
+    stride_w: int,
+    stride_b: int,
+    eps: float,
+    rms: bool,
+    config: NormConfig,
+    sms: int,
+    smem: int,
+) -> Launch:
+    """The forward's launch over ``layout`` (the plan's: x, [residual], y, [h], statistics).
+    It takes (x, residual, weight, bias, y, h, mean, rstd), placeholders where absent."""
+    fc = config.forward
+    size = dtype.itemsize
+    shift = shifts(rms, dtype, config)
+    sx, *rest = layout.strides
+    if has_residual:
+        sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]
+    else:
+        sr, sy, sh, ss = sx, rest[0], rest[0], rest[1]
+    if takes_row_forward(layout, has_residual, rms, dtype, fc):
+        block_n, warps = row_forward_config(layout.n_cols, size, rms, fc)
+        return Launch(
+            norm_fwd_row_kernel,
+            (layout.n_outer * layout.n_inner,),
+            (layout.n_inner, eps, *sx, *sy, ss[0], ss[2], stride_w, stride_b),
+            {
+                "N_COLS": layout.n_cols,
+                "IS_RMS": rms,
+                "SHIFT": shift,
+                "HAS_WEIGHT": has_weight,
+                "HAS_BIAS": has_bias,
+                "OUTER": layout.n_outer > 1,
+                "WELFORD": dtype == torch.float32,
+                "SCALE_FIRST": fc.row_fwd_scale_first and not rms and size == 2,
+                "STORE": row_forward_store(layout.n_cols, size, rms, fc),
+                "BLOCK_N": block_n,
+                "THREAD_ELEMS": row_forward_thread_elems(
+                    layout.n_cols, dtype, rms, block_n, warps, fc
+                ),
+                "num_warps": warps,
+            },
+        )
+    reread_per_thread = None  # the re-read forward's elements per thread, where it applies
+    if fc.reread and not has_residual:
+        reread_per_thread = lookup(fc.reread_elems_per_thread, (rms, size))
+    cfg = row_tiles(layout, config, sms, rms, elems_per_thread=reread_per_thread)
+    stages = None
+    if not rms and not has_residual and not cfg.LOOPED and fc.pipeline_cols <= cfg.BLOCK_N:
+        stage_bytes = cfg.BLOCK_R * cfg.BLOCK_N * size
+        stages = depth(fc.pipeline_stages, stage_bytes, smem, config.pipeline_smem_slack)
+    if stages is not None:
+        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=fc.pipeline_elems_per_thread)
+        cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sms))
+    common = {
+        "IS_RMS": rms,
+        "SHIFT": shift,
+        "HAS_RESIDUAL": has_residual,
+        "HAS_WEIGHT": has_weight,
+        "HAS_BIAS": has_bias,
+    }
+    if cfg.LOOPED:
+        res16 = has_residual and size == 2  # 16-bit rows with a residual
+        load_bytes = size * (2 if has_residual else 1)
+        cfg = _looped_forward_tiles(cfg, layout, fc, rms, load_bytes, res16, sms)
+        meta = {
+            **common,
+            "LOOP_PREFETCH": fc.loop_prefetch_rms if rms else fc.loop_prefetch_ln,
+            "LOOP_STATS": (
+                fc.loop_stats_rms
+                if rms
+                else (fc.loop_stats_ln_res16 if res16 else fc.loop_stats_ln)
+            ),
+            **evict_kwargs(fc.loop_evict),
+            "SUM_FIRST": fc.loop_sum_first and has_residual and dtype == torch.float32,
+        }
+        kernel = norm_fwd_looped_kernel
+    else:
+        meta = {
+            **common,
+            "PREFETCH": fc.prefetch and stages is None and cfg.programs < cfg.n_tiles,
+            "REREAD": reread_per_thread is not None and stages is None,
+            "STAGES": stages,
+            "EVEN_N": fc.even_n and layout.n_cols == cfg.BLOCK_N,
+        }
+        kernel = norm_fwd_tiles_kernel
+    meta.update(
+        ONE_TILE=cfg.programs == cfg.n_tiles,
+        OUTER=layout.n_outer > 1,
+        INT64=layout.needs_int64(),
+        BLOCK_R=cfg.BLOCK_R,
+        BLOCK_N=cfg.BLOCK_N,
+        num_warps=cfg.num_warps,
+    )
+    scalars = (
+        layout.n_cols, layout.n_inner, cfg.n_iblocks, cfg.n_tiles, eps, *sx, *sr, *sy, *sh,
+        ss[0], ss[2], stride_w, stride_b,
+    )  # fmt: skip
+    return Launch(kernel, (cfg.programs,), scalars, meta)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackwardLaunches:
+    """The launches of one backward: the row sums of wide rows (``sums``, or None), dx with the
+    partial sums (``main``), the partial rows' sum (``partials``, or None: no parameter
+    gradient), and the partial rows per gradient (``groups``)."""
+
+    sums: Launch | None
+    main: Launch
+    partials: Launch | None
+    groups: int
+
+
+def backward_tile_elems(n_row_tensors: int, dtype: torch.dtype, bc: NormBackwardConfig) -> int:
+    """Elements per backward row tile: tile_elems, or fewer to read at most tile_bytes."""
+    return min(bc.tile_elems, pow2_floor(bc.tile_bytes // (n_row_tensors * dtype.itemsize)))
+
+
+def backward_stages(
+    cfg: RowConfig,
+    block_n: int,
+    element_sizes: tuple[int, ...],
+    rms: bool,
+    config: NormConfig,
+    smem: int,
+    mid: bool = False,
+) -> int | None:
+    """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
+    columns of row tensors of ``element_sizes``): stages (LayerNorm's small tiles stages_ln),
+    wide rows wide_stages_rms, looped rows of at most the forward's max_fused_cols (``mid``)
+    mid_stages; None for the hand prefetch."""
+    bc = config.backward
+    tile_bytes = cfg.BLOCK_R * block_n * sum(element_sizes)
+    if cfg.LOOPED and mid:
+        stages = bc.mid_stages
+    elif cfg.LOOPED:
+        stages = bc.wide_stages_rms if rms else None
+    elif not rms and tile_bytes <= bc.deep_tile_bytes:
+        stages = bc.stages_ln
+    else:
+        stages = bc.stages
+    return depth(stages, tile_bytes, smem, config.pipeline_smem_slack)
+
+
+def backward_launches(
+    layout: RowLayout,
+    dtype: torch.dtype,
+    element_sizes: tuple[int, ...],
+    weight_size: int,
+    stride_w: int,
+    rms: bool,
+    has_weight: bool,
+    has_dres: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    config: NormConfig,
+    sms: int,
+    smem: int,
+) -> BackwardLaunches:
+    """The backward's launches over ``layout`` (the plan's: dy, x, [dres], dx, statistics);
+    ``element_sizes``: of dy, x (and dres); ``weight_size``: the weight's element size (0 for
+    none). ``sums`` takes (dy, x, w, mean, rstd, c1, c2); ``main`` (dy, x, dres, w, mean, rstd,
+    c1, c2, dx, dw_part, db_part); ``partials`` (partial, out, partial2, out2)."""
+    bc = config.backward
+    fc = config.forward
+    sg, sx, *rest = layout.strides
+    sr = rest.pop(0) if has_dres else sg
+    sdx = rest.pop(0)
+    ss = rest[0]
+    n_cols = layout.n_cols
+    mid = n_cols <= fc.max_fused_cols  # a row the forward keeps in registers
+    cfg = row_tiles(
+        layout,
+        config,
+        sms,
+        tile_elems=backward_tile_elems(len(element_sizes), dtype, bc),
+        max_fused=min(bc.max_fused_cols, fc.max_fused_cols),
+        loop_block=bc.mid_block_n if mid else None,
+        loop_programs_per_sm=lookup(bc.mid_programs_per_sm, dtype.itemsize) if mid else None,
+    )
+    # The dx / partial-sum pass: (BLOCK_N, warps, column blocks, row groups).
+    if cfg.LOOPED:
+        block_n = pow2_floor(min(bc.wide_block_n, cfg.BLOCK_N))
+        col_blocks = cdiv(n_cols, block_n)
+        target = bc.wide_programs_per_sm * sms // col_blocks
+    else:
+        block_n, col_blocks = cfg.BLOCK_N, 1
+        target = (bc.programs_per_sm_rms if rms else bc.programs_per_sm_ln) * sms
+    warps = row_warps(cfg.BLOCK_R * block_n, bc.elems_per_thread, fc.max_warps)
+    groups = max(1, min(cfg.n_tiles, target))
+    reduce_rows = bc.reduce_rows_rms if rms else bc.reduce_rows_ln
+    stages = backward_stages(cfg, block_n, element_sizes, rms, config, smem, mid)
+    shift = shifts(rms, dtype, config)
+    int64 = layout.needs_int64()
+    sums = None
+    if cfg.LOOPED:
+        sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
+        if dtype.itemsize > 2:
+            sums_n, sums_warps = _fit_chunk(
+                cfg.BLOCK_R, sums_n, bc.sums_elems_per_thread_fp32, fc.max_warps
+            )
+        # Each chunk loads dy, x and the weight.
+        chunk_bytes = cfg.BLOCK_R * sums_n * (element_sizes[0] + element_sizes[1])
+        chunk_bytes += sums_n * weight_size
+        sums_stages = depth(
+            bc.mid_stages if mid else (bc.wide_sums_stages_rms if rms else None),
+            chunk_bytes,
+            smem,
+            config.pipeline_smem_slack,
+        )
+        sums = Launch(
+            norm_bwd_sums_kernel,
+            (cfg.programs,),
+            (n_cols, layout.n_inner, cfg.n_iblocks, cfg.n_tiles, *sg, *sx, ss[0], ss[2],
+             stride_w),
+            {"IS_RMS": rms, "SHIFT": shift, "HAS_WEIGHT": has_weight, "STAGES": sums_stages,
+             "OUTER": layout.n_outer > 1, "INT64": int64, "BLOCK_R": cfg.BLOCK_R,
+             "BLOCK_N": sums_n, "num_warps": sums_warps},
+        )  # fmt: skip
+    main = Launch(
+        norm_bwd_kernel,
+        (col_blocks, groups),
+        (n_cols, layout.n_inner, cfg.n_iblocks, cfg.n_tiles, *sg, *sx, *sr, *sdx, ss[0], ss[2],
+         stride_w),
+        {"IS_RMS": rms, "SHIFT": shift, "HAS_WEIGHT": has_weight, "HAS_DRES": has_dres,
+         "WEIGHT_GRAD": weight_grad, "BIAS_GRAD": bias_grad, "SUMS_GIVEN": cfg.LOOPED,
+         "PREFETCH": bc.prefetch and stages is None,
+         # one-row tiles: the same sum either way
+         "REDUCE_TILES": 1 < cfg.BLOCK_R <= reduce_rows,
+         "STAGES": stages, "OUTER": layout.n_outer > 1, "INT64": int64,
+         "BLOCK_R": cfg.BLOCK_R, "BLOCK_N": block_n, "num_warps": warps},
+    )  # fmt: skip
+    partials = None
+    if weight_grad or bias_grad:
+        block_m, block_nc, sum_warps = bc.partial_sums.launch(groups, n_cols, sms)
+        partials = Launch(
+            colsum_kernel,
+            (cdiv(n_cols, block_nc),),
+            (groups, n_cols),
+            {"SECOND": weight_grad and bias_grad, "BLOCK_M": block_m, "BLOCK_N": block_nc,
+             "num_warps": sum_warps},
+        )  # fmt: skip
+    return BackwardLaunches(sums, main, partials, groups)
