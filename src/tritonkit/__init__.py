@@ -17,6 +17,8 @@ _FUNCTIONS = (
     "add",
     "add_layer_norm",
     "add_rms_norm",
+    "attention",
+    "attention_varlen",
     "bias_act",
     "copy",
     "cross_entropy",
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from tritonkit.functional import add as add
     from tritonkit.functional import add_layer_norm as add_layer_norm
     from tritonkit.functional import add_rms_norm as add_rms_norm
+    from tritonkit.functional import attention as attention
+    from tritonkit.functional import attention_varlen as attention_varlen
     from tritonkit.functional import bias_act as bias_act
     from tritonkit.functional import copy as copy
     from tritonkit.functional import cross_entropy as cross_entropy

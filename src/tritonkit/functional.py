@@ -1,5 +1,6 @@
 """The public functions of tritonkit, one import away: ``from tritonkit.functional import gelu``."""
 
+from tritonkit.ops.attention import attention, attention_varlen
 from tritonkit.ops.cross_entropy import cross_entropy
 from tritonkit.ops.elementwise import add, bias_act, geglu, gelu, relu, silu, swiglu
 from tritonkit.ops.matmul import int8_matmul, linear, matmul, scaled_matmul
@@ -11,6 +12,8 @@ __all__ = [
     "add",
     "add_layer_norm",
     "add_rms_norm",
+    "attention",
+    "attention_varlen",
     "bias_act",
     "copy",
     "cross_entropy",

@@ -1,0 +1,289 @@
+"""Launch configs of the attention family and the problem description they are chosen for.
+
+Every tile size, warp count and pipeline depth of the family is chosen here: frozen
+dataclasses passed explicitly to the launchers (tests build their own), defaults per head
+dim, and candidate lists that ``tritonkit._tuning`` times once per machine, keyed by
+(head dim, dtype, band kind, mask kind, sequence-length bucket).
+
+The Hopper candidates follow the fastest Triton FlashAttention kernels for sm_90 (Triton's
+tutorial 06 and its autotune space): 128-query tiles, 64 or 128 keys per step, 4 or 8 warps,
+3-4 pipeline stages; the backward's key tiles of 64-128 with 32-64 query steps (dK, dV) and
+query tiles of 64-128 with 32-64 key steps (dQ). None of them has been timed by this code yet:
+experiments/gpu_attention.py sweeps them on the GPU and the tuner keeps the best per key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tritonkit import _tuning
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One kernel's launch: BLOCK_M query rows by BLOCK_N keys per step (the dK/dV kernel:
+    BLOCK_N keys per program, BLOCK_M queries per step), warps, pipeline stages."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def tuning(self) -> _tuning.Config:
+        return _tuning.Config(
+            {"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N}, self.num_warps, self.num_stages
+        )
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config) -> Tile:
+        p = cfg.params
+        return Tile(int(p["BLOCK_M"]), int(p["BLOCK_N"]), cfg.num_warps, cfg.num_stages)
+
+    def smem_bytes(self, block_d: int, elem: int, backward: bool = False) -> int:
+        """Shared memory of the streamed operands (K and V, or Q and dO) over the pipeline
+        stages plus the resident tile, as Triton's pipeliner allocates it (an estimate)."""
+        stream = self.BLOCK_M if backward else self.BLOCK_N
+        resident = self.BLOCK_N if backward else self.BLOCK_M
+        stages = max(1, self.num_stages)
+        return (2 * stages * stream + 2 * resident) * block_d * elem
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """The backward: the dK/dV kernel's tile, the dQ kernel's tile, and how dQ is summed:
+    by its own pass over the keys (deterministic, two launches) or with fp32 atomics from
+    the dK/dV kernel (``atomic_dq``: a delta pre-pass, the dK/dV kernel, a cast)."""
+
+    dkdv: Tile
+    dq: Tile
+    atomic_dq: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Split-KV decoding: keys per step, warps, stages, and the number of key splits
+    (0: enough programs for two per SM, each at least MIN_SPLIT_KEYS keys)."""
+
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    splits: int = 0
+
+    def tuning(self) -> _tuning.Config:
+        return _tuning.Config({"BLOCK_N": self.BLOCK_N}, self.num_warps, self.num_stages)
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config, splits: int = 0) -> DecodeConfig:
+        return DecodeConfig(int(cfg.params["BLOCK_N"]), cfg.num_warps, cfg.num_stages, splits)
+
+
+MIN_SPLIT_KEYS = 256
+DECODE_MAX_QUERIES = 16  # queries per (batch, head) up to which the split-KV path is taken
+
+# Under the interpreter: small tiles (every path crosses several blocks at the test shapes),
+# unequal so that row and column block logic are told apart.
+INTERPRETER_FWD = Tile(32, 16, 4, 1)
+INTERPRETER_BWD = BwdConfig(Tile(16, 32, 4, 1), Tile(32, 16, 4, 1))
+INTERPRETER_DECODE = DecodeConfig(16, 4, 1)
+
+# The "flash" variant of the workbench: the same kernel with no software pipelining.
+UNPIPELINED_FWD = Tile(64, 64, 4, 1)
+
+
+def _fwd_candidates(block_d: int) -> list[Tile]:
+    if block_d <= 64:
+        return [
+            Tile(128, 64, 4, 3),
+            Tile(128, 128, 8, 3),
+            Tile(128, 64, 4, 4),
+            Tile(128, 128, 4, 3),
+            Tile(64, 64, 4, 3),
+        ]
+    if block_d <= 128:
+        return [
+            Tile(128, 64, 8, 3),
+            Tile(128, 128, 8, 3),
+            Tile(128, 64, 4, 3),
+            Tile(128, 64, 8, 4),
+            Tile(128, 32, 4, 3),
+            Tile(64, 64, 4, 3),
+        ]
+    return [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(128, 32, 8, 2), Tile(64, 32, 4, 3)]
+
+
+def _dkdv_candidates(block_d: int) -> list[Tile]:
+    if block_d <= 64:
+        return [
+            Tile(32, 128, 4, 4),
+            Tile(64, 128, 8, 3),
+            Tile(64, 64, 4, 3),
+            Tile(32, 64, 4, 4),
+            Tile(128, 128, 8, 3),
+        ]
+    if block_d <= 128:
+        return [
+            Tile(64, 128, 8, 3),
+            Tile(32, 128, 8, 3),
+            Tile(64, 64, 4, 3),
+            Tile(32, 64, 4, 4),
+            Tile(128, 128, 8, 2),
+        ]
+    return [Tile(32, 64, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(16, 64, 4, 2)]
+
+
+def _dq_candidates(block_d: int) -> list[Tile]:
+    if block_d <= 64:
+        return [
+            Tile(128, 32, 4, 4),
+            Tile(128, 64, 8, 3),
+            Tile(64, 64, 4, 3),
+            Tile(64, 32, 4, 4),
+            Tile(128, 128, 8, 3),
+        ]
+    if block_d <= 128:
+        return [
+            Tile(128, 64, 8, 3),
+            Tile(128, 32, 8, 3),
+            Tile(64, 64, 4, 3),
+            Tile(64, 32, 4, 4),
+            Tile(128, 128, 8, 2),
+        ]
+    return [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(64, 16, 4, 2)]
+
+
+def _decode_candidates(block_d: int) -> list[DecodeConfig]:
+    if block_d <= 128:
+        return [
+            DecodeConfig(64, 4, 3),
+            DecodeConfig(128, 4, 3),
+            DecodeConfig(128, 8, 3),
+            DecodeConfig(64, 4, 4),
+            DecodeConfig(256, 8, 2),
+        ]
+    return [DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 3), DecodeConfig(64, 8, 2)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a launch config depends on, besides the tensors' addresses and strides."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq_q: int  # the longest sequence of a packed batch
+    seq_k: int
+    head_dim: int
+    dtype: torch.dtype
+    mask_kind: int  # tiles.NO_MASK, BOOL_MASK, ADDITIVE_MASK
+    left: int  # -1: unbounded
+    right: int  # -1: unbounded (causal: 0)
+    bottom_right: bool  # the diagonal's alignment for causal and windows
+    varlen: bool
+    dropout: bool
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def block_d(self) -> int:
+        return max(16, next_power_of_2(self.head_dim))
+
+    def key(self) -> dict:
+        """The tuning key: head dim, dtype, band kind, mask kind, sequence-length bucket."""
+        band = ("L" if self.left >= 0 else "") + ("R" if self.right >= 0 else "")
+        if self.right == 0 and self.left < 0:
+            band = "causal"
+        return {
+            "d": self.block_d,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "band": band or "full",
+            "mask": self.mask_kind,
+            "seq": next_power_of_2(max(self.seq_q, 1)),
+            "seq_k": next_power_of_2(max(self.seq_k, 1)),
+            "varlen": self.varlen,
+            "dropout": self.dropout,
+        }
+
+
+def _fits(tile: Tile, p: Problem, elem: int, backward: bool) -> bool:
+    return _tuning.fits_shared_memory(tile.smem_bytes(p.block_d, elem, backward))
+
+
+def _choose(name: str, p: Problem, cands: list[Tile], run, backward: bool) -> Tile:
+    elem = p.dtype.itemsize
+
+    def prune(cfg: _tuning.Config) -> bool:
+        return _fits(Tile.from_tuning(cfg), p, elem, backward)
+
+    def choose() -> Tile:
+        tuned = [c.tuning() for c in cands]
+        tuned = [c for c in tuned if prune(c)] or tuned
+        return Tile.from_tuning(_tuning.tune(name, p.key(), tuned, run, prune=prune))
+
+    return _tuning.remembered(name, tuple(p.key().items()), choose)
+
+
+def forward_config(p: Problem, run) -> Tile:
+    """The forward's tile for ``p``: tuned on a GPU (``run(tile)`` launches it), the small
+    interpreter tile on the CPU."""
+    if interpreter_enabled():
+        return INTERPRETER_FWD
+    return _choose(
+        "attention_fwd", p, _fwd_candidates(p.block_d), lambda c: run(Tile.from_tuning(c)), False
+    )
+
+
+def backward_config(p: Problem, run_dkdv, run_dq) -> BwdConfig:
+    """The backward's tiles for ``p`` (each kernel tuned on its own; dQ by its own pass)."""
+    if interpreter_enabled():
+        return INTERPRETER_BWD
+    dq = _choose(
+        "attention_bwd_dq",
+        p,
+        _dq_candidates(p.block_d),
+        lambda c: run_dq(Tile.from_tuning(c)),
+        True,
+    )
+    dkdv = _choose(
+        "attention_bwd_dkdv",
+        p,
+        _dkdv_candidates(p.block_d),
+        lambda c: run_dkdv(Tile.from_tuning(c)),
+        True,
+    )
+    return BwdConfig(dkdv, dq)
+
+
+def decode_splits(p: Problem, device: torch.device, rows_per_block: int) -> int:
+    """Key splits for the split-KV path: enough programs for two waves of one per SM, each
+    split at least MIN_SPLIT_KEYS keys."""
+    programs = p.batch * p.kv_heads * cdiv(p.group * p.seq_q, rows_per_block)
+    want = cdiv(2 * sm_count(device), max(programs, 1))
+    return max(1, min(want, cdiv(p.seq_k, MIN_SPLIT_KEYS)))
+
+
+def decode_config(p: Problem, run) -> DecodeConfig:
+    """The split-KV tile for ``p`` (tuned on a GPU; splits are chosen by ``decode_splits``)."""
+    if interpreter_enabled():
+        return INTERPRETER_DECODE
+
+    def choose() -> DecodeConfig:
+        cands = [c.tuning() for c in _decode_candidates(p.block_d)]
+        return DecodeConfig.from_tuning(
+            _tuning.tune(
+                "attention_decode", p.key(), cands, lambda c: run(DecodeConfig.from_tuning(c))
+            )
+        )
+
+    return _tuning.remembered("attention_decode", tuple(p.key().items()), choose)
+
+
+def replace(config, **changes):
+    """A copy of a config with some fields changed."""
+    return dataclasses.replace(config, **changes)
