@@ -492,7 +492,7 @@ def _check_cu(op: str, name: str, cu: object, q: torch.Tensor) -> torch.Tensor:
         )
     if cu.device != q.device:
         raise ValueError(f"{op}: {name} must be on q's device ({q.device}), got {cu.device}")
-    return cu
+    return cu.contiguous()  # read with unit stride (batch + 1 integers)
 
 
 def attention_varlen(
