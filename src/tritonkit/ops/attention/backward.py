@@ -97,6 +97,8 @@ def _attn_bwd_dq_kernel(
     DELTA_ONLY: tl.constexpr,  # atomic dQ: only delta here
 ):  # fmt: skip
     pid_m = tl.program_id(0)
+    if HAS_RIGHT:  # causal-like: the query blocks with the most keys start first (as FA2)
+        pid_m = tl.num_programs(0) - 1 - pid_m
     head = tl.program_id(1)
     b = head // n_heads
     h = head % n_heads

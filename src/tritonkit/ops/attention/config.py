@@ -7,7 +7,7 @@ dim, and candidate lists that ``tritonkit._tuning`` times once per machine, keye
 
 The Hopper candidates follow the fastest Triton FlashAttention kernels for sm_90 (Triton's
 tutorial 06 and its autotune space): 128-query tiles, 64 or 128 keys per step, 4 or 8 warps,
-3-4 pipeline stages; the backward's key tiles of 64-128 with 32-64 query steps (dK, dV) and
+3-4 pipeline stages; the backward's key tiles of 64-128 with 16-32 query steps (dK, dV) and
 query tiles of 64-128 with 32-64 key steps (dQ). None of them has been timed by this code yet:
 experiments/gpu_attention.py sweeps them on the GPU and the tuner keeps the best per key.
 """
@@ -95,45 +95,46 @@ INTERPRETER_DECODE = DecodeConfig(16, 4, 1)
 UNPIPELINED_FWD = Tile(64, 64, 4, 1)
 
 
+# Candidates, heuristic default first. Pruned of the tiles that spill registers in ptxas's
+# report for sm_90a (benchmarks/ptxas_attention.py, bf16, causal and not): the forward's
+# 128 x 64 at 4 warps and D = 128 (~900 bytes), 128 x 128 at 4 warps and D = 64; the dK/dV
+# kernel (K and V resident, two fp32 accumulators) spills in most tiles, least with 16-32
+# query rows per step and 8 warps (D = 128: 16 x 128 at 8 warps spills 0 bytes without a
+# causal band, 100-144 bytes with one; 64 x 128 at 8 warps, 1-2 KB).
+
+
 def _fwd_candidates(block_d: int) -> list[Tile]:
     if block_d <= 64:
-        return [
-            Tile(128, 64, 4, 3),
-            Tile(128, 128, 8, 3),
-            Tile(128, 64, 4, 4),
-            Tile(128, 128, 4, 3),
-            Tile(64, 64, 4, 3),
-        ]
+        return [Tile(128, 64, 4, 3), Tile(128, 128, 8, 3), Tile(128, 64, 4, 4), Tile(64, 64, 4, 3)]
     if block_d <= 128:
         return [
             Tile(128, 64, 8, 3),
             Tile(128, 128, 8, 3),
-            Tile(128, 64, 4, 3),
             Tile(128, 64, 8, 4),
             Tile(128, 32, 4, 3),
             Tile(64, 64, 4, 3),
         ]
-    return [Tile(128, 64, 8, 2), Tile(64, 64, 4, 2), Tile(128, 32, 8, 2), Tile(64, 32, 4, 3)]
+    return [Tile(128, 64, 8, 2), Tile(128, 32, 8, 2), Tile(64, 32, 4, 3)]
 
 
 def _dkdv_candidates(block_d: int) -> list[Tile]:
     if block_d <= 64:
         return [
-            Tile(32, 128, 4, 4),
-            Tile(64, 128, 8, 3),
-            Tile(64, 64, 4, 3),
-            Tile(32, 64, 4, 4),
-            Tile(128, 128, 8, 3),
+            Tile(32, 128, 8, 3),
+            Tile(32, 128, 8, 2),
+            Tile(32, 64, 4, 1),
+            Tile(64, 128, 8, 1),
+            Tile(32, 64, 4, 2),
         ]
     if block_d <= 128:
         return [
-            Tile(64, 128, 8, 3),
+            Tile(16, 128, 8, 3),
+            Tile(16, 128, 8, 2),
+            Tile(16, 64, 8, 4),
+            Tile(32, 128, 8, 1),
             Tile(32, 128, 8, 3),
-            Tile(64, 64, 4, 3),
-            Tile(32, 64, 4, 4),
-            Tile(128, 128, 8, 2),
         ]
-    return [Tile(32, 64, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(16, 64, 4, 2)]
+    return [Tile(16, 64, 8, 2), Tile(16, 32, 4, 3), Tile(16, 32, 8, 2), Tile(32, 64, 8, 1)]
 
 
 def _dq_candidates(block_d: int) -> list[Tile]:
@@ -151,9 +152,8 @@ def _dq_candidates(block_d: int) -> list[Tile]:
             Tile(128, 32, 8, 3),
             Tile(64, 64, 4, 3),
             Tile(64, 32, 4, 4),
-            Tile(128, 128, 8, 2),
         ]
-    return [Tile(64, 32, 4, 2), Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(64, 16, 4, 2)]
+    return [Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(64, 32, 8, 2)]
 
 
 def _decode_candidates(block_d: int) -> list[DecodeConfig]:

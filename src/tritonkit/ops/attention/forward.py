@@ -32,14 +32,16 @@ def load_rows(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, CHECK_ROWS: tl
               CHECK_D: tl.constexpr):  # fmt: skip
     """A [rows, BLOCK_D] tile; out-of-range rows and padded head-dim columns read as 0."""
     if CHECK_ROWS and CHECK_D:
-        return tl.load(
+        tile = tl.load(
             ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0
         )
-    if CHECK_ROWS:
-        return tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-    if CHECK_D:
-        return tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return tl.load(ptrs)
+    elif CHECK_ROWS:
+        tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    elif CHECK_D:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
 
 
 @triton.jit
@@ -68,12 +70,17 @@ def _fwd_steps(
         k_idx = n + offs_n
         k = load_rows(k_ptrs, k_idx, n_k, offs_d, HEAD_DIM, BAND, HEAD_DIM != BLOCK_D)
         qk = mma(q, tl.trans(k), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), UPCAST, PRECISION)
-        s = scores(qk, q_idx[:, None], k_idx[None, :], mask_base, stride_ml, stride_ms, n_q, n_k,
-                   diag, left, right, scale_log2, BAND, HAS_LEFT, HAS_RIGHT, MASK_KIND)  # fmt: skip
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if GUARD:  # a row with every score -inf so far: subtract 0, not -inf (no NaN)
+        if GUARD:
+            s = scores(qk, q_idx[:, None], k_idx[None, :], mask_base, stride_ml, stride_ms,
+                       n_q, n_k, diag, left, right, scale_log2, BAND, HAS_LEFT, HAS_RIGHT,
+                       MASK_KIND)  # fmt: skip
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row with every score -inf so far: subtract 0, not -inf (no NaN)
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_new[:, None])
+            p = tl.math.exp2(s - m_new[:, None])
+        else:  # scale and subtract in one FMA per score, as Triton's tutorial kernel does
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
+            p = tl.math.exp2(qk * scale_log2 - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -92,25 +99,27 @@ def _fwd_steps(
 @triton.jit
 def sequence(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, IS_VARLEN: tl.constexpr):
     """(first query row, queries, first key row, keys) of batch entry ``b``."""
-    zero = b * 0
+    q_start = b * 0
+    k_start = q_start
+    n_q = q_start + seq_q
+    n_k = q_start + seq_k
     if IS_VARLEN:
         q_start = tl.load(cu_q_ptr + b)
         k_start = tl.load(cu_k_ptr + b)
-        return (
-            q_start,
-            tl.load(cu_q_ptr + b + 1) - q_start,
-            k_start,
-            tl.load(cu_k_ptr + b + 1) - k_start,
-        )
-    return zero, zero + seq_q, zero, zero + seq_k
+        n_q = tl.load(cu_q_ptr + b + 1) - q_start
+        n_k = tl.load(cu_k_ptr + b + 1) - k_start
+    return q_start, n_q, k_start, n_k
 
 
 @triton.jit
 def rng_state(rng_ptr, HAS_DROPOUT: tl.constexpr):
     """(seed, offset) of the Philox stream, read from the device (CUDA-graph safe)."""
+    seed = 0
+    offset = 0
     if HAS_DROPOUT:
-        return tl.load(rng_ptr), tl.load(rng_ptr + 1).to(tl.int32)
-    return 0, 0
+        seed = tl.load(rng_ptr)
+        offset = tl.load(rng_ptr + 1).to(tl.int32)
+    return seed, offset
 
 
 @kernel
@@ -131,6 +140,8 @@ def _attn_fwd_kernel(
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
+    if HAS_RIGHT:  # causal-like: the query blocks with the most keys start first (as FA2)
+        pid_m = tl.num_programs(0) - 1 - pid_m
     head = tl.program_id(1)
     b = head // n_heads
     h = head % n_heads

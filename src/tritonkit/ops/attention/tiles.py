@@ -84,9 +84,13 @@ def mask_tile(
     log2(e) (float), as float32."""
     inside = (q_idx < n_queries) & (k_idx < n_keys)
     ptrs = mask_ptr + q_idx.to(tl.int64) * stride_ml + k_idx.to(tl.int64) * stride_ms
+    # One return per function: Triton compiles the statements after a constexpr branch's
+    # return too (into a dead block), and its return types must agree.
     if MASK_KIND == 1:
-        return tl.load(ptrs, mask=inside, other=0) != 0
-    return tl.load(ptrs, mask=inside, other=0.0).to(tl.float32) * 1.4426950408889634
+        tile = tl.load(ptrs, mask=inside, other=0) != 0
+    else:
+        tile = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32) * 1.4426950408889634
+    return tile
 
 
 @triton.jit
@@ -152,5 +156,7 @@ def mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     bf16 tl.dot is wrong, are multiplied as the float32 values they hold (exactly what the
     tensor cores multiply)."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=PRECISION)
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
