@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 import tritonkit
 from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, Unavailable, register
-from tritonkit.ops.attention import attention_variant
+from tritonkit.ops.attention import VARIANTS, attention_variant
 from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
 FAMILY = "attention"
@@ -314,7 +314,7 @@ register(
                 description="SDPA EFFICIENT_ATTENTION",
             ),
         },
-        variants={name: _variant(name) for name in ("naive", "flash", "tuned")},
+        variants={name: _variant(name) for name in VARIANTS},
         compute="tensor",
         description="F.scaled_dot_product_attention (+ sliding window); naive -> flash -> tuned",
     )

@@ -9,7 +9,7 @@ Modules, one per kernel path: ``tiles`` (the device helpers every kernel is buil
 
 from tritonkit.ops.attention.config import BwdConfig, DecodeConfig, Tile
 from tritonkit.ops.attention.function import (
-    PATHS,
+    VARIANTS,
     AttentionFunction,
     UnsupportedAttention,
     attention,
@@ -21,7 +21,7 @@ from tritonkit.ops.attention.function import (
 )
 
 __all__ = [
-    "PATHS",
+    "VARIANTS",
     "AttentionFunction",
     "BwdConfig",
     "DecodeConfig",

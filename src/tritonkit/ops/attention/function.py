@@ -9,17 +9,23 @@ import math
 import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
+from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.registry import apply, define_op, eager_direct
-from tritonkit.ops._core.validate import check_operand, check_tensor
+from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
 from tritonkit.ops.attention.backward import launch_backward
-from tritonkit.ops.attention.config import DECODE_MAX_QUERIES, BwdConfig, Problem
+from tritonkit.ops.attention.config import (
+    DECODE_MAX_QUERIES,
+    UNPIPELINED_FWD,
+    BwdConfig,
+    Problem,
+)
 from tritonkit.ops.attention.decode import launch_decode
 from tritonkit.ops.attention.forward import launch_forward
 from tritonkit.ops.attention.naive import launch_naive
 from tritonkit.ops.attention.tiles import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 
 MAX_HEAD_DIM = 256
-PATHS = ("auto", "flash", "decode", "naive")
+VARIANTS = ("naive", "flash", "tuned")
 
 
 class UnsupportedAttention(ValueError):
@@ -327,8 +333,6 @@ def _scalars(
 
 def unsupported(query, key, value, attn_mask=None) -> str | None:
     """Why tritonkit cannot run an F.scaled_dot_product_attention call (None if it can)."""
-    from tritonkit.ops._core.device import interpreter_enabled
-
     tensors = {"query": query, "key": key, "value": value}
     if attn_mask is not None:
         tensors["attn_mask"] = attn_mask
@@ -578,9 +582,8 @@ def attention_variant(
 ) -> torch.Tensor:
     """The forward alone along a workbench variant: "naive" (three kernels, scores in memory),
     "flash" (the flash kernel without software pipelining), "tuned" (the tuned kernel)."""
-    from tritonkit.ops.attention.config import UNPIPELINED_FWD
-
     op = f"tritonkit.attention[{variant}]"
+    check_choice(op, "variant", variant, VARIANTS)
     q, k, v, mask, three_d = _check_dense(op, query, key, value, attn_mask, enable_gqa)
     left, right = _window(op, window)
     scale = _scalars(op, dropout_p, scale, q.shape[-1])
