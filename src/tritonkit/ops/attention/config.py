@@ -44,13 +44,16 @@ class Tile:
         p = cfg.params
         return Tile(int(p["BLOCK_M"]), int(p["BLOCK_N"]), cfg.num_warps, cfg.num_stages)
 
-    def smem_bytes(self, block_d: int, elem: int, backward: bool = False) -> int:
-        """Shared memory of the streamed operands (K and V, or Q and dO) over the pipeline
-        stages plus the resident tile, as Triton's pipeliner allocates it (an estimate)."""
-        stream = self.BLOCK_M if backward else self.BLOCK_N
-        resident = self.BLOCK_N if backward else self.BLOCK_M
+    def smem_bytes(self, block_d: int, elem: int, kernel: str = "fwd") -> int:
+        """Shared memory of a launch of ``kernel`` ("fwd", "dq" or "dkdv"): the streamed
+        tiles (K and V; Q and dO for dK/dV) in every pipeline stage, the resident ones (Q; Q
+        and dO; K and V), and 1 KiB for the row vectors. Within 1% of what Triton allocates
+        for sm_90a (benchmarks/ptxas_attention.py's compiles: 224 KiB for the forward's
+        128 x 128 tile at D = 128 in 3 stages)."""
+        stream = self.BLOCK_M if kernel == "dkdv" else self.BLOCK_N
+        resident = {"fwd": self.BLOCK_M, "dq": 2 * self.BLOCK_M, "dkdv": 2 * self.BLOCK_N}[kernel]
         stages = max(1, self.num_stages)
-        return (2 * stages * stream + 2 * resident) * block_d * elem
+        return (2 * stages * stream + resident) * block_d * elem + 1024
 
 
 @dataclass(frozen=True)
@@ -211,15 +214,12 @@ class Problem:
         }
 
 
-def _fits(tile: Tile, p: Problem, elem: int, backward: bool) -> bool:
-    return _tuning.fits_shared_memory(tile.smem_bytes(p.block_d, elem, backward))
-
-
-def _choose(name: str, p: Problem, cands: list[Tile], run, backward: bool) -> Tile:
+def _choose(name: str, p: Problem, cands: list[Tile], run, kernel: str) -> Tile:
     elem = p.dtype.itemsize
 
     def prune(cfg: _tuning.Config) -> bool:
-        return _fits(Tile.from_tuning(cfg), p, elem, backward)
+        bytes_needed = Tile.from_tuning(cfg).smem_bytes(p.block_d, elem, kernel)
+        return _tuning.fits_shared_memory(bytes_needed)
 
     def choose() -> Tile:
         tuned = [c.tuning() for c in cands]
@@ -235,7 +235,7 @@ def forward_config(p: Problem, run) -> Tile:
     if interpreter_enabled():
         return INTERPRETER_FWD
     return _choose(
-        "attention_fwd", p, _fwd_candidates(p.block_d), lambda c: run(Tile.from_tuning(c)), False
+        "attention_fwd", p, _fwd_candidates(p.block_d), lambda c: run(Tile.from_tuning(c)), "fwd"
     )
 
 
@@ -248,14 +248,14 @@ def backward_config(p: Problem, run_dkdv, run_dq) -> BwdConfig:
         p,
         _dq_candidates(p.block_d),
         lambda c: run_dq(Tile.from_tuning(c)),
-        True,
+        "dq",
     )
     dkdv = _choose(
         "attention_bwd_dkdv",
         p,
         _dkdv_candidates(p.block_d),
         lambda c: run_dkdv(Tile.from_tuning(c)),
-        True,
+        "dkdv",
     )
     return BwdConfig(dkdv, dq)
 
