@@ -1,6 +1,7 @@
 """``torch.nn`` modules backed by tritonkit kernels."""
 
 from tritonkit.nn.activation import GELU, ReLU, SiLU
+from tritonkit.nn.attention import SdpaPatchReport, sdpa_patch
 from tritonkit.nn.linear import Linear
 from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.nn.norm import LayerNorm, RMSNorm
@@ -16,6 +17,8 @@ __all__ = [
     "LogSoftmax",
     "RMSNorm",
     "ReLU",
+    "SdpaPatchReport",
     "SiLU",
     "Softmax",
+    "sdpa_patch",
 ]

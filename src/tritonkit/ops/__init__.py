@@ -12,4 +12,5 @@ FAMILIES: tuple[str, ...] = (
     "norm",
     "softmax",
     "cross_entropy",
+    "attention",
 )

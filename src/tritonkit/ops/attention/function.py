@@ -1,0 +1,601 @@
+"""Attention's launchers by path, its torch.library ops, its autograd.Function and the public
+functions ``attention`` (F.scaled_dot_product_attention's semantics) and ``attention_varlen``
+(flash-attn's ``flash_attn_varlen_func``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
+from tritonkit.ops.attention.backward import launch_backward
+from tritonkit.ops.attention.config import (
+    DECODE_MAX_QUERIES,
+    UNPIPELINED_FWD,
+    BwdConfig,
+    Problem,
+)
+from tritonkit.ops.attention.decode import launch_decode
+from tritonkit.ops.attention.forward import launch_forward
+from tritonkit.ops.attention.naive import launch_naive
+from tritonkit.ops.attention.tiles import ADDITIVE_MASK, BOOL_MASK, NO_MASK
+
+MAX_HEAD_DIM = 256
+VARIANTS = ("naive", "flash", "tuned")
+
+
+class UnsupportedAttention(ValueError):
+    """A call F.scaled_dot_product_attention accepts but tritonkit cannot run (the message
+    says which case); ``tritonkit.nn.sdpa_patch(fallback=True)`` hands such calls to torch."""
+
+
+def _mask_kind(mask: torch.Tensor | None) -> int:
+    if mask is None:
+        return NO_MASK
+    return BOOL_MASK if mask.dtype == torch.bool else ADDITIVE_MASK
+
+
+def _band(causal: bool, left: int, right: int) -> tuple[int, int]:
+    """(left, right) with -1 for an unbounded side; causal caps the right side at 0."""
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def problem(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    causal: bool,
+    left: int,
+    right: int,
+) -> Problem:
+    """The launch-relevant description of a dense (B, H, L, D) or packed (T, H, D) call."""
+    left, right = _band(causal, left, right)
+    varlen = cu_q is not None
+    if varlen:
+        batch, heads, kv_heads = cu_q.shape[0] - 1, q.shape[1], k.shape[1]
+    else:
+        batch, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+    return Problem(
+        batch, heads, kv_heads, max_q, max_k, q.shape[-1], q.dtype, _mask_kind(mask),
+        left, right, varlen, varlen, dropout_p > 0,
+    )  # fmt: skip
+
+
+def _outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """O in the (B, L, H, D) memory order SDPA's flash backend returns (transposed back to
+    (B, H, L, D): ``o.transpose(1, 2).reshape(B, L, H * D)`` is then free), or packed like
+    q; the fp32 base-2 lse, (B, H, L) or (H, T)."""
+    if varlen:
+        total, heads, _ = q.shape
+        o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        return o, torch.empty((heads, total), device=q.device, dtype=torch.float32)
+    b, h, n, d = q.shape
+    o = torch.empty((b, n, h, d), device=q.device, dtype=q.dtype).transpose(1, 2)
+    return o, torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    rng: torch.Tensor | None,
+    dropout_p: float,
+    scale: float,
+    causal: bool,
+    left: int,
+    right: int,
+    path: str = "auto",
+    config=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, base-2 lse) along ``path``: "auto" (split-KV decoding for at most
+    DECODE_MAX_QUERIES queries without dropout, else the flash kernel), "flash", "decode", or
+    "naive" (three kernels, no lse: returned as None). ``config``: the path's Tile or
+    DecodeConfig (None: tuned). Inputs are validated by the public functions."""
+    p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
+    o, lse = _outputs(q, p.varlen)
+    if path == "auto":
+        decode = not p.varlen and not p.dropout and 0 < p.seq_q <= DECODE_MAX_QUERIES < p.seq_k
+        path = "decode" if decode else "flash"
+    if path == "naive":
+        launch_naive(p, q, k, v, o, mask, scale)
+        return o, None
+    if path == "decode" and p.seq_k > 0 and p.seq_q * p.batch * p.heads > 0:
+        launch_decode(p, q, k, v, o, lse, mask, scale, config)
+    else:
+        launch_forward(p, q, k, v, o, lse, mask, cu_q, cu_k, rng, scale, dropout_p, config)
+    return o, lse
+
+
+def attention_backward(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    rng: torch.Tensor | None,
+    dropout_p: float,
+    scale: float,
+    causal: bool,
+    left: int,
+    right: int,
+    config: BwdConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) in the layouts of q, k and v (``config``: None for the tuned tiles)."""
+    p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if p.seq_k == 0 or p.seq_q == 0:  # nothing attends: every gradient is 0
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    launch_backward(
+        p, do, q, k, v, o, lse, dq, dk, dv, mask, cu_q, cu_k, rng, scale, dropout_p, config
+    )
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library registration
+# ----------------------------------------------------------------------------------------------
+
+
+@define_op("tritonkit::attention_fwd")
+def _attention_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    rng: torch.Tensor | None,
+    dropout_p: float,
+    scale: float,
+    causal: bool,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention_forward(
+        q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+    )
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right):
+    return _outputs(q, cu_q is not None)
+
+
+@define_op("tritonkit::attention_bwd")
+def _attention_bwd_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    rng: torch.Tensor | None,
+    dropout_p: float,
+    scale: float,
+    causal: bool,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(
+        do,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        mask,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        rng,
+        dropout_p,
+        scale,
+        causal,
+        left,
+        right,
+    )
+
+
+@_attention_bwd_op.register_fake
+def _(
+    do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+call_attention_fwd = eager_direct(_attention_fwd_op)
+call_attention_bwd = eager_direct(_attention_bwd_op)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+
+
+def draw_rng(device: torch.device) -> torch.Tensor:
+    """Dropout's Philox (seed, offset), drawn from torch's default generator of ``device`` as a
+    device tensor: ``torch.manual_seed`` reproduces it, and under CUDA graph capture the draw
+    is captured too, so each replay draws afresh and the kernels read it from memory."""
+    return torch.randint(0, 2**62, (2,), device=device, dtype=torch.int64)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Attention with the FlashAttention-2 backward; saves Q, K, V, O and the row lse."""
+
+    @staticmethod
+    def forward(
+        ctx, q, k, v, mask, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal, left, right
+    ):
+        rng = draw_rng(q.device) if dropout_p > 0 else None
+        o, lse = call_attention_fwd(
+            q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+        )
+        if any(ctx.needs_input_grad[:3]):
+            ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k, rng)
+            ctx.args = (max_q, max_k, dropout_p, scale, causal, left, right)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, mask, cu_q, cu_k, rng = ctx.saved_tensors
+        max_q, max_k, dropout_p, scale, causal, left, right = ctx.args
+        dq, dk, dv = call_attention_bwd(
+            do,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            mask,
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            rng,
+            dropout_p,
+            scale,
+            causal,
+            left,
+            right,
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _window(op: str, window: object) -> tuple[int, int]:
+    """(left, right) from ``window``; None or -1 for an unbounded side."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{op}: window must be None or a (left, right) pair, got {window!r}")
+    sides = []
+    for name, w in zip(("left", "right"), window):
+        if w is None:
+            w = -1
+        if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+            raise ValueError(
+                f"{op}: window's {name} must be an int >= 0, or None or -1 (unbounded), got {w!r}"
+            )
+        sides.append(w)
+    return sides[0], sides[1]
+
+
+def _scalars(
+    op: str, dropout_p: object, scale: object, head_dim: int, scale_name: str = "scale"
+) -> float:
+    if (
+        isinstance(dropout_p, bool)
+        or not isinstance(dropout_p, (int, float))
+        or not 0 <= dropout_p < 1
+    ):
+        raise ValueError(f"{op}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: {scale_name} must be None or a finite float, got {scale!r}")
+    return float(scale)
+
+
+def unsupported(query, key, value, attn_mask=None) -> str | None:
+    """Why tritonkit cannot run an F.scaled_dot_product_attention call (None if it can)."""
+    tensors = {"query": query, "key": key, "value": value}
+    if attn_mask is not None:
+        tensors["attn_mask"] = attn_mask
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is not a tensor"
+        if t.is_nested:
+            return f"{name} is a nested tensor"
+        if t.device.type != "cuda" and not (t.device.type == "cpu" and interpreter_enabled()):
+            return f"{name} is on {t.device.type}"
+    if query.dtype not in _DTYPES:
+        return f"dtype {str(query.dtype).removeprefix('torch.')}"
+    if query.dim() not in (3, 4):
+        return f"{query.dim()}-d query (3-d and 4-d are supported)"
+    if value.shape[-1] != query.shape[-1]:
+        return f"value head dim {value.shape[-1]} != query head dim {query.shape[-1]}"
+    if query.shape[-1] > MAX_HEAD_DIM:
+        return f"head dim {query.shape[-1]} > {MAX_HEAD_DIM}"
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        return "an attn_mask that requires grad"
+    if key.dim() == query.dim() and key.shape[0] != query.shape[0]:
+        return f"key batch {key.shape[0]} != query batch {query.shape[0]} (broadcast batches)"
+    return None
+
+
+def _check_mask(
+    op: str, mask: torch.Tensor, q: torch.Tensor, shape: tuple[int, ...]
+) -> torch.Tensor:
+    check_tensor(op, "attn_mask", mask, (torch.bool, *_DTYPES))
+    if mask.dtype not in (torch.bool, torch.float32, q.dtype):
+        raise TypeError(
+            f"{op}: attn_mask must be bool, float32 or query's dtype "
+            f"({str(q.dtype).removeprefix('torch.')}), got {str(mask.dtype).removeprefix('torch.')}"
+        )
+    if mask.device != q.device:
+        raise ValueError(
+            f"{op}: attn_mask must be on query's device ({q.device}), got {mask.device}"
+        )
+    try:
+        if torch.broadcast_shapes(mask.shape, shape) != torch.Size(shape):
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: attn_mask must be broadcastable to {tuple(shape)} (batch, heads, L, S), got "
+            f"{tuple(mask.shape)}"
+        ) from None
+    return mask.expand(shape)
+
+
+def _check_dense(op, query, key, value, attn_mask, enable_gqa):
+    """(q, k, v, mask) as 4-d tensors (a 3-d call gets a head dim of 1), validated."""
+    why = unsupported(query, key, value, attn_mask)
+    if why is not None:
+        raise UnsupportedAttention(f"{op}: not supported: {why}")
+    check_tensor(op, "query", query, _DTYPES)
+    for name, t in (("key", key), ("value", value)):
+        check_operand(op, name, t, "query", query, dtypes=_DTYPES)
+        if t.dim() != query.dim():
+            raise ValueError(f"{op}: {name} must be {query.dim()}-d like query, got {t.dim()}-d")
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"{op}: value must have key's batch, heads and length {tuple(key.shape[:-1])}, got "
+            f"{tuple(value.shape[:-1])}"
+        )
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(
+            f"{op}: key's head dim must be query's ({query.shape[-1]}), got {key.shape[-1]}"
+        )
+    three_d = query.dim() == 3
+    if three_d:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    b, h, n_q, _ = query.shape
+    h_kv, n_k = key.shape[1], key.shape[2]
+    if h != h_kv and not (h_kv and h % h_kv == 0 and (enable_gqa or h_kv == 1)):
+        need = " and enable_gqa=True" if h_kv and h % h_kv == 0 else ""
+        raise ValueError(
+            f"{op}: key/value heads ({h_kv}) must equal query heads ({h}), or divide them{need}"
+        )
+    mask = None
+    if attn_mask is not None:
+        if three_d:
+            mask = _check_mask(op, attn_mask, query, (b, n_q, n_k)).unsqueeze(1)
+        else:
+            mask = _check_mask(op, attn_mask, query, (b, h, n_q, n_k))
+    return query, key, value, mask, three_d
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+
+
+@policy(cuda=LOWER, cpu=LOWER)
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, with autograd: FlashAttention-2 (the L x S scores
+    never in memory), split-KV decoding for at most 16 queries, sliding windows.
+
+    Args:
+        query: (B, H, L, D) or (B, L, D); fp16, bf16 or fp32 on a CUDA device, any strides
+            (the (B, L, H, D) layout transposed is read in place). D up to 256.
+        key, value: (B, Hkv, S, D) (or 3-d), query's dtype; value's head dim must equal D.
+        attn_mask: bool (True: attend) or additive float (float32 or query's dtype),
+            broadcastable to (B, H, L, S) and read through its broadcast strides, never
+            expanded in memory; key padding is (B, 1, 1, S). No gradient flows to it.
+        dropout_p: probability of dropping an attention weight (applied whatever the module's
+            training mode, as SDPA does). The mask comes from an in-kernel Philox generator
+            whose seed and offset are drawn from torch's default generator of the device.
+        is_causal: query i attends keys j <= i (SDPA's top-left alignment when L != S); may be
+            combined with attn_mask and window (SDPA itself refuses a mask with is_causal).
+        scale: score scale; None is 1 / sqrt(D).
+        enable_gqa: allow Hkv < H with H % Hkv == 0 (query head h reads K/V head
+            h // (H / Hkv), as SDPA's repeat_interleave); Hkv == 1 broadcasts as in SDPA.
+        window: sliding window (left, right): query i attends keys i - left <= j <= i + right
+            (the diagonal aligned as is_causal aligns it); None or -1 leaves a side unbounded.
+
+    Returns:
+        (B, H, L, D) (or (B, L, D)) in query's dtype, stored in (B, L, H, D) order. A row with
+        no key to attend (fully masked) is 0 with zero gradients, as SDPA's math and CPU
+        backends give (PyTorch >= 2.5). fp16/bf16 are multiplied on the tensor cores with fp32
+        accumulation, the probabilities rounded to the input dtype before P @ V; fp32 inputs
+        are multiplied in IEEE fp32 (TF32 where ``torch.backends.cuda.matmul.allow_tf32``).
+        Under ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
+
+    Raises:
+        UnsupportedAttention (a ValueError): a call SDPA accepts but tritonkit does not run
+            (fp64, a value head dim != D, D > 256, a mask needing a gradient, ...).
+        TypeError, ValueError: invalid arguments, before anything is launched.
+    """
+    op = "tritonkit.attention"
+    dt = autocast_dtype("attention", query)
+    query, key, value = cast(dt, query, key, value)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        (attn_mask,) = cast(dt, attn_mask)
+    q, k, v, mask, three_d = _check_dense(op, query, key, value, attn_mask, enable_gqa)
+    left, right = _window(op, window)
+    scale = _scalars(op, dropout_p, scale, q.shape[-1])
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
+    o = apply(
+        AttentionFunction, q, k, v, mask, None, None, q.shape[2], k.shape[2],
+        float(dropout_p), scale, is_causal, left, right,
+    )  # fmt: skip
+    return o.squeeze(1) if three_d else o
+
+
+def _check_cu(op: str, name: str, cu: object, q: torch.Tensor) -> torch.Tensor:
+    check_tensor(op, name, cu, (torch.int32,))
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(
+            f"{op}: {name} must be 1-d of length batch + 1, got shape {tuple(cu.shape)}"
+        )
+    if cu.device != q.device:
+        raise ValueError(f"{op}: {name} must be on q's device ({q.device}), got {cu.device}")
+    return cu.contiguous()  # read with unit stride (batch + 1 integers)
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+) -> torch.Tensor:
+    """Attention over a packed batch of sequences of different lengths, as flash-attn's
+    ``flash_attn_varlen_func`` takes it: no padding is stored or computed.
+
+    Args:
+        q: (total_q, H, D), the batch's sequences one after another; fp16, bf16 or fp32 on a
+            CUDA device, any strides. D up to 256.
+        k, v: (total_k, Hkv, D) with H % Hkv == 0 (GQA/MQA), q's dtype.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,): sequence i is rows
+            ``[cu[i], cu[i + 1])``. Not checked on the host (that would synchronize): they
+            must start at 0 and not decrease; rows past ``cu[-1]`` are not written.
+        max_seqlen_q, max_seqlen_k: at least the longest sequence (sizes the grid).
+        dropout_p: as in ``attention``.
+        softmax_scale: None is 1 / sqrt(D).
+        causal: query i of a sequence attends keys j <= i + Sk - Sq (flash-attn's bottom-right
+            alignment; rows with no key give 0).
+        window: (left, right) around the same diagonal, -1 or None unbounded (flash-attn's
+            ``window_size``).
+
+    Returns:
+        (total_q, H, D) in q's dtype, with autograd for q, k and v.
+    """
+    op = "tritonkit.attention_varlen"
+    check_tensor(op, "q", q, _DTYPES)
+    for name, t in (("k", k), ("v", v)):
+        check_operand(op, name, t, "q", q, dtypes=_DTYPES)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{op}: {name} must be 3-d (total, heads, head_dim), got shape {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"{op}: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"{op}: k's head dim must be q's ({q.shape[2]}), got {k.shape[2]}")
+    if q.shape[2] > MAX_HEAD_DIM:
+        raise UnsupportedAttention(f"{op}: not supported: head dim {q.shape[2]} > {MAX_HEAD_DIM}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"{op}: k/v heads ({k.shape[1]}) must divide q heads ({q.shape[1]})")
+    cu_q = _check_cu(op, "cu_seqlens_q", cu_seqlens_q, q)
+    cu_k = _check_cu(op, "cu_seqlens_k", cu_seqlens_k, q)
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(
+            f"{op}: cu_seqlens_k must have cu_seqlens_q's length {cu_q.shape[0]}, "
+            f"got {cu_k.shape[0]}"
+        )
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{op}: {name} must be an int >= 0, got {n!r}")
+    left, right = _window(op, window)
+    scale = _scalars(op, dropout_p, softmax_scale, q.shape[2], "softmax_scale")
+    return apply(
+        AttentionFunction, q, k, v, None, cu_q, cu_k, max_seqlen_q, max_seqlen_k,
+        float(dropout_p), scale, bool(causal), left, right,
+    )  # fmt: skip
+
+
+def attention_variant(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    variant: str = "naive",
+) -> torch.Tensor:
+    """The forward alone along a workbench variant: "naive" (three kernels, scores in memory),
+    "flash" (the flash kernel without software pipelining), "tuned" (the tuned kernel)."""
+    op = f"tritonkit.attention[{variant}]"
+    check_choice(op, "variant", variant, VARIANTS)
+    q, k, v, mask, three_d = _check_dense(op, query, key, value, attn_mask, enable_gqa)
+    left, right = _window(op, window)
+    scale = _scalars(op, dropout_p, scale, q.shape[-1])
+    if dropout_p:
+        raise UnsupportedAttention(f"{op}: the workbench variants have no dropout")
+    path, config = {
+        "naive": ("naive", None),
+        "flash": ("flash", UNPIPELINED_FWD),
+        "tuned": ("flash", None),
+    }[variant]
+    o, _ = attention_forward(
+        q, k, v, mask, None, None, q.shape[2], k.shape[2], None, 0.0, scale, is_causal, left, right,
+        path, config,
+    )  # fmt: skip
+    return o.squeeze(1) if three_d else o
