@@ -706,7 +706,9 @@ def varlen():
         with torch.no_grad():
             pad_f = bench_ms(lambda: base(pq, pk, pv, **kw))
         po = base(pq, pk, pv, **kw)
-        pad_b = bench_ms(lambda po=po: torch.autograd.grad(po, (pq, pk, pv), pdo, retain_graph=True))
+        pad_b = bench_ms(
+            lambda po=po: torch.autograd.grad(po, (pq, pk, pv), pdo, retain_graph=True)
+        )
         row = {"ours_fwd_ms": ours_f, "ours_bwd_ms": ours_b, "padded_fwd_ms": pad_f, "padded_bwd_ms": pad_b,
                "speedup_fwd": pad_f / ours_f, "speedup_fwd_bwd": (pad_f + pad_b) / (ours_f + ours_b)}  # fmt: skip
         out[f"causal={causal}"] = row
