@@ -161,6 +161,23 @@ R, C = 3, 37  # rows and columns: odd, not powers of 2
 M, K, N = 5, 32, 7  # GEMM sizes (K a multiple of 16, as fp8 GEMMs take it)
 LOGITS = (5, 11)
 
+
+_CU = torch.tensor([0, 5, 12], dtype=torch.int32, device=DEVICE)
+
+
+def _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Packed sequences one at a time through SDPA (heads first)."""
+    outs = []
+    bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(),
+                 cu_seqlens_k.tolist()[1:])  # fmt: skip
+    for q0, q1, k0, k1 in bounds:
+        o = F.scaled_dot_product_attention(
+            q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1)
+        )
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+
+
 TABLE = [
     Row("relu", tritonkit.relu, lambda x: torch.relu(x),
         lambda d: {"x": randn(R, C, dtype=d)}, "relu", empty=("x",),
@@ -250,6 +267,24 @@ TABLE = [
             Probe("weight-float32-among-float16", with_(weight=lambda kw: kw["weight"].float()),
                   ("weight",), dtype=torch.float16,
                   reference=_ce_weight_cast),
+        )),
+    Row("attention", tritonkit.attention,
+        lambda query, key, value, is_causal: F.scaled_dot_product_attention(
+            query, key, value, is_causal=is_causal),
+        lambda d: {"query": randn(2, 3, 9, 16, dtype=d), "key": randn(2, 3, 11, 16, dtype=d),
+                   "value": randn(2, 3, 11, 16, dtype=d), "is_causal": False},
+        "attention", empty=("query", "key", "value"), probes=(
+            Probe("causal", with_(is_causal=True)),
+            Probe("value-head-dim", with_(value=lambda kw: kw["value"][..., :8]),
+                  names=("value",)),
+        )),
+    Row("attention_varlen", tritonkit.attention_varlen, _varlen_reference,
+        lambda d: {"q": randn(12, 2, 16, dtype=d), "k": randn(12, 2, 16, dtype=d),
+                   "v": randn(12, 2, 16, dtype=d), "cu_seqlens_q": _CU, "cu_seqlens_k": _CU,
+                   "max_seqlen_q": 7, "max_seqlen_k": 7},
+        "attention_varlen", probes=(
+            Probe("cu_seqlens-past-the-end", with_(cu_seqlens_q=lambda kw: kw["cu_seqlens_q"] + 1),
+                  names=("cu_seqlens_q",)),
         )),
     Row("matmul", tritonkit.matmul, lambda a, b: torch.matmul(a, b),
         lambda d: {"a": randn(M, K, dtype=d), "b": randn(K, N, dtype=d)}, "matmul",
@@ -543,7 +578,12 @@ def test_bad_input(row: Row, probe: Probe):
 def test_every_public_function_and_module_has_a_row():
     names = {row.name for row in TABLE}
     functions = [n for n in tritonkit.__all__ if n not in ("functional", "nn")]
-    modules = [f"nn.{n}" for n in tritonkit.nn.__all__]
+    modules = [  # the modules; nn's helpers (sdpa_patch and its report) are not computed on
+        f"nn.{n}"
+        for n in tritonkit.nn.__all__
+        if isinstance(getattr(tritonkit.nn, n), type)
+        and issubclass(getattr(tritonkit.nn, n), torch.nn.Module)
+    ]
     missing = [n for n in (*functions, *modules) if n not in names]
     assert not missing, f"add a row to TABLE for: {', '.join(missing)}"
 
