@@ -109,14 +109,15 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     op = "tritonkit.add"
     check_tensor(op, "x", x)
     check_operand(op, "y", y, "x", x)
-    try:
-        out_shape = torch.broadcast_shapes(x.shape, y.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"{op}: x and y must be broadcastable, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
-        ) from None
     if x.shape == y.shape:
         return apply(BiasActFunction, x, y, "none")
+    # Not torch.broadcast_shapes: about 20 us of host time a call, more than the kernel takes
+    # at small shapes (docs/performance.md, "host time per call").
+    out_shape = _broadcast_shape(tuple(x.shape), tuple(y.shape))
+    if out_shape is None:
+        raise ValueError(
+            f"{op}: x and y must be broadcastable, got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     for big, small in ((x, y), (y, x)):
         if big.shape != out_shape:
             continue
@@ -131,6 +132,18 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         f"{op}: only broadcasting over leading dimensions is supported (one operand's shape a "
         f"suffix of the other's), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
     )
+
+
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast of two shapes, as torch.broadcast_shapes gives it, or None."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for da, db in zip(a, b):
+        if da != db and da != 1 and db != 1:
+            return None
+        out.append(db if da == 1 else da)
+    return tuple(out)
 
 
 def _activation(op: str, x: torch.Tensor, activation: str) -> torch.Tensor:
