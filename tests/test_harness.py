@@ -264,7 +264,7 @@ def test_readme_table_is_generated_from_the_committed_results():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    source = "benchmarks/results/nvidia-h200.json"
+    source = "benchmarks/results/nvidia-h100.json"
     results = report.load_json(root / source)
     expected = report.render_readme_table(results, source).strip()
     assert report.readme_section(root / "README.md") == expected
