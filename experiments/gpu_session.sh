@@ -3,9 +3,15 @@
 # step logging to $RES/<step>.log and leaving its results under $RES; `tail $RES/progress` says
 # where it is. Steps: the replay module's build, the bench of every family with the small
 # shapes (one report per family, merged at the end), the old tree's and the new tree's kernel
-# times for regress, the GPU tests, the row families' script and the check engine.
+# times for regress, the GPU tests, the row families' script, any experiments/gpu_NAME.py
+# (script:NAME) and the check engine.
 #
 #   RES=/tmp/res setsid bash experiments/gpu_session.sh STEPS... > /dev/null 2>&1 < /dev/null &
+#
+# The device tool gives a machine back 30 s after a call returns, so while this runs keep one
+# call in flight (e.g. `sleep 540; cat /tmp/res/progress`), and fetch results by copying them
+# under $OUT in the last call (kill steps with a pattern that cannot match the calling command
+# itself, e.g. `pkill -f "[g]pu_session"`).
 set -u
 RES=${RES:-/tmp/res}
 mkdir -p "$RES"
@@ -35,6 +41,11 @@ for s in "$@"; do
     rows)
       step rows
       OUT=$RES python3 experiments/gpu_rows.py --quick > "$RES/rows.log" 2>&1 ;;
+    script:*)  # experiments/gpu_NAME.py, its files under $RES/NAME
+      name=${s#script:}
+      step "script $name"
+      mkdir -p "$RES/$name"
+      OUT=$RES/$name python3 "experiments/gpu_$name.py" > "$RES/$name.log" 2>&1 ;;
     check:*)
       fam=${s#check:}
       step "check $fam"
