@@ -60,10 +60,11 @@ class Op:
     ``torch.library.custom_op`` wraps an implementation in Python layers (its Autograd kernel,
     Dynamo's disable wrappers, an alias check) that cost tens of microseconds on every call
     from a torch.compile'd graph, where small tritonkit ops then cost twice their eager time
-    (run 133). Here the schema is inferred from the launcher's annotations as custom_op
-    infers it, the launcher is the op's CompositeExplicitAutograd kernel (every device), and
-    the Autograd kernel only refuses an input that needs a gradient under grad mode, since the
-    derivatives live in each op's autograd.Function, before passing the call on.
+    (docs/performance.md, "ops registered without custom_op"). Here the schema is inferred
+    from the launcher's annotations as custom_op infers it, the launcher is the op's
+    CompositeExplicitAutograd kernel (every device), and the Autograd kernel only refuses an
+    input that needs a gradient under grad mode, since the derivatives live in each op's
+    autograd.Function, before passing the call on.
     """
 
     def __init__(self, qualname: str, launcher: Callable) -> None:
