@@ -246,7 +246,6 @@ register(
         backward=False,
         special_values=False,
         compute="tensor",
-        interpreter_skip={torch.bfloat16: "the Triton interpreter computes bf16 tl.dot wrongly"},
         baselines={**torch_baselines(_wo_ref),
                    "bf16 linear": Baseline("bf16 linear", _wo_bf16_baseline,
                                            description="F.linear with the dequantized weight")},

@@ -11,7 +11,7 @@ import torch
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit.ops._core.device import sm_count
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.reduce import sum_partials
@@ -38,6 +38,7 @@ def _wo_int8_kernel(
     k_per_split,  # K elements per split, a multiple of BLOCK_K
     HAS_BIAS: tl.constexpr,
     IEEE: tl.constexpr,  # float32 x: exact products, not TF32
+    UPCAST: tl.constexpr,  # the CPU interpreter: bf16 operands as float32 (see _launch)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -62,11 +63,15 @@ def _wo_int8_kernel(
             (n < N)[:, None] & k_ok[None, :],
             other=0,
         )
-        w = w.to(x.dtype)  # exact: |w| <= 127 in bf16, fp16 and fp32
-        if IEEE:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        if UPCAST:  # int8 straight to float32 (the interpreter's int8 -> bf16 cast is wrong too)
+            w = w.to(tl.float32)
+            acc = tl.dot(x.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            w = w.to(x.dtype)  # exact: |w| <= 127 in bf16, fp16 and fp32
+            if IEEE:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
     acc = acc * tl.load(scale_ptr + n, n < N, other=0.0)[None, :]
     if HAS_BIAS and pid_s == 0:
         acc += tl.load(bias_ptr + n, n < N, other=0.0).to(tl.float32)[None, :]
@@ -143,6 +148,9 @@ def _launch(x2, w, scale, bias, out, cfg: WeightOnlyConfig) -> None:
         x2, w, scale, bias, target, m, n, k, *x2.stride(), *w.stride(),
         n, 1, m * n, k_per_split,
         HAS_BIAS=bias is not None, IEEE=x2.dtype == torch.float32,
+        # The interpreter's bf16 tl.dot is wrong; float32 products of the same bf16 values are
+        # exact, as the tensor cores' are, so the result is the GPU's up to the summation order.
+        UPCAST=interpreter_enabled() and x2.dtype == torch.bfloat16,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
