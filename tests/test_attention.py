@@ -5,6 +5,8 @@ split-KV decoding, the workbench variants, validation, the SDPA patch, torch.com
 Shapes stay small (L, S <= ~70): every kernel runs under Triton's CPU interpreter here."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from tritonkit.ops.attention import (
     attention_forward,
     attention_variant,
 )
+from tritonkit.ops.attention.forward import _attn_fwd_kernel
 from tritonkit.ops.attention.function import draw_rng
 from tritonkit.specs.attention import sdpa_reference
 
@@ -503,11 +506,13 @@ def test_bad_arguments_raise_before_launching(device):
         )
     with pytest.raises(TypeError, match="attn_mask must be bool, float32 or query's dtype"):
         tritonkit.attention(q, k, v, torch.ones(8, 8, device=device).bfloat16(), enable_gqa=True)
-    with pytest.raises(UnsupportedAttention, match="value head dim 8 != query head dim 16"):
+    with pytest.raises(
+        UnsupportedAttention, match=r"value's head dim must be query's \(16\), got 8"
+    ):
         tritonkit.attention(q, k, v[..., :8], enable_gqa=True)
-    with pytest.raises(UnsupportedAttention, match="dtype float64"):
+    with pytest.raises(UnsupportedAttention, match=r"query must have dtype .*, got float64"):
         tritonkit.attention(q.double(), k.double(), v.double(), enable_gqa=True)
-    with pytest.raises(UnsupportedAttention, match="an attn_mask that requires grad"):
+    with pytest.raises(UnsupportedAttention, match="attn_mask must not require grad"):
         tritonkit.attention(
             q, k, v, torch.zeros(8, 8, device=device, requires_grad=True), enable_gqa=True
         )
@@ -519,6 +524,69 @@ def test_bad_arguments_raise_before_launching(device):
         tritonkit.attention_varlen(qp, kp, kp, cu, cu, 8, -1)
     with pytest.raises(ValueError, match="k must be 3-d"):
         tritonkit.attention_varlen(qp, k, k, cu, cu, 8, 8)
+    with pytest.raises(TypeError, match=r"query must have dtype .* bfloat16, got int32"):
+        tritonkit.attention(q.int(), k, v, enable_gqa=True)
+    # What the shapes tell, on every device: packed rows in no sequence.
+    with pytest.raises(ValueError, match="cu_seqlens_q must hold one sequence or more"):
+        tritonkit.attention_varlen(qp, kp, kp, cu[:1], cu[:1], 8, 8)
+    with pytest.raises(ValueError, match="max_seqlen_q must be at least 1 for q's 8 packed rows"):
+        tritonkit.attention_varlen(qp, kp, kp, cu, cu, 0, 8)
+
+
+# cu_seqlens_q, cu_seqlens_k, max_seqlen_q for 12 packed rows of q and k; what the error says
+# (on the host for CPU tensors, in the forward kernel's device-side assert on CUDA).
+BAD_CU_SEQLENS = [
+    ([1, 6, 13], [0, 5, 12], 7, "cu_seqlens_q must start at 0"),
+    ([0, 5, 12], [0, 13, 12], 7, "cu_seqlens_k must not decrease"),
+    ([0, 5, 11], [0, 5, 12], 7, "cu_seqlens_q must end at"),
+    ([0, 5, 12], [0, 5, 9], 7, "cu_seqlens_k must end at"),
+    ([0, 5, 12], [0, 5, 12], 6, "max_seqlen_q must be at least the longest sequence"),
+]
+
+_CU_CODE = """
+import torch, tritonkit
+q, k, v = (torch.randn(12, 2, 16, device="cuda", dtype=torch.float16) for _ in range(3))
+good = torch.tensor([0, 5, 12], dtype=torch.int32, device="cuda")
+tritonkit.attention_varlen(q, k, v, good, good, 7, 7)
+torch.cuda.synchronize()
+print("good call ran")
+cu_q = torch.tensor({cu_q}, dtype=torch.int32, device="cuda")
+cu_k = torch.tensor({cu_k}, dtype=torch.int32, device="cuda")
+o = tritonkit.attention_varlen(q, k, v, cu_q, cu_k, {max_q}, 7)
+torch.cuda.synchronize()
+print("NOT STOPPED", o.float().sum().item())
+"""
+
+
+def test_varlen_bad_cu_seqlens_raise(device):
+    """cu_seqlens that do not describe the packed rows never read out of bounds nor leave rows
+    unwritten: on the CPU a ValueError naming the argument before any launch; on CUDA the
+    forward kernel's device-side assert, which kills the CUDA context (so subprocesses run
+    them, side by side)."""
+    if device.type == "cuda":
+        runs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CU_CODE.format(cu_q=cu_q, cu_k=cu_k, max_q=max_q)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for cu_q, cu_k, max_q, _ in BAD_CU_SEQLENS
+        ]
+        for run, (*_, message) in zip(runs, BAD_CU_SEQLENS):
+            out = run.communicate(timeout=600)[0]
+            assert run.returncode != 0 and "good call ran" in out, out[-3000:]
+            assert "device-side assert" in out and "NOT STOPPED" not in out, out[-3000:]
+            # The argument named: which of a case's asserts stops the kernel first may vary.
+            assert f"attention_varlen: {message.split()[0]} must" in out, out[-3000:]
+        return
+    q, k, v = (torch.randn(12, 2, 16, device=device) for _ in range(3))
+    before = _attn_fwd_kernel.stats["triton"]
+    for cu_q, cu_k, max_q, message in BAD_CU_SEQLENS:
+        cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=device) for c in (cu_q, cu_k))
+        with pytest.raises(ValueError, match=message):
+            tritonkit.attention_varlen(q, k, v, cu_q, cu_k, max_q, 7)
+    assert _attn_fwd_kernel.stats["triton"] == before  # nothing launched
 
 
 def test_autocast_runs_in_the_lower_precision(device):
@@ -541,18 +609,20 @@ def test_sdpa_patch_routes_and_counts(device):
     with sdpa_patch() as report:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         got = mha(x, x, x, need_weights=False)[0]  # nn.MultiheadAttention calls F's SDPA
-        with pytest.raises(UnsupportedAttention, match="dtype float64"):
+        with pytest.raises(UnsupportedAttention, match=r"query must have dtype .*, got float64"):
             F.scaled_dot_product_attention(q.double(), k.double(), v.double())
     assert F.scaled_dot_product_attention is original
     assert report.routed == 2 and not report.fallbacks
     assert _rel(o, sdpa_reference(q.double(), k.double(), v.double(), None, 0.0, True)) < FWD_BOUND
     assert _rel(got, expected.double()) < 2e-3
-    warns = pytest.warns(UserWarning, match="dtype float64: running PyTorch's SDPA")
+    warns = pytest.warns(UserWarning, match="got float64: running PyTorch's SDPA")
     with warns, sdpa_patch(fallback=True) as report:
         F.scaled_dot_product_attention(q.double(), k.double(), v.double())
         F.scaled_dot_product_attention(q.double(), k.double(), v.double())
         F.scaled_dot_product_attention(q, k, v)
-    assert report.routed == 1 and report.fallbacks == {"dtype float64": 2}
+    assert report.routed == 1 and report.fallbacks == {
+        "query must have dtype float32, float16 or bfloat16, got float64": 2
+    }
 
 
 @pytest.mark.compile

@@ -165,14 +165,27 @@ LOGITS = (5, 11)
 _CU = torch.tensor([0, 5, 12], dtype=torch.int32, device=DEVICE)
 
 
-def _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """Packed sequences one at a time through SDPA (heads first)."""
+def _heads_expanded(t: torch.Tensor) -> torch.Tensor:
+    """A packed (total, heads, D) tensor with head 0 repeated through stride 0."""
+    return t[:, :1].expand(t.shape)
+
+
+def _varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      causal=False):  # fmt: skip
+    """Packed sequences one at a time through SDPA (heads first); causal is flash-attn's,
+    aligned bottom-right."""
+    if q.is_meta:  # no values to slice by; flash-attn's fake implementation gives this shape
+        return torch.empty_like(q)
     outs = []
     bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(),
                  cu_seqlens_k.tolist()[1:])  # fmt: skip
     for q0, q1, k0, k1 in bounds:
+        mask = None
+        if causal:
+            ones = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=q.device)
+            mask = ones.tril((k1 - k0) - (q1 - q0))
         o = F.scaled_dot_product_attention(
-            q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1)
+            q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1), mask
         )
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
@@ -285,6 +298,23 @@ TABLE = [
         "attention_varlen", probes=(
             Probe("cu_seqlens-past-the-end", with_(cu_seqlens_q=lambda kw: kw["cu_seqlens_q"] + 1),
                   names=("cu_seqlens_q",)),
+            Probe("cu_seqlens_k-decreasing", set_at("cu_seqlens_k", 1, 13),
+                  names=("cu_seqlens_k",)),
+            Probe("max_seqlen_q-too-small", with_(max_seqlen_q=6), names=("max_seqlen_q",)),
+            Probe("max_seqlen-larger", with_(max_seqlen_q=40, max_seqlen_k=9)),
+            Probe("causal", with_(causal=True)),
+            # Expanding an index tensor changes its values ([0, 5, 12] -> [0, 0, 0]): no longer
+            # the packed layout of q's (k's) 12 rows, which then belong to no sequence.
+            Probe("cu_seqlens_q-expanded", with_(cu_seqlens_q=lambda kw: _CU[:1].expand(3)),
+                  names=("cu_seqlens_q",)),
+            Probe("cu_seqlens_k-expanded", with_(cu_seqlens_k=lambda kw: _CU[:1].expand(3)),
+                  names=("cu_seqlens_k",)),
+            # Stride 0 over the heads (independent problems, as the batch of attention's row):
+            # over the packed rows every key (value) would be the same one, and the exact
+            # gradients 0 (dQ; dK too for v) or PyTorch's uniform softmax exact, so that the
+            # spec's ratio to PyTorch's error would compare rounding noise.
+            *(Probe(f"{n}-expanded{g}", with_(**{n: lambda kw, n=n: _heads_expanded(kw[n])}),
+                    grad=bool(g)) for n in ("q", "k", "v") for g in ("", "-grad")),
         )),
     Row("matmul", tritonkit.matmul, lambda a, b: torch.matmul(a, b),
         lambda d: {"a": randn(M, K, dtype=d), "b": randn(K, N, dtype=d)}, "matmul",
@@ -355,13 +385,20 @@ TABLE = [
 
 # Known wrong answers, strict: a fix flips them (none at present; add a row with its reason).
 KNOWN: dict[tuple[str, str], str] = {}
-# On a GPU an out-of-range target stops the kernel as PyTorch's own device-side assert does,
-# which leaves the process's CUDA context unusable: those probes run in a subprocess there
-# (experiments/gpu_rows.py), not here.
+# On a GPU an out-of-range target, or cu_seqlens that do not describe the packed rows, stop
+# the kernel as PyTorch's own device-side assert does, which leaves the process's CUDA context
+# unusable: those probes run in a subprocess there (experiments/gpu_rows.py;
+# tests/test_attention.py, test_varlen_bad_cu_seqlens_assert_on_cuda), not here.
 _CUDA_ONLY_IN_A_SUBPROCESS = {
     ("cross_entropy", "target-too-large"),
     ("cross_entropy", "target-negative"),
     ("nn.CrossEntropyLoss", "target-too-large"),
+    ("attention_varlen", "cu_seqlens-past-the-end"),
+    ("attention_varlen", "cu_seqlens_k-decreasing"),
+    ("attention_varlen", "max_seqlen_q-too-small"),
+    ("attention_varlen", "cu_seqlens_q-expanded"),
+    ("attention_varlen", "cu_seqlens_k-expanded"),
+    ("attention_varlen", "q-shape-first+1"),  # 13 rows of q, cu_seqlens_q ending at 12
 }
 
 

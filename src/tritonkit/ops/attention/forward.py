@@ -112,6 +112,40 @@ def sequence(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def check_sequence(b, n_batch, q_start, n_q, k_start, n_k, seq_q, seq_k, total_q, total_k):
+    """Assert that sequence ``b`` of a packed batch lies within its tensors and the grid, as
+    ``function.check_cu_values`` checks every sequence on the host for CPU tensors: then no
+    row is read out of bounds and every row of O (and of dQ, dK, dV) is written. Compiled in
+    only where the launch passes debug=True (CUDA, ``launch_forward``); a failed assert stops
+    the kernel as PyTorch's device-side asserts do. Each program checks its own sequence
+    before it reads a row of it."""
+    tl.device_assert((b > 0) | (q_start == 0), "attention_varlen: cu_seqlens_q must start at 0")
+    tl.device_assert((b > 0) | (k_start == 0), "attention_varlen: cu_seqlens_k must start at 0")
+    tl.device_assert(
+        (q_start >= 0) & (n_q >= 0) & (q_start + n_q <= total_q),
+        "attention_varlen: cu_seqlens_q must not decrease and must stay within q's rows",
+    )
+    tl.device_assert(
+        (k_start >= 0) & (n_k >= 0) & (k_start + n_k <= total_k),
+        "attention_varlen: cu_seqlens_k must not decrease and must stay within k's rows",
+    )
+    tl.device_assert(
+        (b < n_batch - 1) | (q_start + n_q == total_q),
+        "attention_varlen: cu_seqlens_q must end at q.shape[0]",
+    )
+    tl.device_assert(
+        (b < n_batch - 1) | (k_start + n_k == total_k),
+        "attention_varlen: cu_seqlens_k must end at k.shape[0]",
+    )
+    tl.device_assert(
+        n_q <= seq_q, "attention_varlen: max_seqlen_q must be at least the longest sequence"
+    )
+    tl.device_assert(
+        n_k <= seq_k, "attention_varlen: max_seqlen_k must be at least the longest sequence"
+    )
+
+
+@triton.jit
 def rng_state(rng_ptr, HAS_DROPOUT: tl.constexpr):
     """(seed, offset) of the Philox stream, read from the device (CUDA-graph safe)."""
     seed = 0
@@ -122,7 +156,7 @@ def rng_state(rng_ptr, HAS_DROPOUT: tl.constexpr):
     return seed, offset
 
 
-@kernel
+@kernel(do_not_specialize=("total_q", "total_k"))
 def _attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, mask_ptr, cu_q_ptr, cu_k_ptr, rng_ptr,
     stride_qb, stride_qh, stride_ql, stride_qd,
@@ -133,6 +167,7 @@ def _attn_fwd_kernel(
     stride_mb, stride_mh, stride_ml, stride_ms,  # attn_mask, 0 along broadcast dims
     n_heads, group,  # query heads; query heads per K/V head
     seq_q, seq_k,  # sequence lengths (dense) or the longest (varlen: from cu_seqlens)
+    total_q, total_k,  # varlen: the packed rows of q and k (asserts only)
     scale_log2, left, right, dropout_p,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -146,6 +181,9 @@ def _attn_fwd_kernel(
     b = head // n_heads
     h = head % n_heads
     q_start, n_q, k_start, n_k = sequence(cu_q_ptr, cu_k_ptr, b, seq_q, seq_k, IS_VARLEN)
+    if IS_VARLEN:
+        n_batch = tl.num_programs(1) // n_heads
+        check_sequence(b, n_batch, q_start, n_q, k_start, n_k, seq_q, seq_k, total_q, total_k)
     m0 = pid_m * BLOCK_M
     if m0 >= n_q:
         return
@@ -285,8 +323,14 @@ def launch_forward(
         rng if rng is not None else dummy,
         *head_strides(q, p.varlen), *head_strides(k, p.varlen), *head_strides(v, p.varlen),
         *head_strides(o, p.varlen), *lse_strides(lse, p.varlen), *mask_strides,
-        p.heads, p.group, p.seq_q, p.seq_k, scale * LOG2E, p.left, p.right, dropout_p,
+        p.heads, p.group, p.seq_q, p.seq_k, q.shape[0], k.shape[0], scale * LOG2E, p.left,
+        p.right, dropout_p,
     )  # fmt: skip
+    if p.varlen and q.is_cuda:
+        # cu_seqlens checked by the kernel's asserts (check_sequence): debug=True compiles them
+        # in, integer overflow checks left off (no other code changes). CPU tensors are checked
+        # on the host before the launch (function.check_cu_values).
+        meta.update(debug=True, sanitize_overflow=False)
 
     def run(t: Tile) -> None:
         grid = (cdiv(p.seq_q, t.BLOCK_M), p.batch * p.heads)

@@ -4,6 +4,7 @@ functions ``attention`` (F.scaled_dot_product_attention's semantics) and ``atten
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -29,8 +30,9 @@ VARIANTS = ("naive", "flash", "tuned")
 
 
 class UnsupportedAttention(ValueError):
-    """A call F.scaled_dot_product_attention accepts but tritonkit cannot run (the message
-    says which case); ``tritonkit.nn.sdpa_patch(fallback=True)`` hands such calls to torch."""
+    """A call tritonkit cannot run, F.scaled_dot_product_attention may (the message names the
+    argument, what is supported and what was given: ``unsupported``);
+    ``tritonkit.nn.sdpa_patch(fallback=True)`` hands such calls to torch."""
 
 
 def _mask_kind(mask: torch.Tensor | None) -> int:
@@ -107,6 +109,10 @@ def attention_forward(
     "naive" (three kernels, no lse: returned as None). ``config``: the path's Tile or
     DecodeConfig (None: tuned). Inputs are validated by the public functions."""
     p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
+    if p.varlen and not q.is_cuda:
+        # Here rather than in the public function: the values are known only to the real
+        # implementation (torch.compile traces the public function on fake tensors).
+        check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
     o, lse = _outputs(q, p.varlen)
     if path == "auto":
         decode = not p.varlen and not p.dropout and 0 < p.seq_q <= DECODE_MAX_QUERIES < p.seq_k
@@ -295,6 +301,7 @@ class AttentionFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = "float32, float16 or bfloat16"
 
 
 def _window(op: str, window: object) -> tuple[int, int]:
@@ -331,30 +338,42 @@ def _scalars(
     return float(scale)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def unsupported(query, key, value, attn_mask=None) -> str | None:
-    """Why tritonkit cannot run an F.scaled_dot_product_attention call (None if it can)."""
+    """Why tritonkit cannot run an F.scaled_dot_product_attention call (None if it can): the
+    argument, what tritonkit takes and what it got, e.g. "query must have dtype float32,
+    float16 or bfloat16, got float64"."""
     tensors = {"query": query, "key": key, "value": value}
     if attn_mask is not None:
         tensors["attn_mask"] = attn_mask
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            return f"{name} is not a tensor"
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
         if t.is_nested:
-            return f"{name} is a nested tensor"
+            return f"{name} must be a strided tensor, got a nested tensor"
         if t.device.type != "cuda" and not (t.device.type == "cpu" and interpreter_enabled()):
-            return f"{name} is on {t.device.type}"
+            return (
+                f"{name} must be on a CUDA device (or the CPU under the Triton interpreter), got "
+                f"{t.device}"
+            )
     if query.dtype not in _DTYPES:
-        return f"dtype {str(query.dtype).removeprefix('torch.')}"
+        return f"query must have dtype {_DTYPE_NAMES}, got {_dtype_name(query.dtype)}"
     if query.dim() not in (3, 4):
-        return f"{query.dim()}-d query (3-d and 4-d are supported)"
+        return f"query must be 3-d or 4-d, got {query.dim()}-d"
     if value.shape[-1] != query.shape[-1]:
-        return f"value head dim {value.shape[-1]} != query head dim {query.shape[-1]}"
+        return f"value's head dim must be query's ({query.shape[-1]}), got {value.shape[-1]}"
     if query.shape[-1] > MAX_HEAD_DIM:
-        return f"head dim {query.shape[-1]} > {MAX_HEAD_DIM}"
+        return f"query's head dim must be at most {MAX_HEAD_DIM}, got {query.shape[-1]}"
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-        return "an attn_mask that requires grad"
+        return "attn_mask must not require grad (no gradient flows to it), got requires_grad=True"
     if key.dim() == query.dim() and key.shape[0] != query.shape[0]:
-        return f"key batch {key.shape[0]} != query batch {query.shape[0]} (broadcast batches)"
+        return (
+            f"key's batch must be query's ({query.shape[0]}), got {key.shape[0]} (batches are "
+            "not broadcast)"
+        )
     return None
 
 
@@ -386,7 +405,16 @@ def _check_dense(op, query, key, value, attn_mask, enable_gqa):
     """(q, k, v, mask) as 4-d tensors (a 3-d call gets a head dim of 1), validated."""
     why = unsupported(query, key, value, attn_mask)
     if why is not None:
-        raise UnsupportedAttention(f"{op}: not supported: {why}")
+        # What SDPA refuses too (not a tensor, not a float) is a TypeError; what tritonkit
+        # alone does not run (fp64, a head dim above 256, ...) is UnsupportedAttention.
+        for name, t in (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask)):
+            if not isinstance(t, torch.Tensor) and not (name == "attn_mask" and t is None):
+                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if name != "attn_mask" and not t.is_floating_point():
+                raise TypeError(
+                    f"{op}: {name} must have dtype {_DTYPE_NAMES}, got {_dtype_name(t.dtype)}"
+                )
+        raise UnsupportedAttention(f"{op}: {why}")
     check_tensor(op, "query", query, _DTYPES)
     for name, t in (("key", key), ("value", value)):
         check_operand(op, name, t, "query", query, dtypes=_DTYPES)
@@ -467,14 +495,15 @@ def attention(
         Under ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
 
     Raises:
-        UnsupportedAttention (a ValueError): a call SDPA accepts but tritonkit does not run
-            (fp64, a value head dim != D, D > 256, a mask needing a gradient, ...).
+        UnsupportedAttention (a ValueError): a call tritonkit does not run, SDPA's other
+            backends may (fp64, a value head dim != D, D > 256, a mask needing a gradient,
+            ...); the message names the argument, what is supported and what was given.
         TypeError, ValueError: invalid arguments, before anything is launched.
     """
     op = "tritonkit.attention"
     dt = autocast_dtype("attention", query)
     query, key, value = cast(dt, query, key, value)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
         (attn_mask,) = cast(dt, attn_mask)
     q, k, v, mask, three_d = _check_dense(op, query, key, value, attn_mask, enable_gqa)
     left, right = _window(op, window)
@@ -499,6 +528,40 @@ def _check_cu(op: str, name: str, cu: object, q: torch.Tensor) -> torch.Tensor:
     return cu.contiguous()  # read with unit stride (batch + 1 integers)
 
 
+def check_cu_values(
+    cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, max_q: int, max_k: int
+) -> None:
+    """cu_seqlens checked on the host, where reading them costs no synchronization (CPU
+    tensors): each starts at 0, does not decrease and ends at its packed length (q's or k's
+    rows), and its longest sequence is at most max_seqlen. Every row then belongs to exactly
+    one sequence: none is read out of bounds, none of O, dQ, dK, dV is left unwritten. On CUDA
+    the forward kernel asserts the same on the device (forward.py, ``check_sequence``)."""
+    op = "tritonkit.attention_varlen"
+    for name, cu, total, rows, longest, max_name in (
+        ("cu_seqlens_q", cu_q, total_q, "q", max_q, "max_seqlen_q"),
+        ("cu_seqlens_k", cu_k, total_k, "k", max_k, "max_seqlen_k"),
+    ):
+        values = cu.tolist()
+        if values[0] != 0:
+            raise ValueError(f"{op}: {name} must start at 0, got {values[0]}")
+        lengths = [b - a for a, b in itertools.pairwise(values)]
+        if any(n < 0 for n in lengths):
+            i = next(i for i, n in enumerate(lengths) if n < 0)
+            raise ValueError(
+                f"{op}: {name} must not decrease, got {values[i]} then {values[i + 1]} at index {i}"
+            )
+        if values[-1] != total:
+            raise ValueError(
+                f"{op}: {name} must end at {rows}'s packed length {total} ({rows}.shape[0]), "
+                f"got {values[-1]}"
+            )
+        if lengths and max(lengths) > longest:
+            raise ValueError(
+                f"{op}: {max_name} must be at least the longest sequence of {name} "
+                f"({max(lengths)}), got {longest}"
+            )
+
+
 def attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -520,9 +583,13 @@ def attention_varlen(
             CUDA device, any strides. D up to 256.
         k, v: (total_k, Hkv, D) with H % Hkv == 0 (GQA/MQA), q's dtype.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,): sequence i is rows
-            ``[cu[i], cu[i + 1])``. Not checked on the host (that would synchronize): they
-            must start at 0 and not decrease; rows past ``cu[-1]`` are not written.
-        max_seqlen_q, max_seqlen_k: at least the longest sequence (sizes the grid).
+            ``[cu[i], cu[i + 1])``. Each must start at 0, not decrease and end at its packed
+            length (``q.shape[0]``, ``k.shape[0]``). Checked before anything is read: on the
+            host for CPU tensors (ValueError); on CUDA by the forward kernel's device-side
+            assert (reading them on the host would synchronize every call), which stops the
+            kernel as PyTorch's own asserts do (the CUDA context is then unusable).
+        max_seqlen_q, max_seqlen_k: at least the longest sequence (they size the grid);
+            checked with cu_seqlens.
         dropout_p: as in ``attention``.
         softmax_scale: None is 1 / sqrt(D).
         causal: query i of a sequence attends keys j <= i + Sk - Sq (flash-attn's bottom-right
@@ -547,7 +614,9 @@ def attention_varlen(
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"{op}: k's head dim must be q's ({q.shape[2]}), got {k.shape[2]}")
     if q.shape[2] > MAX_HEAD_DIM:
-        raise UnsupportedAttention(f"{op}: not supported: head dim {q.shape[2]} > {MAX_HEAD_DIM}")
+        raise UnsupportedAttention(
+            f"{op}: q's head dim must be at most {MAX_HEAD_DIM}, got {q.shape[2]} (not supported)"
+        )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(f"{op}: k/v heads ({k.shape[1]}) must divide q heads ({q.shape[1]})")
     cu_q = _check_cu(op, "cu_seqlens_q", cu_seqlens_q, q)
@@ -560,6 +629,21 @@ def attention_varlen(
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{op}: {name} must be an int >= 0, got {n!r}")
+    # What the shapes alone tell: packed rows and no sequence, or sequences of 0 rows at most
+    # (no kernel would run to check the values on the device).
+    for rows, t, cu_name, cu, max_name, longest in (
+        ("q", q, "cu_seqlens_q", cu_q, "max_seqlen_q", max_seqlen_q),
+        ("k", k, "cu_seqlens_k", cu_k, "max_seqlen_k", max_seqlen_k),
+    ):
+        if t.shape[0] and cu.shape[0] == 1:
+            raise ValueError(
+                f"{op}: {cu_name} must hold one sequence or more (length >= 2) for {rows}'s "
+                f"{t.shape[0]} packed rows, got length 1"
+            )
+        if t.shape[0] and longest == 0:
+            raise ValueError(
+                f"{op}: {max_name} must be at least 1 for {rows}'s {t.shape[0]} packed rows, got 0"
+            )
     left, right = _window(op, window)
     scale = _scalars(op, dropout_p, softmax_scale, q.shape[2], "softmax_scale")
     return apply(
