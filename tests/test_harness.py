@@ -297,6 +297,24 @@ def test_max_ratio_bounds_the_relative_error_against_pytorchs():
     assert compare(ours, ref, same, Tolerance(1e-1, 0.0, 2.5)).passed
 
 
+def test_max_ratio_is_not_held_against_float32_errors_at_rounding_level():
+    """Two float32 errors both at float32's rounding (under check.RATIO_FLOOR): their ratio
+    measures summation orders and is not checked; just above the floor it is."""
+    from tritonkit.harness.check import RATIO_FLOOR, compare
+    from tritonkit.harness.spec import Tolerance
+
+    gen = torch.Generator().manual_seed(4)
+    ref = torch.randn(4096, generator=gen, dtype=torch.float64)
+    noise = torch.randn(4096, generator=gen, dtype=torch.float64)
+    floor = RATIO_FLOOR[torch.float32]
+    tol = Tolerance(atol=1e-3, rtol=0.0, max_ratio=2.0)
+    same = ref + 0.1 * floor * noise  # what the float32 rounding of ref adds, and a bit more
+    for scale, passes in ((0.5, True), (3.0, False)):  # ours: 5x and 30x PyTorch's error
+        ours = (ref + scale * floor * noise).float()
+        o = compare(ours, ref, same.float(), tol)
+        assert o.passed == passes, (scale, o.rel_l2, o.torch_rel_l2, o.detail)
+
+
 def test_torch_factor_excuses_no_more_than_pytorchs_own_error():
     """An output that misses atol + rtol passes under torch_factor only while its largest error
     is within that multiple of PyTorch's largest same-dtype error; a NaN is never excused."""

@@ -47,12 +47,10 @@ ATTENTION_TOLERANCE = {
 # against it holds (experiments/gpu_attention.py checks it). The same-dtype reference on the
 # CPU (SDPA's CPU kernel) keeps dS in fp32 and rounds only the outputs, so there the ratio
 # measures the dS rounding itself: up to 2.24x over 6 seeds of the test shapes in fp16 (90% of
-# cases below 1.62x). The CPU bound is 3x for that reason; the forward keeps 2x. float32
-# gradients: both errors sit near float32's rounding (ours 1-3e-7 relative L2, SDPA's CPU kernel
-# about 1e-7 with another summation order), where their ratio went from 2.0x to 3.0x in 12 of
-# 100 base seeds of tests/test_bad_input.py and the check engine's cases: 3x as well.
+# cases below 1.62x). The CPU bound is 3x for that reason; the forward keeps 2x. (float32
+# errors at float32's rounding are not held to a ratio: check.RATIO_FLOOR.)
 ATTENTION_GRAD_TOLERANCE = {
-    torch.float32: Tolerance(atol=1e-4, rtol=1e-4, max_ratio=3.0, torch_factor=2.0),
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-4, max_ratio=2.0, torch_factor=2.0),
     torch.float16: Tolerance(atol=1e-2, rtol=2.0**-8, max_ratio=3.0, torch_factor=2.0),
     torch.bfloat16: Tolerance(atol=8e-2, rtol=2.0**-5, max_ratio=3.0, torch_factor=2.0),
 }
