@@ -2,7 +2,7 @@
 (registers, spills, shared memory) per kernel and tile: "does it compile for Hopper, and does
 it spill" before a GPU run (the CPU interpreter compiles nothing).
 
-    PYTHONPATH=src:benchmarks python benchmarks/ptxas_attention.py [--only NAME] [--d 128]
+    PYTHONPATH=src:experiments python experiments/ptxas_attention.py [--only NAME] [--d 128]
 """
 
 from __future__ import annotations

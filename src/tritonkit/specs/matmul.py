@@ -10,7 +10,7 @@ K (B, or the scales, carry a ``1/sqrt(K)``): then the accumulation error is at m
 last place, and one tolerance per dtype holds from the CPU test shapes to the GPU bench shapes:
 ``rtol`` = one unit in the last place (twice the rounding bound) and an ``atol`` well above the
 accumulation error. The acceptance bounds (relative L2 <= 1e-2 for 16-bit at K = 8192, 2e-3
-for TF32) are far looser; ``benchmarks/sweep_matmul.py`` measures them directly. The float32
+for TF32) are far looser; ``experiments/sweep_matmul.py`` measures them directly. The float32
 bound assumes PyTorch's default (TF32 off); with TF32 on, products carry 2**-11 relative
 errors and the float32 checks would need ``atol ~ 3e-3``.
 """

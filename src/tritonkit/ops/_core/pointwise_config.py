@@ -62,7 +62,7 @@ class PointwiseConfig:
 
     # 2 KiB of each tensor per program, one 16-byte vector per thread, matched PyTorch's own
     # vectorized kernels (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left up to 10%
-    # of the bandwidth behind (benchmarks/sweep_elementwise.py on an H200; docs/performance.md,
+    # of the bandwidth behind (experiments/sweep_elementwise.py on an H200; docs/performance.md,
     # "first kernels").
     tile_bytes: int = 2048
     vector_bytes: int = 16
@@ -87,7 +87,7 @@ class PointwiseConfig:
     sms: int | None = None  # SMs the row sums plan for; None: the device's
     # By element size: the bias gradient summed beside dx or an activation's gradient
     # (bias_act's backward): 8 KiB (bf16) / 16 KiB (fp32) per iteration, the mean of
-    # bias_relu, bias_gelu and add broadcast (benchmarks/sweep_elementwise.py; docs/
+    # bias_relu, bias_gelu and add broadcast (experiments/sweep_elementwise.py; docs/
     # performance.md, "matmul sweep (helper's benchmarks/sweep_matmul.py) and the row-sum
     # shape").
     row_sums_by_size: tuple[tuple[int, RowSumConfig], ...] = (
@@ -177,7 +177,7 @@ def row_sum_launch(
     """The bias gradient's first pass: (tile, rows per program, row groups = partial rows).
 
     Row groups x column blocks is about ``rs.programs_per_sm`` programs per SM, one wave when
-    that many fit (registers: benchmarks/sweep_gelu_colsum.py reports them).
+    that many fit (registers: experiments/sweep_gelu_colsum.py reports them).
     """
     cfg = TileConfig.for_row_sums(n_rows, n_cols, elem_size, rs)
     col_blocks = cdiv(n_cols, cfg.BLOCK_N)

@@ -48,7 +48,7 @@ class Tile:
         """Shared memory of a launch of ``kernel`` ("fwd", "dq" or "dkdv"): the streamed
         tiles (K and V; Q and dO for dK/dV) in every pipeline stage, the resident ones (Q; Q
         and dO; K and V), and 1 KiB for the row vectors. Within 1% of what Triton allocates
-        for sm_90a (benchmarks/ptxas_attention.py's compiles: 224 KiB for the forward's
+        for sm_90a (experiments/ptxas_attention.py's compiles: 224 KiB for the forward's
         128 x 128 tile at D = 128 in 3 stages)."""
         stream = self.BLOCK_M if kernel == "dkdv" else self.BLOCK_N
         resident = {"fwd": self.BLOCK_M, "dq": 2 * self.BLOCK_M, "dkdv": 2 * self.BLOCK_N}[kernel]
@@ -99,7 +99,7 @@ UNPIPELINED_FWD = Tile(64, 64, 4, 1)
 
 
 # Candidates, heuristic default first. Pruned of the tiles that spill registers in ptxas's
-# report for sm_90a (benchmarks/ptxas_attention.py, bf16, causal and not): the forward's
+# report for sm_90a (experiments/ptxas_attention.py, bf16, causal and not): the forward's
 # 128 x 64 at 4 warps and D = 128 (~900 bytes), 128 x 128 at 4 warps and D = 64; the dK/dV
 # kernel (K and V resident, two fp32 accumulators) spills in most tiles, least with 16-32
 # query rows per step and 8 warps (D = 128: 16 x 128 at 8 warps spills 0 bytes without a

@@ -1,7 +1,7 @@
 """The cross-entropy family's launch config: ``CrossEntropyConfig`` (every knob, with the
 measurements behind its default) and the choice of the launches of one call from the logits'
 layout, the options and a config (``forward_launches``, ``backward_launch``).
-``benchmarks/sweep_ce.py`` sweeps it."""
+``experiments/sweep_ce.py`` sweeps it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class CrossEntropyConfig:
 
     # Classes per segment of the stats and gradient kernels (rounded down to a power of 2), and
     # their warps for a full segment. Rows shorter than seg share a tile of seg elements, with
-    # warps in proportion. benchmarks/sweep_ce.py, logits (8192, 128256) bf16: 16384 x 8 warps
+    # warps in proportion. experiments/sweep_ce.py, logits (8192, 128256) bf16: 16384 x 8 warps
     # (64 elements per thread) took 0.558 ms forward (3.58x eager) and 1.758 ms forward +
     # backward (2.64x eager); 16 warps 1.833 ms, 4 warps 2.981 ms, 32768 x 8 2.782 ms (that
     # sweep timed the earlier design, the gradient written by the forward pass).

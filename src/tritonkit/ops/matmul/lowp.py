@@ -13,7 +13,7 @@ K * N extra bytes for B, M * K for A (one byte per element), and twice that in m
 small beside the GEMM's 2 * M * N * K operations once the problem is large. Each copy is
 counted in LAYOUT_COPIES, so reports show it; ``kmajor_copies`` says beforehand which operands
 a call copies. Below the threshold (and for skinny problems, which take split-K's pointer loop
-anyway) the extra launch may cost more than it saves. On an H200 (benchmarks/sweep_lowp.py,
+anyway) the extra launch may cost more than it saves. On an H200 (experiments/sweep_lowp.py,
 INT8 with b row-major) the copy route beat the pointer loop at every size timed: 1.63x at
 512^3, 2.32x at 1024^3, 5.42x at 4096^3; smaller problems were not timed, so the copy starts at
 512^3 (docs/performance.md, "prefetching norms, segmented cross-entropy, 8-bit K-major

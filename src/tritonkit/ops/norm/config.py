@@ -1,7 +1,7 @@
 """The norm family's launch configs: ``NormForwardConfig`` and ``NormBackwardConfig`` (every
 knob, with the measurements behind its default) and ``NormConfig`` (both, and what they share);
 ``launches.py`` chooses the launches of one call from the layout, dtypes and a config.
-``benchmarks/sweep_norms.py`` sweeps them.
+``experiments/sweep_norms.py`` sweeps them.
 
 Measurements cited below are the H200's, bf16 unless said, from docs/performance.md (the
 section named in quotes); "128 MiB per tensor" means shapes of every width scaled to it.
@@ -53,7 +53,7 @@ class NormForwardConfig:
     loop_elems_per_thread_rms: int = 32  # LayerNorm: elems_per_thread, or _ln_wide below
     # Looped fp32 rows with a residual (8 bytes loaded per element): elements per thread, the
     # chunks narrowed to fit max_warps. LayerNorm's per-lane sums and prefetched chunk spill
-    # at 16 (212 bytes, ptxas for sm_90a, benchmarks/spill_audit.py). add_layer_norm (4096,
+    # at 16 (212 bytes, ptxas for sm_90a, experiments/spill_audit.py). add_layer_norm (4096,
     # 65536) fp32: 1.478 ms at 8, 1.782 at 16; add_rms_norm 1.342 at 16, 1.509 at 32. Halving
     # did not pay with 4 bytes per element (layer_norm fp32 0.783 vs 0.684 ms; add_layer_norm
     # bf16 1.038 vs 0.705) ("a spill audit, fp32 residual norms, backward vectors per thread").
@@ -241,7 +241,7 @@ class NormBackwardConfig:
     wide_sums_stages_rms: int | None = 3
     wide_stages_rms: int | None = 3
     # Wide rows' row-sum pass, elements per thread for fp32 rows: dy and x at elems_per_thread
-    # spill (layer_norm (4096, 65536) fp32: 260 bytes, benchmarks/spill_audit.py).
+    # spill (layer_norm (4096, 65536) fp32: 260 bytes, experiments/spill_audit.py).
     sums_elems_per_thread_fp32: int = 8
     # The second pass over the weight and bias partial rows (ops/_core/reduce.py).
     partial_sums: PartialSumConfig = PARTIAL_SUMS

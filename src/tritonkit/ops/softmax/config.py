@@ -1,6 +1,6 @@
 """The softmax family's launch configs: ``SoftmaxConfig`` (every knob, with the measurements
 behind its default) and the choice of a launch from the layout, dtypes and a config
-(``forward_launch``, ``backward_launch``). ``benchmarks/sweep_norms.py`` sweeps them."""
+(``forward_launch``, ``backward_launch``). ``experiments/sweep_norms.py`` sweeps them."""
 
 from __future__ import annotations
 
