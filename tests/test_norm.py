@@ -94,22 +94,22 @@ def test_check_engine_passes(name, device):
 
 def test_ill_conditioned_residual_draw_is_judged_against_pytorchs_error(device):
     """A (1, 5) bf16 draw whose sum x + residual has std 0.23 about a mean near 1: rounding the
-    sum moves xhat by percents, so dx misses the fixed bound under the interpreter (0.068 >
+    sum moves xhat by percents, so dx misses the fixed bound under the interpreter (0.069 >
     0.052) while PyTorch's own bf16 dx is off by 0.110; torch_factor passes it on that count."""
     spec = get_spec("add_layer_norm")
     case = dict(device=device, seed=158181338 - 7919, dtypes=[torch.bfloat16], shapes=[(1, 5)])
     (res,) = check_spec(spec, cases=("grad",), **case)
     assert res.passed, res.detail
     if device.type == "cpu":  # the pass is said, with PyTorch's error beside ours
-        assert "within 2 x PyTorch's own largest error 0.11" in res.detail, res.detail
-    if device.type == "cpu":  # the GPU rounds the sum to nearest and meets the fixed bound
+        assert "within 1 x PyTorch's own largest error 0.11" in res.detail, res.detail
+    if device.type == "cpu":  # the fixed bound alone fails it (the error measured here)
         strict = {
             dt: dataclasses.replace(t, torch_factor=None) for dt, t in spec.grad_tolerance.items()
         }
         (res,) = check_spec(
             dataclasses.replace(spec, grad_tolerance=strict), cases=("grad",), **case
         )
-        assert not res.passed and "|out - ref| = 0.0681" in res.detail
+        assert not res.passed and "|out - ref| = 0.0691" in res.detail
 
 
 @pytest.fixture(

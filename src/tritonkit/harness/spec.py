@@ -88,8 +88,8 @@ class Distributed:
 
 
 # Computed in float32 and rounded once, an output is within half a unit in the last place of
-# its dtype. bfloat16 gets two units (2**-6): Triton's CPU interpreter truncates float32 to
-# bfloat16 instead of rounding, which alone costs up to one unit.
+# its dtype. bfloat16 gets two units (2**-6), set when Triton's CPU interpreter truncated float32
+# to bfloat16 (up to one unit alone); ops/_core/interpreter.py now rounds as the GPU does.
 DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(atol=1e-6, rtol=1e-5),
     torch.float16: Tolerance(atol=1e-5, rtol=1e-3),

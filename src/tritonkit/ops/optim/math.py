@@ -6,13 +6,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.device import interpreter_enabled
-
-# Triton's CPU interpreter truncates float32 to bfloat16 instead of rounding to nearest; the
-# Newton-Schulz iteration rounds to bfloat16 at every product, and truncation's bias makes the
-# iterates drift from PyTorch's (4% after 20 Muon steps, against <1% with rounding).
-_INTERPRETING = tl.constexpr(interpreter_enabled())
-
 
 @triton.jit
 def torch_lerp(start, end, weight):
@@ -22,17 +15,6 @@ def torch_lerp(start, end, weight):
     small = start + weight * (end - start)
     large = end - (end - start) * (1.0 - weight)
     return tl.where(tl.abs(weight) < 0.5, small, large)
-
-
-@triton.jit
-def to_bfloat16(x):
-    """``x`` rounded to nearest (ties to even) bfloat16, also under the interpreter."""
-    if _INTERPRETING:
-        x = x.to(tl.float32)
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-        x = tl.where(x == x, bits.to(tl.float32, bitcast=True), x)  # NaN stays NaN
-    return x.to(tl.bfloat16)
 
 
 @triton.jit
@@ -64,7 +46,7 @@ def load_f32(ptr, offs, mask, MASKED: tl.constexpr):
 def store_as(ptr, offs, value, mask, MASKED: tl.constexpr):
     """Store float32 ``value`` rounded to nearest in the pointer's dtype."""
     if ptr.dtype.element_ty == tl.bfloat16:
-        value = to_bfloat16(value)
+        value = value.to(tl.bfloat16)
     if MASKED:
         tl.store(ptr + offs, value.to(ptr.dtype.element_ty), mask=mask)
     else:

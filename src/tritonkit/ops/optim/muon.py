@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import entry, load_f32, store_as, to_bfloat16, torch_lerp
+from tritonkit.ops.optim.math import entry, load_f32, store_as, torch_lerp
 from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
 
 # Rows of a Muon table.
@@ -53,7 +53,7 @@ def _momentum_block(
         update = torch_lerp(g, buf, momentum)
     else:
         update = buf
-    x = to_bfloat16(update.to(P_DTYPE).to(tl.float32))  # in the param's dtype, then .bfloat16()
+    x = update.to(P_DTYPE).to(tl.float32).to(tl.bfloat16)  # in the param's dtype, then .bfloat16()
     store_as(entry(table_ptr, ROW_X, t, n_tensors, tl.bfloat16, ALIGNED), offs, x, mask, MASKED)
     x32 = x.to(tl.float32)
     return tl.sum(x32 * x32, axis=0)
@@ -114,7 +114,7 @@ def _muon_norm_kernel(
         idx = k + tl.arange(0, PARTIALS)
         acc += tl.load(partial_ptr + first + idx, mask=idx < count, other=0.0)
     # PyTorch's norm() of a bfloat16 tensor accumulates in float32 and returns bfloat16.
-    norm = to_bfloat16(tl.sqrt_rn(tl.sum(acc, axis=0))).to(tl.float32)
+    norm = tl.sqrt_rn(tl.sum(acc, axis=0)).to(tl.bfloat16).to(tl.float32)
     tl.store(norm_ptr + t, tl.maximum(norm, eps))
 
 
@@ -135,7 +135,7 @@ def _muon_normalize_kernel(
     mask = offs < tl.load(numel_ptr + t)
     x_ptr = entry(table_ptr, ROW_X, t, n_tensors, tl.bfloat16, ALIGNED)
     x = load_f32(x_ptr, offs, mask, True)
-    store_as(x_ptr, offs, to_bfloat16(tl.div_rn(x, tl.load(norm_ptr + t))), mask, True)
+    store_as(x_ptr, offs, tl.div_rn(x, tl.load(norm_ptr + t)).to(tl.bfloat16), mask, True)
 
 
 @kernel(do_not_specialize=["n_tensors"])

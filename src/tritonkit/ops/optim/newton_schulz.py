@@ -35,7 +35,6 @@ from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.gemm import mac, mainloop_ptr, tile_coords
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
-from tritonkit.ops.optim.math import to_bfloat16
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -127,7 +126,7 @@ def _ns_gemm_kernel(
         c = tl.load(c_ptrs, mask=in_m[:, None] & in_n[None, :], other=0.0)
         out += beta * c.to(tl.float32)
     out += tl.where(rm[:, None] == rn[None, :], diag, 0.0)
-    out = to_bfloat16(out)
+    out = out.to(tl.bfloat16)
     o_ptrs = out_ptr + batch * stride_ob + rm[:, None] * stride_om + rn[None, :] * stride_on
     tl.store(o_ptrs, out, mask=in_m[:, None] & in_n[None, :])
     if SYMMETRIC:  # noqa: SIM102 (a constexpr test, resolved when the kernel compiles)
@@ -176,7 +175,7 @@ def _ns_gemm_tma_kernel(
     rm = om + tl.arange(0, BLOCK_M)
     rn = on + tl.arange(0, BLOCK_N)
     out += tl.where(rm[:, None] == rn[None, :], diag, 0.0)
-    out = to_bfloat16(out)
+    out = out.to(tl.bfloat16)
     out_desc.store([batch, om, on], out.reshape(1, BLOCK_M, BLOCK_N))
     if SYMMETRIC:  # noqa: SIM102 (a constexpr test, resolved when the kernel compiles)
         if tm != tn:

@@ -100,12 +100,3 @@ def pack_int4(codes, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(ROWS, COLS) int32 codes in [-8, 7] -> (ROWS, COLS // 2) bytes, low nibble first."""
     lo, hi = tl.split(tl.reshape(codes, (ROWS, COLS // 2, 2)))
     return ((lo & 0xF) | ((hi & 0xF) << 4)).to(tl.uint8)
-
-
-@triton.jit
-def bf16_grid(v):
-    """v rounded to the bfloat16 grid (nearest, ties to even), as float32; NaN and inf kept. The
-    interpreter truncates float32 to bfloat16; from this grid its cast is exact."""
-    b = v.to(tl.uint32, bitcast=True)
-    r = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return tl.where(tl.abs(v) < float("inf"), r, v)

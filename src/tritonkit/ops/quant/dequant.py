@@ -9,7 +9,6 @@ import triton.language as tl
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
-from tritonkit.ops.quant._jit import bf16_grid
 
 _FP8_NAN = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7D}
 
@@ -31,7 +30,6 @@ def _dequant_kernel(
     scale_cols,
     HAS_ZP: tl.constexpr,
     PACKED: tl.constexpr,
-    ROUND_BF16: tl.constexpr,  # interpreter: round to bfloat16 before its truncating cast
     FP8_NAN: tl.constexpr,  # interpreter, float8 codes: the smallest NaN code (0: none)
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -55,8 +53,6 @@ def _dequant_kernel(
     if HAS_ZP:
         code = code - tl.load(zp_ptr + s_offs, mask, other=0).to(tl.float32)
     out = code * tl.load(scale_ptr + s_offs, mask, other=1.0)
-    if ROUND_BF16:
-        out = bf16_grid(out)
     tl.store(out_ptr + r[:, None] * stride_or + c[None, :] * stride_oc, out, mask)
 
 
@@ -79,7 +75,6 @@ def dequantize_2d(
         q2, scale, zp, out2, n_rows, n_cols, *q2.stride(), *out2.stride(),
         rows_per_scale, cols_per_scale, cdiv(n_cols, cols_per_scale),
         HAS_ZP=zp is not None, PACKED=packed,
-        ROUND_BF16=interpreter_enabled() and out2.dtype == torch.bfloat16,
         FP8_NAN=_FP8_NAN.get(q2.dtype, 0) if interpreter_enabled() else 0,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )  # fmt: skip
