@@ -22,9 +22,18 @@ os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
-from tritonkit.ops import norm as N
-from tritonkit.ops import softmax as S
+from tritonkit.ops.norm.backward import norm_bwd_kernel
+from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
+from tritonkit.ops.norm.config import NORM
+from tritonkit.ops.norm.forward_looped import norm_fwd_looped_kernel
+from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.forward_tiles import norm_fwd_tiles_kernel
+from tritonkit.ops.softmax.aligned import softmax_bwd_aligned_kernel, softmax_fwd_aligned_kernel
+from tritonkit.ops.softmax.looped import softmax_bwd_looped_kernel, softmax_fwd_looped_kernel
+from tritonkit.ops.softmax.row_backward import softmax_bwd_row_kernel
+from tritonkit.ops.softmax.tiles import softmax_fwd_tiles_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -44,11 +53,14 @@ def _signature(fn, types: dict[str, str], constexprs: dict) -> dict[str, str]:
 
 
 def compile_case(fn, types: dict[str, str], constexprs: dict, num_warps: int):
-    """Compiled as a launch on the bench shapes would be: column strides of 1 are constants
-    (Triton specializes integer arguments equal to 1), pointers and the other integers are
-    multiples of 16."""
+    """Compiled as a launch on the bench shapes would be: column strides (and the per-row
+    statistics' inner stride) of 1 are constants (Triton specializes integer arguments equal
+    to 1), pointers and the other integers are multiples of 16. ``fn``: a ``triton.jit``
+    function or a tritonkit ``@kernel``."""
+    if not isinstance(fn, JITFunction):  # a tritonkit @kernel: the JIT function it wraps
+        fn = fn.fn
     constexprs = {
-        **{n: 1 for n in fn.arg_names if re.fullmatch(r"stride_(\w*n|w|b)", n)},
+        **{n: 1 for n in fn.arg_names if re.fullmatch(r"stride_(\w*n|w|b|si)", n)},
         **constexprs,
     }
     sig = _signature(fn, types, constexprs)
@@ -61,7 +73,8 @@ def compile_case(fn, types: dict[str, str], constexprs: dict, num_warps: int):
     return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
 
 
-def ptxas_report(kernel) -> str:
+def _ptxas_log(kernel) -> str:
+    """ptxas -v's report on the kernel's PTX (registers, spills, shared memory)."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
@@ -73,9 +86,29 @@ def ptxas_report(kernel) -> str:
             text=True,
             check=True,
         )
+    return out.stderr
+
+
+def ptxas_report(kernel) -> str:
     return " ".join(
-        re.findall(r"Used \d+ registers|\d+ bytes spill \w+|\d+ bytes smem", out.stderr)
+        re.findall(r"Used \d+ registers|\d+ bytes spill \w+|\d+ bytes smem", _ptxas_log(kernel))
     )
+
+
+def ptxas_stats(kernel) -> dict[str, int]:
+    """registers, spill_stores, spill_loads (bytes) and smem (bytes, static) from ptxas -v."""
+    log = _ptxas_log(kernel)
+
+    def number(pattern: str) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    return {
+        "registers": number(r"Used (\d+) registers"),
+        "spill_stores": number(r"(\d+) bytes spill stores"),
+        "spill_loads": number(r"(\d+) bytes spill loads"),
+        "smem": number(r"(\d+) bytes smem"),
+    }
 
 
 def sass_counts(kernel) -> dict[str, int]:
@@ -99,47 +132,71 @@ def sass_counts(kernel) -> dict[str, int]:
 
 BF16 = {"x_ptr": "*bf16", "y_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16"}
 BF16 |= {"r_ptr": "*bf16", "h_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16"}
-BF16 |= {"dres_ptr": "*bf16", "part_ptr": "*i64", "eps": "fp32"}
+BF16 |= {"dres_ptr": "*bf16", "eps": "fp32"}
 
 
-def _norm_fwd(rms: bool, looped: bool, block_n: int) -> dict:
+def _norm_row_fwd(rms: bool, n_cols: int, block_n: int, thread_elems: int) -> dict:
+    """norm_fwd_row_kernel (rows without a residual, 1536-65536 columns)."""
     return {
+        "N_COLS": n_cols,
         "IS_RMS": rms,
-        "SHIFT": not rms and looped,
-        "HAS_RESIDUAL": False,
+        "SHIFT": False,  # 16-bit rows (config.shifts)
         "HAS_WEIGHT": True,
         "HAS_BIAS": not rms,
-        "LOOPED": looped,
-        "PREFETCH": False,
-        "LOOP_PREFETCH": looped,
-        "LOOP_STATS": 1 if rms else 0,
-        "KEEP": "",
-        "DROP": "",
-        "REREAD": not looped,
-        "STAGES": None,
-        "SUM_FIRST": False,
-        "EVEN_N": not looped,
         "OUTER": False,
-        "ONE_TILE": not looped,
+        "WELFORD": False,
+        "SCALE_FIRST": not rms,
+        "STORE": "evict_first" if not rms or n_cols > 32768 else "",
+        "BLOCK_N": block_n,
+        "THREAD_ELEMS": thread_elems,
+    }
+
+
+def _norm_tiles_fwd(rms: bool, block_n: int) -> dict:
+    """norm_fwd_tiles_kernel with a residual: a row in registers, one tile per program."""
+    return {
+        "IS_RMS": rms,
+        "SHIFT": False,
+        "HAS_RESIDUAL": True,
+        "HAS_WEIGHT": True,
+        "HAS_BIAS": not rms,
+        "PREFETCH": False,
+        "REREAD": False,
+        "STAGES": None,
+        "EVEN_N": True,
+        "OUTER": False,
+        "ONE_TILE": True,
         "INT64": False,
         "BLOCK_R": 1,
         "BLOCK_N": block_n,
     }
 
 
-def _softmax(looped: bool, block_n: int, backward: bool) -> dict:
-    flags = {"LOG": False, "LOOPED": looped, "KEEP": "", "DROP": ""}
-    if looped:
-        flags |= {"PREFETCH": backward, "KEEP": "evict_last", "DROP": "evict_first"}
-    else:
-        flags |= {"PREFETCH": False}
-    if not backward:
-        flags |= {"CHUNK_MAX": looped}
-    return {**flags, "OUTER": False, "ONE_TILE": not looped, "INT64": False, "BLOCK_R": 1,
-            "BLOCK_N": block_n}  # fmt: skip
+def _norm_looped_fwd(rms: bool, block_n: int) -> dict:
+    """norm_fwd_looped_kernel with a residual (16-bit: per-chunk statistics, L2 hints)."""
+    return {
+        "IS_RMS": rms,
+        "SHIFT": False,
+        "HAS_RESIDUAL": True,
+        "HAS_WEIGHT": True,
+        "HAS_BIAS": not rms,
+        "LOOP_PREFETCH": not rms,
+        "LOOP_STATS": 0,
+        "KEEP": "evict_last",
+        "SUM_FIRST": False,
+        "DROP": "evict_first",
+        "OUTER": False,
+        "ONE_TILE": False,
+        "INT64": False,
+        "BLOCK_R": 1,
+        "BLOCK_N": block_n,
+    }
 
 
-def _norm_bwd(rms: bool, block_n: int, block_r: int) -> dict:
+def _norm_bwd(rms: bool, block_n: int, block_r: int, wide: bool) -> dict:
+    """norm_bwd_kernel: rows in registers through the compiler's pipeline, or (wide) one
+    column block with the row sums given by norm_bwd_sums_kernel."""
+    bc = NORM.backward
     return {
         "IS_RMS": rms,
         "SHIFT": False,
@@ -147,10 +204,10 @@ def _norm_bwd(rms: bool, block_n: int, block_r: int) -> dict:
         "HAS_DRES": False,
         "WEIGHT_GRAD": True,
         "BIAS_GRAD": not rms,
-        "SUMS_GIVEN": False,
-        "PREFETCH": False,  # the compiler's pipeline instead (norm.BWD_STAGES)
+        "SUMS_GIVEN": wide,
+        "PREFETCH": wide and not rms,  # LayerNorm's wide pass: by hand; else the pipeline
         "REDUCE_TILES": block_r > 1 and not rms,
-        "STAGES": N.BWD_STAGES if rms else N.BWD_STAGES_LN,
+        "STAGES": None if wide and not rms else bc.stages if rms or wide else bc.stages_ln,
         "OUTER": False,
         "INT64": False,
         "BLOCK_R": block_r,
@@ -158,39 +215,85 @@ def _norm_bwd(rms: bool, block_n: int, block_r: int) -> dict:
     }
 
 
+def _norm_bwd_sums(rms: bool, block_n: int) -> dict:
+    return {
+        "IS_RMS": rms,
+        "SHIFT": False,
+        "HAS_WEIGHT": True,
+        "STAGES": NORM.backward.wide_sums_stages_rms if rms else None,
+        "OUTER": False,
+        "INT64": False,
+        "BLOCK_R": 1,
+        "BLOCK_N": block_n,
+    }
+
+
+def _softmax_rows(block_n: int) -> dict:
+    """softmax_{fwd,bwd}_tiles_kernel: a row in registers, one tile per program."""
+    return {"LOG": False, "OUTER": False, "ONE_TILE": True, "INT64": False, "BLOCK_R": 1,
+            "BLOCK_N": block_n}  # fmt: skip
+
+
+def _softmax_looped(block_n: int, backward: bool) -> dict:
+    flags = {"LOG": False, "PREFETCH": backward, "KEEP": "evict_last", "DROP": "evict_first"}
+    if not backward:
+        flags["CHUNK_MAX"] = True
+    return {**flags, "OUTER": False, "ONE_TILE": False, "INT64": False, "BLOCK_R": 1,
+            "BLOCK_N": block_n}  # fmt: skip
+
+
 def cases() -> dict[str, tuple]:
-    """The bench shapes' default launches, bf16: (4096, 65536) looped in chunks of 16384,
-    (16384, 4096) in registers (the norm backward two rows per tile)."""
+    """The bench shapes' default launches, bf16 (as spill_audit.py records them): the norms
+    at (16384, 4096) and (4096, 65536), their residual forms (rows in registers, and looped in
+    chunks of 16384, with the looped forward's statistics, L2 hints and elements per thread
+    varied), softmax at (16384, 4096), (4096, 65536) and (1335, 50257)."""
     out = {}
     for rms in (True, False):
         name = "rms" if rms else "ln"
+        out[f"{name}_fwd row 4096/{8 if rms else 4}w"] = (
+            norm_fwd_row_kernel, BF16, _norm_row_fwd(rms, 4096, 4096 if rms else 1024, 0),
+            8 if rms else 4,
+        )  # fmt: skip
+        out[f"{name}_fwd row 65536/32w"] = (
+            norm_fwd_row_kernel, BF16, _norm_row_fwd(rms, 65536, 8192, 0 if rms else 8), 32,
+        )  # fmt: skip
+        out[f"add_{name}_fwd tiles 4096/8w"] = (
+            norm_fwd_tiles_kernel, BF16, _norm_tiles_fwd(rms, 4096), 8,
+        )  # fmt: skip
         warps = 16 if rms else 32
-        out[f"{name}_fwd looped 16384/{warps}w"] = (
-            N._norm_fwd_kernel, BF16, _norm_fwd(rms, True, 16384), warps,
+        out[f"add_{name}_fwd looped 16384/{warps}w"] = (
+            norm_fwd_looped_kernel, BF16, _norm_looped_fwd(rms, 16384), warps,
         )  # fmt: skip
         for stats, evict, ept in itertools.product((0, 1), (False, True), (16, 32)):
-            flags = _norm_fwd(rms, True, 16384) | {"LOOP_STATS": stats}
-            if evict:
-                flags |= {"KEEP": "evict_last", "DROP": "evict_first"}
-            out[f"{name}_fwd looped stats {stats} evict {evict:d} {ept}/thread"] = (
-                N._norm_fwd_kernel, BF16, flags, 16384 // 32 // ept,
+            flags = _norm_looped_fwd(rms, 16384) | {"LOOP_STATS": stats}
+            if not evict:
+                flags |= {"KEEP": "", "DROP": ""}
+            out[f"add_{name}_fwd looped stats {stats} evict {evict:d} {ept}/thread"] = (
+                norm_fwd_looped_kernel, BF16, flags, 16384 // 32 // ept,
             )  # fmt: skip
-        out[f"{name}_fwd 4096/8w"] = (N._norm_fwd_kernel, BF16, _norm_fwd(rms, False, 4096), 8)
-        out[f"{name}_bwd 2x4096/16w"] = (N._norm_bwd_kernel, BF16, _norm_bwd(rms, 4096, 2), 16)
+        out[f"{name}_bwd 2x4096/16w"] = (
+            norm_bwd_kernel, BF16, _norm_bwd(rms, 4096, 2, False), 16,
+        )  # fmt: skip
+        out[f"{name}_bwd sums 8192/16w"] = (
+            norm_bwd_sums_kernel, BF16, _norm_bwd_sums(rms, 8192), 16,
+        )  # fmt: skip
+        out[f"{name}_bwd wide 4096/8w"] = (
+            norm_bwd_kernel, BF16, _norm_bwd(rms, 4096, 1, True), 8,
+        )  # fmt: skip
+    out["softmax_fwd 4096/4w"] = (softmax_fwd_tiles_kernel, BF16, _softmax_rows(4096), 4)
+    out["softmax_bwd row 4096/16w"] = (
+        softmax_bwd_row_kernel, BF16,
+        {"N_COLS": 4096, "LOG": False, "OUTER": False, "BLOCK_N": 4096}, 16,
+    )  # fmt: skip
     out["softmax_fwd looped 16384/16w"] = (
-        S._softmax_fwd_kernel,
-        BF16,
-        _softmax(True, 16384, False),
-        16,
-    )
+        softmax_fwd_looped_kernel, BF16, _softmax_looped(16384, False), 16,
+    )  # fmt: skip
     out["softmax_bwd looped 16384/32w"] = (
-        S._softmax_bwd_kernel,
-        BF16,
-        _softmax(True, 16384, True),
-        32,
-    )
-    out["softmax_fwd 4096/4w"] = (S._softmax_fwd_kernel, BF16, _softmax(False, 4096, False), 4)
-    out["softmax_bwd 4096/4w"] = (S._softmax_bwd_kernel, BF16, _softmax(False, 4096, True), 4)
+        softmax_bwd_looped_kernel, BF16, _softmax_looped(16384, True), 32,
+    )  # fmt: skip
+    aligned = {"LOG": False, "OUTER": False, "VEC": 8, "BLOCK_N": 8192}
+    out["softmax_fwd aligned 8192/8w"] = (softmax_fwd_aligned_kernel, BF16, aligned, 8)
+    out["softmax_bwd aligned 8192/32w"] = (softmax_bwd_aligned_kernel, BF16, aligned, 32)
     return out
 
 
@@ -205,9 +308,9 @@ def main() -> None:
         try:
             kernel = compile_case(fn, types, consts, warps)
         except Exception as exc:  # report and go on: one failing case should not hide the rest
-            print(f"{name:36s} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"{name:46s} FAILED {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        line = f"{name:36s} {ptxas_report(kernel)}"
+        line = f"{name:46s} {ptxas_report(kernel)}"
         if args.sass:
             c = sass_counts(kernel)
             line += f"  SASS {sum(c.values())} instr"

@@ -1,142 +1,334 @@
 """Register and spill audit of every kernel launch the specs make at their bench shapes.
 
 Runs each operator's forward and backward on CPU tensors at every bench shape and dtype with
-Triton's launch replaced by a recorder, then compiles each distinct launch (kernel, argument
-types, constexprs, warps) for sm_90a and prints ptxas's registers and spills. No GPU: it
+the kernels' launch replaced by a recorder (``Kernel._launch`` in ops/_core/launch.py, which
+every ``@kernel`` launch, direct or ``Bound``, goes through; nothing is launched), then
+compiles each distinct launch for sm_90a and prints ptxas's registers and spills. No GPU: it
 answers "does any default config spill on Hopper" for configs a sweep never looked at (fp32,
 fp16, residual forms). Spills in a memory-bound kernel usually cost bandwidth.
 
     python experiments/spill_audit.py [--ops softmax,layer_norm] [--dtypes float32,bfloat16]
+        [--spills-only] [--digest FILE]
+    python experiments/spill_audit.py --compare A.json B.json
 
-The matmul family is left out: its launches build TMA descriptors through the GPU driver.
+By default every operator, each in every dtype its spec has (350 distinct launches, about 13
+minutes on a 2-core CPU machine with Triton's cache cold, 5 of them making inputs and
+recording).
+
+A launch is specialized by Triton's own binder for the CUDA backend (pointer dtypes and 16-byte
+alignment, integers equal to 1 or divisible by 16, constexpr values, warps, stages and other
+options), so each compiles as it would on the GPU. The ops run as on an H100: the interpreter's
+code paths off (TRITON_INTERPRET unset; only the device checks accept CPU tensors), 132 SMs and
+227 KiB of shared memory per block (``--sms``, ``--smem``), ``Tensor.is_cuda`` true during the
+calls (cross_entropy's rows kernel and varlen attention compile their device-side asserts in on
+CUDA), TMA where a Hopper GPU takes it (the GEMMs make their descriptors on the device, so the
+matmul family needs no driver here), autotuning off (each kernel's heuristic default,
+TRITONKIT_AUTOTUNE=0: a GPU whose tuning cache holds other tiles launches those). Attention is
+recorded like every other family.
+
+``--digest FILE`` writes JSON: for each distinct launch (its key: kernel, signature with
+alignment, constexprs, warps, stages, other options) the registers, spill bytes, shared
+memory, SASS instruction count, the sha256 of the SASS (nvdisasm, the kernel's name replaced)
+and the first case that made it. ``--compare A B`` lists the launches whose SASS differs
+between two digests or that only one of them has (exit status 1 if any): run on the tree
+before and after a change that should not change the compiled code (a kernel split into
+helpers). The SASS depends on the debug line info too: labels that an inlined helper's scope
+adds to the PTX can change ptxas's register choice with the PTX instructions unchanged.
+
+Left out: distributed specs (they need ranks) and any spec whose calls fail on the CPU (the
+failure is printed and the audit goes on).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)
+os.environ["TRITONKIT_AUTOTUNE"] = "0"  # nothing can be timed: each kernel's default config
 
 import torch
 import triton
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
+from triton import knobs
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ptxas_report import TARGET, ptxas_report
+from ptxas_report import TARGET, ptxas_stats
 
-from tritonkit import _utils
 from tritonkit.harness import spec as S
 from tritonkit.harness.bench import _mode_callable
 from tritonkit.harness.spec import parse_dtype
+from tritonkit.ops._core import device as _device
+from tritonkit.ops._core import launch as _launch
 
-_TYPES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "i1",
-}
+H100_SMS = 132
+H100_SMEM = 232448  # shared_memory_per_block_optin on H100 and H200 (227 KiB)
 
-
-def _describe(fn: JITFunction, args: tuple, kwargs: dict) -> tuple[dict, dict, dict, int]:
-    """(signature, constexprs, attrs, warps) of one launch, specialized as Triton would: an
-    integer equal to 1 becomes a constant, integers and pointers divisible by 16 say so."""
-    bound = dict(zip(fn.arg_names, args))
-    bound.update({k: v for k, v in kwargs.items() if k in fn.arg_names})
-    warps = kwargs.get("num_warps", 4)
-    sig, consts, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = bound.get(name, fn.params[i].default)
-        if i in fn.constexprs or value is None:
-            sig[name] = "constexpr"
-            consts[name] = value
-        elif isinstance(value, torch.Tensor):
-            sig[name] = "*" + _TYPES[value.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool):
-            sig[name] = "i1"
-        elif isinstance(value, int):
-            if value == 1:
-                sig[name] = "constexpr"
-                consts[name] = 1
-            else:
-                sig[name] = "i64" if abs(value) >= 2**31 else "i32"
-                if value % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            sig[name] = "fp32"
-        else:
-            raise TypeError(f"{fn.__name__}: argument {name} of type {type(value).__name__}")
-    return sig, consts, attrs, warps
+# Modules whose ``interpreter_enabled`` only decides whether a CPU tensor is accepted: there it
+# answers True, everywhere else False (the GPU's code paths and configs).
+_DEVICE_CHECKS = (
+    "tritonkit.ops._core.validate",
+    "tritonkit.optim._base",
+    "tritonkit.ops.attention.function",
+)
 
 
-def record_launches(specs, dtypes) -> dict[tuple, tuple]:
-    """Every distinct launch of the specs' forward and backward at their bench shapes."""
-    launches: dict[tuple, tuple] = {}
-    where: dict[tuple, str] = {}
-    context = {"case": ""}
-    real_run = JITFunction.run
+def _rebind(name: str, original: Any, replacement: Any, saved: list) -> None:
+    """Replace ``original``, bound as ``name`` in any tritonkit module, by ``replacement``."""
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("tritonkit") and getattr(mod, name, None) is original:
+            saved.append((mod, name, original))
+            setattr(mod, name, replacement)
 
-    def fake_run(self, *args, grid, warmup, **kwargs):
-        sig, consts, attrs, warps = _describe(self, args, kwargs)
-        key = (self.__name__, tuple(sig.items()), repr(sorted(consts.items())), warps)
-        if key not in launches:
-            launches[key] = (self, sig, consts, attrs, warps)
-            where[key] = context["case"]
 
-    JITFunction.run = fake_run
-    # CPU tensors pass the ops' device checks (they never reach a kernel: launches are recorded).
-    real_interpreter = _utils.interpreter_enabled
-    _utils.interpreter_enabled = lambda: True
+@contextmanager
+def as_on_gpu(sms: int, smem: int) -> Iterator[None]:
+    """The ops' device queries answered as on a GPU of ``sms`` SMs and ``smem`` bytes of shared
+    memory per block, with CPU tensors accepted by the device checks."""
+    import tritonkit.ops.matmul.plan as matmul_plan
+
+    saved: list = []
+    _rebind("sm_count", _device.sm_count, lambda device: sms, saved)
+    _rebind("shared_memory_per_block", _device.shared_memory_per_block, lambda d: smem, saved)
+    _rebind("tma_device", matmul_plan.tma_device, lambda device, options=None: True, saved)
+    for mod_name in _DEVICE_CHECKS:
+        mod = sys.modules[mod_name]
+        saved.append((mod, "interpreter_enabled", mod.interpreter_enabled))
+        mod.interpreter_enabled = lambda: True
+    torch.Tensor.is_cuda = property(lambda self: True)
     try:
-        for spec in specs:
-            params = dict(spec.params[0])
-            for shape in spec.shapes.bench:
-                for dtype in dtypes:
-                    if dtype not in spec.dtypes:
-                        continue
-                    inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
-                    modes = ("fwd", "fwd+bwd") if spec.backward else ("fwd",)
-                    for mode in modes:
-                        context["case"] = f"{spec.name} {shape} {S.dtype_name(dtype)} {mode}"
-                        grad_idx = spec.grad_indices(inputs) if mode != "fwd" else []
-                        _mode_callable(spec.impl, inputs, params, mode, grad_idx, 0)()
-                    del inputs
+        yield
     finally:
-        JITFunction.run = real_run
-        _utils.interpreter_enabled = real_interpreter
-    return {k: (*v, where[k]) for k, v in launches.items()}
+        del torch.Tensor.is_cuda  # torch._C.TensorBase's again
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
+class Launch:
+    """One launch as the CUDA backend specializes it: what ``triton.compile`` takes."""
+
+    def __init__(self, fn: JITFunction, args: tuple, meta: dict, binders: dict) -> None:
+        backend = make_backend(TARGET)
+        binder = binders.get(fn)
+        if binder is None:
+            binder = binders[fn] = create_function_from_signature(fn.signature, fn.params, backend)
+        kwargs = dict(meta)
+        # As JITFunction.run adds them.
+        kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(
+            backend, kwargs, bound, specialization, options
+        )
+        self.fn, self.signature, self.constexprs, self.attrs = fn, signature, constexprs, attrs
+        self.options = options.__dict__
+        self.extra = {k: v for k, v in meta.items() if k not in fn.arg_names}
+        self.extra.pop("num_warps", None)
+        self.extra.pop("num_stages", None)
+
+    def key(self) -> str:
+        """Kernel | arguments (type, /16 where divisible by 16) | constexprs | warps, stages and
+        any other launch option given."""
+        aligned = {path[0] for path, a in self.attrs.items() if ["tt.divisibility", 16] in a}
+        args = []
+        for i, (name, ty) in enumerate(self.signature.items()):
+            if ty != "constexpr":
+                args.append(f"{name}:{ty}{'/16' if i in aligned else ''}")
+        consts = []
+        for path, value in sorted(self.constexprs.items()):
+            value = getattr(value, "value", value)
+            consts.append(f"{self.fn.arg_names[path[0]]}={value!r}")
+        opts = f"w{self.options['num_warps']} s{self.options['num_stages']}"
+        opts += "".join(f" {k}={v!r}" for k, v in sorted(self.extra.items()))
+        return f"{self.fn.__name__} | {' '.join(args)} | {' '.join(consts)} | {opts}"
+
+    def compile(self):
+        src = ASTSource(
+            fn=self.fn, signature=self.signature, constexprs=self.constexprs, attrs=self.attrs
+        )
+        return triton.compile(src, target=TARGET, options=self.options)
+
+
+@contextmanager
+def recording(on_launch) -> Iterator[None]:
+    """Every kernel launch calls ``on_launch(fn, args, meta)`` instead of launching."""
+    real_launch, real_run = _launch.Kernel._launch, JITFunction.run
+
+    def fake_launch(self, grid, args, meta):
+        on_launch(self.fn, args, meta)
+        return None, None  # no entry: a Bound launch keeps calling _launch
+
+    def fake_run(self, *args, grid, warmup, **meta):  # a plain triton.jit launch, if any
+        if warmup:
+            raise RuntimeError(f"{self.__name__}: warmup (a compile for this machine) asked")
+        on_launch(self, args, meta)
+
+    _launch.Kernel._launch = fake_launch
+    JITFunction.run = fake_run
+    try:
+        yield
+    finally:
+        _launch.Kernel._launch, JITFunction.run = real_launch, real_run
+
+
+def record_launches(specs, dtypes, sms: int, smem: int) -> dict[str, tuple[Launch, str]]:
+    """Every distinct launch of the specs' forward and backward at their bench shapes, with
+    the first case that made it."""
+    launches: dict[str, tuple[Launch, str]] = {}
+    binders: dict = {}
+    context = {"case": ""}
+
+    def on_launch(fn, args, meta):
+        launch = Launch(fn, args, meta, binders)
+        launches.setdefault(launch.key(), (launch, context["case"]))
+
+    for spec in specs:
+        if spec.distributed is not None:
+            print(f"skipped {spec.name}: distributed", flush=True)
+            continue
+        params = dict(spec.params[0])
+        for shape in spec.shapes.bench:
+            for dtype in dtypes or spec.dtypes:
+                if dtype not in spec.dtypes:
+                    continue
+                inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
+                modes = ("fwd", "fwd+bwd") if spec.backward else ("fwd",)
+                for mode in modes:
+                    context["case"] = f"{spec.name} {shape} {S.dtype_name(dtype)} {mode}"
+                    grad_idx = spec.grad_indices(inputs) if mode != "fwd" else []
+                    try:
+                        with as_on_gpu(sms, smem), recording(on_launch):
+                            _mode_callable(spec.impl, inputs, params, mode, grad_idx, 0)()
+                    except Exception as exc:  # report and go on
+                        print(
+                            f"FAILED {context['case']}: {type(exc).__name__}: {str(exc)[:300]}",
+                            flush=True,
+                        )
+                del inputs
+    return launches
+
+
+def sass_text(kernel) -> str:
+    """The cubin's SASS (nvdisasm, code only) with the kernel's name replaced by KERNEL."""
+    nvdisasm = os.path.join(
+        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        out = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True)
+    return re.sub(rf"\b{re.escape(kernel.metadata.name)}\b", "KERNEL", out.stdout)
+
+
+def sass_instructions(text: str) -> int:
+    return len(re.findall(r"^\s*/\*[0-9a-f]{4,}\*/\s+\S", text, flags=re.MULTILINE))
+
+
+def audit(launches: dict[str, tuple[Launch, str]], spills_only: bool) -> dict[str, dict]:
+    digest = {}
+    for key, (launch, case) in launches.items():
+        name = launch.fn.__name__
+        try:
+            kernel = launch.compile()
+            stats = ptxas_stats(kernel)
+            sass = sass_text(kernel)
+        except Exception as exc:  # one failing case should not hide the rest
+            print(f"FAILED {case} | {key} | {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        entry = {
+            "registers": stats["registers"],
+            "spill_stores": stats["spill_stores"],  # bytes
+            "spill_loads": stats["spill_loads"],
+            "shared": kernel.metadata.shared,  # bytes of shared memory a program takes
+            "instructions": sass_instructions(sass),
+            "sass_sha256": hashlib.sha256(sass.encode()).hexdigest(),
+            "case": case,
+        }
+        digest[key] = entry
+        spills = stats["spill_stores"] > 0 or stats["spill_loads"] > 0
+        if spills_only and not spills:
+            continue
+        flags = {
+            launch.fn.arg_names[p[0]]: getattr(v, "value", v)
+            for p, v in launch.constexprs.items()
+            if launch.fn.arg_names[p[0]].isupper()
+        }
+        warps = launch.options["num_warps"]
+        report = (
+            f"{stats['registers']} registers, spills {stats['spill_stores']} bytes stored "
+            f"{stats['spill_loads']} loaded, {entry['shared']} bytes shared"
+        )
+        print(
+            f"{'SPILL ' if spills else ''}{case} | {name} w{warps} {flags} | {report}", flush=True
+        )
+    return digest
+
+
+def compare(path_a: str, path_b: str) -> int:
+    """Print the launches whose SASS differs or that only one digest has; 1 if any, else 0."""
+    with open(path_a) as f:
+        a = json.load(f)
+    with open(path_b) as f:
+        b = json.load(f)
+    only_a = [k for k in a if k not in b]
+    only_b = [k for k in b if k not in a]
+    both = [k for k in a if k in b]
+    differ = [k for k in both if a[k]["sass_sha256"] != b[k]["sass_sha256"]]
+    for k in only_a:
+        print(f"only in {path_a}: {k}")
+    for k in only_b:
+        print(f"only in {path_b}: {k}")
+    for k in differ:
+        x, y = a[k], b[k]
+        print(f"SASS differs: {k}\n  ({x['case']})")
+        for field in ("registers", "spill_stores", "spill_loads", "shared", "instructions"):
+            mark = "" if x.get(field) == y.get(field) else "  <-"
+            print(f"  {field}: {x.get(field)} -> {y.get(field)}{mark}")
+    print(
+        f"{len(both)} launches in both, {len(both) - len(differ)} with identical SASS, "
+        f"{len(differ)} differing; {len(only_a)} only in {path_a}, {len(only_b)} only in "
+        f"{path_b}"
+    )
+    return 1 if differ or only_a or only_b else 0
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--ops", default="", help="comma-separated operator names (default: all)")
-    p.add_argument("--dtypes", default="float32,float16,bfloat16")
+    p.add_argument("--ops", default="", help="comma-separated operator or family names (all)")
+    p.add_argument("--dtypes", default="", help="comma-separated dtypes (default: each spec's)")
     p.add_argument("--spills-only", action="store_true", help="print only launches that spill")
+    p.add_argument(
+        "--digest",
+        metavar="FILE",
+        help="write each launch's registers, spills and SASS digest as JSON",
+    )
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digests")
+    p.add_argument("--sms", type=int, default=H100_SMS, help="SMs the launch configs see")
+    p.add_argument("--smem", type=int, default=H100_SMEM, help="shared memory per block")
     args = p.parse_args()
+    if args.compare:
+        sys.exit(compare(*args.compare))
     names = [n for n in args.ops.split(",") if n] or None
-    specs = [s for s in S.select(names) if s.family != "matmul"]
-    dtypes = [parse_dtype(d) for d in args.dtypes.split(",")]
-    launches = record_launches(specs, dtypes)
+    specs = S.select(names)
+    dtypes = [parse_dtype(d) for d in args.dtypes.split(",") if d] or None
+    launches = record_launches(specs, dtypes, args.sms, args.smem)
     print(f"{len(launches)} distinct launches", flush=True)
-    for fn, sig, consts, attrs, warps, case in launches.values():
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-        try:
-            kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
-            report = ptxas_report(kernel)
-        except Exception as exc:  # one failing case should not hide the rest
-            report = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
-        spills = "spill stores" in report and not report.startswith("0 bytes spill stores")
-        if args.spills_only and not spills:
-            continue
-        flags = {k: v for k, v in consts.items() if k.isupper()}
-        print(f"{'SPILL ' if spills else ''}{case} | {fn.__name__} w{warps} {flags} | {report}")
+    digest = audit(launches, args.spills_only)
+    if args.digest:
+        with open(args.digest, "w") as f:
+            json.dump(digest, f, indent=1, sort_keys=True)
+        print(f"{len(digest)} launches written to {args.digest}")
 
 
 if __name__ == "__main__":

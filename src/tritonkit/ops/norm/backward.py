@@ -52,6 +52,52 @@ def _bwd_tile_load(
     return dy, x, dres, shift, mean, rstd
 
 
+@triton.jit
+def _bwd_dx(
+    wdy, xhat, dres, rstd, c1_ptr, c2_ptr, s_offs, row_mask, n_cols,
+    IS_RMS: tl.constexpr, HAS_DRES: tl.constexpr, SUMS_GIVEN: tl.constexpr,
+):  # fmt: skip
+    """dx of a row tile from w * dy and xhat (fp32): the row sums mean(w * dy * xhat) and, for
+    LayerNorm, mean(w * dy), computed here or read back (SUMS_GIVEN), then dres added."""
+    if SUMS_GIVEN:
+        c1 = tl.load(c1_ptr + s_offs, mask=row_mask, other=0.0)
+        if not IS_RMS:
+            c2 = tl.load(c2_ptr + s_offs, mask=row_mask, other=0.0)
+    elif IS_RMS:
+        c1 = tl.sum(wdy * xhat, axis=1) / n_cols
+    else:  # both row sums in one reduction: one exchange between warps, not two
+        c1, c2 = tl.reduce((wdy * xhat, wdy), axis=1, combine_fn=_add_pairs)
+        c1 /= n_cols
+        c2 /= n_cols
+    dx = wdy - xhat * c1[:, None]
+    if not IS_RMS:
+        dx -= c2[:, None]
+    dx *= rstd[:, None]
+    if HAS_DRES:
+        dx += dres.to(tl.float32)
+    return dx
+
+
+@triton.jit
+def _bwd_partials(
+    acc_w, acc_b, dy, xhat,
+    REDUCE_TILES: tl.constexpr, WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+):  # fmt: skip
+    """The weight and bias partial sums with a row tile's dy * xhat and dy added: summed over
+    the tile's rows first with REDUCE_TILES, else elementwise into a tile of sums."""
+    if REDUCE_TILES:
+        if WEIGHT_GRAD:
+            acc_w += tl.sum(dy * xhat, axis=0)
+        if BIAS_GRAD:
+            acc_b += tl.sum(dy, axis=0)
+    else:
+        if WEIGHT_GRAD:
+            acc_w += dy * xhat
+        if BIAS_GRAD:
+            acc_b += dy
+    return acc_w, acc_b
+
+
 @kernel
 def norm_bwd_kernel(
     dy_ptr,  # upstream gradient of the normalized output
@@ -150,37 +196,18 @@ def norm_bwd_kernel(
         wdy = dy
         if HAS_WEIGHT:
             wdy = dy * w[None, :]
-        if SUMS_GIVEN:
-            c1 = tl.load(c1_ptr + s_offs, mask=row_mask, other=0.0)
-            if not IS_RMS:
-                c2 = tl.load(c2_ptr + s_offs, mask=row_mask, other=0.0)
-        elif IS_RMS:
-            c1 = tl.sum(wdy * xhat, axis=1) / n_cols
-        else:  # both row sums in one reduction: one exchange between warps, not two
-            c1, c2 = tl.reduce((wdy * xhat, wdy), axis=1, combine_fn=_add_pairs)
-            c1 /= n_cols
-            c2 /= n_cols
-        dx = wdy - xhat * c1[:, None]
-        if not IS_RMS:
-            dx -= c2[:, None]
-        dx *= rstd[:, None]
-        if HAS_DRES:
-            dx += dres.to(tl.float32)
+        dx = _bwd_dx(
+            wdy, xhat, dres, rstd, c1_ptr, c2_ptr, s_offs, row_mask, n_cols, IS_RMS, HAS_DRES,
+            SUMS_GIVEN,
+        )  # fmt: skip
         tl.store(
             dx_ptr + (o * stride_dxo + i * stride_dxi)[:, None] + cols[None, :] * stride_dxn,
             dx.to(dx_ptr.dtype.element_ty),
             mask=mask,
         )
-        if REDUCE_TILES:
-            if WEIGHT_GRAD:
-                acc_w += tl.sum(dy * xhat, axis=0)
-            if BIAS_GRAD:
-                acc_b += tl.sum(dy, axis=0)
-        else:
-            if WEIGHT_GRAD:
-                acc_w += dy * xhat
-            if BIAS_GRAD:
-                acc_b += dy
+        acc_w, acc_b = _bwd_partials(
+            acc_w, acc_b, dy, xhat, REDUCE_TILES, WEIGHT_GRAD, BIAS_GRAD
+        )  # fmt: skip
     if not REDUCE_TILES:
         acc_w = tl.sum(acc_w, axis=0)
         acc_b = tl.sum(acc_b, axis=0)
