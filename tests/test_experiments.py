@@ -1,0 +1,88 @@
+"""The scripts in experiments/ still name what tritonkit has.
+
+They run only on a GPU or with ptxas, so nothing else notices when a refactor renames a
+module, a kernel or a config they use: two of them went stale that way (they imported
+pre-package names). Each script is read, not run: every ``from tritonkit... import name``
+must resolve, and every attribute taken of an imported tritonkit module or object
+(``N.norm_bwd_kernel``) must exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+SCRIPTS = sorted(EXPERIMENTS.glob("*.py"))
+
+
+def _resolve(module: str, name: str):
+    """``from module import name``: an attribute of the module, or its submodule."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, name):
+        return getattr(mod, name)
+    return importlib.import_module(f"{module}.{name}")
+
+
+def _missing(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bound: dict[str, object] = {}  # local name -> the tritonkit object it names
+    missing = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tritonkit"):
+            for alias in node.names:
+                try:
+                    bound[alias.asname or alias.name] = _resolve(node.module, alias.name)
+                except (ImportError, AttributeError):
+                    missing.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "tritonkit":
+                    continue
+                try:
+                    module = importlib.import_module(alias.name)
+                except ImportError:
+                    missing.append(f"line {node.lineno}: import {alias.name}")
+                    continue
+                if alias.asname:
+                    bound[alias.asname] = module
+                else:
+                    bound["tritonkit"] = importlib.import_module("tritonkit")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and isinstance(node.ctx, ast.Load)
+        ):
+            owner = bound[node.value.id]
+            if hasattr(owner, node.attr):
+                continue
+            try:  # a submodule not yet imported
+                importlib.import_module(f"{owner.__name__}.{node.attr}")
+            except (ImportError, AttributeError, TypeError):
+                missing.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return missing
+
+
+def test_there_are_scripts():
+    assert len(SCRIPTS) >= 5, SCRIPTS
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_script_names_exist(path):
+    assert _missing(path) == []
+
+
+def test_a_stale_name_is_caught(tmp_path):
+    stale = tmp_path / "stale.py"
+    stale.write_text(
+        "from tritonkit.ops import norm as N\n"
+        "from tritonkit.ops.norm import no_such_kernel\n"
+        "N._norm_fwd_kernel\n"
+    )
+    found = _missing(stale)
+    assert len(found) == 2 and "no_such_kernel" in found[0] and "N._norm_fwd_kernel" in found[1]
