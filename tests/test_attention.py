@@ -83,6 +83,7 @@ def _assert_matches_reference(q, k, v, mask=None, causal=False, window=None, sca
 # ---- the check engine ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the fast tier: one check per public function in test_public_api
 @pytest.mark.parametrize("name", ["attention", "attention_varlen"])
 def test_check_engine_passes_fp16(name, device):
     """Every test shape (masks, windows, GQA, D = 96, decoding, packed batches) in fp16:
@@ -252,6 +253,7 @@ def _launch(q, k, v, mask, causal, window, tile, bwd):
     return o, grads, do
 
 
+@pytest.mark.slow  # every tile: the full tier; the default tiles run in the fast one
 @pytest.mark.parametrize("tile, bwd", list(zip(FWD_TILES, BWD_CONFIGS)), ids=str)
 @pytest.mark.parametrize(
     "causal, window, masked",

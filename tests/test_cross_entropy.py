@@ -49,6 +49,7 @@ def assert_passes_with(config, device, **kwargs):
     assert results and not failed, f"base seed {seed}: {len(failed)} failed\n{report}"
 
 
+@pytest.mark.slow  # segments: test_segment_boundaries in the fast tier
 def test_segmented_rows_pass_the_check_engine(device):
     """129 classes in segments of 64 (the last holds one class): partials merged per row."""
     assert_passes_with(

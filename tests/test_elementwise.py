@@ -315,6 +315,7 @@ def test_partial_sum_config_fills_the_device():
     assert PARTIAL_SUMS.launch(1, 5, sms=132) == (1, 32, 2)
 
 
+@pytest.mark.slow  # partial rows: test_bias_grad_is_deterministic in the fast tier
 @pytest.mark.parametrize("shape", [(300, 1000), (37, 129)])
 def test_bias_gradient_partial_rows_in_steps(shape, device):
     """The partial rows summed over several row steps and column blocks."""

@@ -104,6 +104,7 @@ ROUND_TRIPS = [
 ]
 
 
+@pytest.mark.slow  # every format x granularity: the full tier
 @pytest.mark.parametrize(
     ("fmt", "case"),
     ROUND_TRIPS,
@@ -256,6 +257,7 @@ def test_bad_inputs(device):
         dequantize(x)
 
 
+@pytest.mark.slow  # the fast tier: one check per public function in test_public_api
 @pytest.mark.parametrize(
     "dtype",
     [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow),
