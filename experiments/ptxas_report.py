@@ -111,8 +111,8 @@ def ptxas_stats(kernel) -> dict[str, int]:
     }
 
 
-def sass_counts(kernel) -> dict[str, int]:
-    """Instructions per opcode in the cubin's SASS (nvdisasm)."""
+def sass_text(kernel) -> str:
+    """The cubin's SASS, code only (Triton's nvdisasm)."""
     nvdisasm = os.path.join(
         os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm"
     )
@@ -120,9 +120,14 @@ def sass_counts(kernel) -> dict[str, int]:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
-        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True)
+        out = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def sass_counts(kernel) -> dict[str, int]:
+    """Instructions per opcode in the cubin's SASS."""
     counts: dict[str, int] = {}
-    for line in text.stdout.splitlines():
+    for line in sass_text(kernel).splitlines():
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
         if m:
             op = m.group(1).split(".")[0]

@@ -46,9 +46,7 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -63,7 +61,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ptxas_report import TARGET, ptxas_stats
+from ptxas_report import TARGET, ptxas_stats, sass_text
 
 from tritonkit.harness import spec as S
 from tritonkit.harness.bench import _mode_callable
@@ -218,17 +216,9 @@ def record_launches(specs, dtypes, sms: int, smem: int) -> dict[str, tuple[Launc
     return launches
 
 
-def sass_text(kernel) -> str:
-    """The cubin's SASS (nvdisasm, code only) with the kernel's name replaced by KERNEL."""
-    nvdisasm = os.path.join(
-        os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm"
-    )
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        out = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True)
-    return re.sub(rf"\b{re.escape(kernel.metadata.name)}\b", "KERNEL", out.stdout)
+def named_sass(kernel) -> str:
+    """The cubin's SASS with the kernel's name replaced by KERNEL (comparable across trees)."""
+    return re.sub(rf"\b{re.escape(kernel.metadata.name)}\b", "KERNEL", sass_text(kernel))
 
 
 def sass_instructions(text: str) -> int:
@@ -242,7 +232,7 @@ def audit(launches: dict[str, tuple[Launch, str]], spills_only: bool) -> dict[st
         try:
             kernel = launch.compile()
             stats = ptxas_stats(kernel)
-            sass = sass_text(kernel)
+            sass = named_sass(kernel)
         except Exception as exc:  # one failing case should not hide the rest
             print(f"FAILED {case} | {key} | {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue
