@@ -9,20 +9,23 @@ from collections.abc import Callable
 
 import torch
 
-from tritonkit.ops._core import replay
+from tritonkit.ops._core import internals, replay
+from tritonkit.ops._core import launch as _launch
 
-# True while replay.py records a call: its dispatch mode watches the ops, and the call must take
-# the path a plain eager call takes.
-_RECORDING = False
+
+def _recording() -> bool:
+    """Whether this thread is recording a call (replay.py): its dispatch mode watches the ops,
+    and the call must take the path a plain eager call takes."""
+    return _launch.RECORDER.rec is not None
 
 
 def _plain_eager() -> bool:
     """Eager mode with nothing watching the ops: not torch.compile's tracing (Dynamo, make_fx),
     no dispatch mode (FakeTensorMode, FlopCounterMode, ...), no functorch transform."""
-    return _RECORDING or not (
+    return _recording() or not (
         torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._functorch.peek_interpreter_stack() is not None
+        or internals.dispatch_stack_len()
+        or internals.functorch_stack() is not None
     )
 
 
@@ -38,7 +41,7 @@ def direct_call_allowed(args: tuple) -> bool:
     grad mode (the op's Autograd kernel then says it has no derivative; the derivatives live in
     each op's autograd.Function).
     """
-    if not _plain_eager() or torch.autograd._profiler_enabled():
+    if not _plain_eager() or internals.profiler_enabled():
         return False
     grad = torch.is_grad_enabled()
     for a in args:
@@ -77,7 +80,7 @@ class Op:
         lib.impl(name, launcher, "CompositeExplicitAutograd")
         self.qualname, self.launcher, self._lib = qualname, launcher, lib
         self.overload = overload = getattr(getattr(torch.ops, namespace), name).default
-        below_autograd = torch._C._after_autograd_keyset
+        below_autograd = internals.after_autograd_keyset
 
         def autograd_kernel(keyset, *args):
             if torch.is_grad_enabled() and any(
@@ -149,7 +152,7 @@ def apply(function: type[torch.autograd.Function], *args):
     """
     if not _plain_eager():
         return function.apply(*args)
-    if _REPLAY and not _RECORDING and not torch.autograd._profiler_enabled():
+    if _REPLAY and _launch.RECORDER.rec is None and not internals.profiler_enabled():
         return replay.call(function, args, lambda grad: _run(function, args, grad))
     grad = torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args

@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tritonkit import _tuning
+from tritonkit.ops._core import internals
 from tritonkit.ops._core import launch as _launch
+from tritonkit.ops._core.plan import PLANS, current_env, tensor_meta
 
 ENV = "TRITONKIT_REPLAY"  # "0": never replay
 
@@ -68,7 +70,7 @@ class Stats:
     @property
     def replays(self) -> int:
         """Calls run from C++ since the last ``reset`` (counted by the plans themselves)."""
-        return sum(e.plan.runs for e in _PLANS.values() if type(e) is _Ready)
+        return sum(e.plan.runs for _, e in PLANS.items() if type(e) is _Ready)
 
 
 STATS = Stats()
@@ -108,19 +110,13 @@ def enabled() -> bool:
 # ---- keys ------------------------------------------------------------------------------------
 
 
-def key_of(function: type, args: tuple, grad: bool) -> tuple | None:
-    """The metadata a call's Python decisions depend on, or None if a call cannot be keyed
-    (an argument that does not hash, a tensor that is not a plain CUDA tensor)."""
-    key, _, _ = _key(function, args, grad)
-    return key
-
-
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, list, bool]:
-    """(key or None, the tensor arguments, whether a gradient can follow)."""
-    parts: list[Any] = [function, _cuda_device()]
+    """(key or None, the tensor arguments, whether a gradient can follow). The key is the
+    call's meta; the plan cache adds the Env snapshot to it."""
+    parts: list[Any] = ["replay", function]
     tensors = []
     needs_grad = False
     for a in args:
@@ -130,9 +126,7 @@ def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, li
             tensors.append(a)
             rg = a.requires_grad
             needs_grad = needs_grad or rg
-            # 256-byte residues: launchers pick paths by 16-byte alignment and by finer residues
-            # (aligned row walks); the caching allocator aligns to 512.
-            parts.append((a.shape, a.stride(), a.dtype, a.get_device(), rg, a.data_ptr() & 255))
+            parts.append(tensor_meta(a))
         elif isinstance(a, torch.Tensor):  # a subclass: its own dispatch decides
             return None, tensors, _needs_grad(args, grad_mode)
         else:
@@ -162,9 +156,6 @@ class on_host:
 
 def _needs_grad(args: tuple, grad_mode: bool) -> bool:
     return grad_mode and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-
-
-_cuda_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else (lambda: -1)
 
 
 # ---- recording -------------------------------------------------------------------------------
@@ -197,9 +188,10 @@ def _storage(t: torch.Tensor) -> int:
 class Recording:
     """One call being recorded: its forward program, then (if gradients follow) its backward."""
 
-    def __init__(self, key: tuple, args: tuple, grad: bool) -> None:
-        self.key = key
+    def __init__(self, key: tuple, env: Any, args: tuple, grad: bool) -> None:
+        self.key, self.env = key, env
         self.grad = grad
+        self.concluded = False
         self.pending = 0  # calls of the key since, while its backward has not run
         self.error: str | None = None
         self.fwd = _Program()
@@ -288,6 +280,8 @@ class Recording:
         self.prog.steps.append((CONTIG, slot, base))
 
     def launch(self, entry: Any, grid: tuple, values: Sequence[Any]) -> None:
+        if _tuning.searching():  # a tuner's timing runs are not the call's program
+            self.fail(_TUNED)
         if self.error is not None:
             return
         try:
@@ -426,7 +420,7 @@ _ZEROS = {"zeros", "zeros_like", "new_zeros"}
 _PASS = {"detach", "alias", "lift_fresh", "_unsafe_view"}
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(internals.dispatch_mode_class()):
     """Sees every ATen op of the recorded call and tells the recording what it must redo."""
 
     def __init__(self, rec: Recording) -> None:
@@ -436,6 +430,8 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         rec = self.rec
+        if _tuning.searching():
+            rec.fail(_TUNED)
         if rec.error is not None:
             return out
         name = func.overloadpacket.__name__
@@ -464,34 +460,30 @@ class _Mode(TorchDispatchMode):
 
 
 class _Active:
-    """Routes the launch path's reports and the registry's eager checks to a recording."""
+    """Routes this thread's launches to a recording, with the dispatch mode watching its ops."""
 
     def __init__(self, rec: Recording) -> None:
         self.rec = rec
 
     def __enter__(self) -> Recording:
-        from tritonkit.ops._core import registry
-
         self._mode = _Mode(self.rec)
         self._mode.__enter__()
-        self._saved = (_launch.RECORDER, registry._RECORDING)
-        _launch.RECORDER = self.rec
-        registry._RECORDING = True
+        self._saved = _launch.RECORDER.rec
+        _launch.RECORDER.rec = self.rec
         return self.rec
 
     def __exit__(self, *exc) -> None:
-        from tritonkit.ops._core import registry
-
-        _launch.RECORDER, registry._RECORDING = self._saved
+        _launch.RECORDER.rec = self._saved
         self._mode.__exit__(*exc)
 
 
-# ---- the plan table --------------------------------------------------------------------------
+# ---- the plans -------------------------------------------------------------------------------
 
-# key -> calls seen (int) before recording, a Recording in progress, a C++ plan, or False.
-_PLANS: dict[tuple, Any] = {}
+# A key's entry in the plan cache (plan.PLANS): calls seen (int) before recording, a
+# Recording in progress, a _Ready C++ plan, or False (unreplayable).
 _RECORD_AT = 2  # the first call compiles and tunes; the second is recorded
 _MAX_PENDING = 8  # calls a recording may wait for its backward before it is abandoned
+_TUNED = "a choice was tuned during the recording"  # not the key's fault: record it again
 
 
 def _recorded_class(function: type) -> type:
@@ -512,7 +504,9 @@ def _recorded_class(function: type) -> type:
         @staticmethod
         def backward(ctx, *grads):
             rec: Recording | None = getattr(ctx, "_tk_recording", None)
-            if rec is None or rec.error is not None:
+            # A backward run again (retain_graph) is not recorded twice: the first one is the
+            # plan's, or the recording already failed.
+            if rec is None or rec.error is not None or rec.concluded:
                 return function.backward(ctx, *grads)
             grads = tuple(g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
             rec.start_backward(grads)
@@ -539,17 +533,18 @@ _CURRENT = _Current()
 
 def _conclude(rec: Recording) -> None:
     """Turn a finished recording into a plan, or mark its key unreplayable."""
+    rec.concluded = True
     if rec.error is None:
         ext = extension()
         if ext is None:
             return
         try:
-            _PLANS[rec.key] = _Ready(rec.plan(ext), rec.single)
+            PLANS.put(rec.key, rec.env, _Ready(rec.plan(ext), rec.single))
             STATS.recordings += 1
             return
         except Exception as exc:  # a recording replay.cpp rejects: a bug to report, not fatal
             rec.fail(f"plan: {type(exc).__name__}: {exc}")
-    _PLANS[rec.key] = False
+    PLANS.put(rec.key, rec.env, 0 if rec.error == _TUNED else False)
     STATS.failures[rec.error] = STATS.failures.get(rec.error, 0) + 1
 
 
@@ -569,34 +564,35 @@ def call(function: type, args: tuple, run_python: Callable[[bool], Any]) -> Any:
     key, tensors, grad = _key(function, args, torch.is_grad_enabled())
     if key is None or _SUSPENDED.on:
         return run_python(grad)
+    env = current_env()
     try:
-        entry = _PLANS.get(key, 0)
+        entry = PLANS.peek(key, env)
     except TypeError:  # an argument that does not hash
         return run_python(grad)
     if entry.__class__ is _Ready:
         outs = _ext.run(entry.plan, tensors, grad)
         return outs[0] if entry.single else tuple(outs)
-    return _not_ready(function, key, args, grad, entry, run_python)
+    return _not_ready(function, key, env, args, grad, entry or 0, run_python)
 
 
-def _not_ready(function, key, args, grad, entry, run_python) -> Any:
+def _not_ready(function, key, env, args, grad, entry, run_python) -> Any:
     if entry is False:
         return run_python(grad)
     if isinstance(entry, Recording):  # waiting for its backward
         entry.pending += 1
         if entry.pending > _MAX_PENDING:
-            _PLANS[key] = 0
+            PLANS.put(key, env, 0)
         return run_python(grad)
     if entry + 1 < _RECORD_AT or extension() is None:
-        _PLANS[key] = entry + 1
+        PLANS.put(key, env, entry + 1)
         return run_python(grad)
-    return _record(function, key, args, grad)
+    return _record(function, key, env, args, grad)
 
 
-def _record(function: type, key: tuple, args: tuple, grad: bool) -> Any:
-    rec = Recording(key, args, grad)
+def _record(function: type, key: tuple, env: Any, args: tuple, grad: bool) -> Any:
+    rec = Recording(key, env, args, grad)
     rec._arg_kinds = [isinstance(a, torch.Tensor) for a in args]
-    _PLANS[key] = rec
+    PLANS.put(key, env, rec)
     _CURRENT.rec = rec
     try:
         with _Active(rec):
@@ -646,7 +642,8 @@ def set_poison(on: bool) -> None:
 
 
 def reset() -> None:
-    """Forget every plan and count (tests; a changed tuning setting)."""
-    _PLANS.clear()
+    """Forget every plan and count (tests; a changed tuning setting). A plan that an autograd
+    node still needs stays alive with it."""
+    PLANS.reset()
     STATS.recordings = 0
     STATS.failures.clear()
