@@ -57,6 +57,7 @@ def test_private_names_used_only_in_internals():
 _NOT_PLAN_CACHES = {
     ("_tuning.py", "_memory"),  # the tuning file's entries as read from disk
     ("ops/_core/launch.py", "_SCRATCH"),  # a scratch buffer per (device, stream)
+    ("ops/_core/internals.py", "_ENCODED"),  # environment variable names, encoded once
     ("ops/_core/registry.py", "_LIBRARIES"),  # torch.library namespaces
     ("_autocast.py", "POLICIES"),  # each public function's declared autocast policy
     ("ops/_core/device.py", "@functools.cache shared_memory_per_block"),  # hardware facts

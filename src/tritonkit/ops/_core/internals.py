@@ -9,6 +9,7 @@ upgrade of PyTorch or Triton moved.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "dispatch_mode": ("torch.utils._python_dispatch", "TorchDispatchMode"),
     "triton_allocator": ("triton.runtime._allocation", "_allocator"),
     "triton_null_allocator": ("triton.runtime._allocation", "NullAllocator"),
+    "environ_data": ("os", "environ._data"),
+    "environ_encodekey": ("os", "environ.encodekey"),
 }
 # CUDA-only names: absent from a CPU build of PyTorch.
 CUDA_NAMES: dict[str, tuple[str, str]] = {
@@ -53,6 +56,28 @@ after_autograd_keyset = torch._C._after_autograd_keyset
 profiler_enabled = torch.autograd._profiler_enabled
 cuda_device = getattr(torch._C, "_cuda_getDevice", lambda: -1)
 cuda_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_ENCODE = getattr(os.environ, "encodekey", None)
+
+
+def environ_get(name: str) -> str | None:
+    """``os.environ.get(name)`` without its per-call encoding of the key and decoding of the
+    value (a few microseconds, read on every call of every op): the environment mapping's own
+    dict, looked up with the key encoded once per name."""
+    if _ENVIRON_DATA is None or _ENCODE is None:
+        return os.environ.get(name)
+    key = _ENCODED.get(name)
+    if key is None:
+        key = _ENCODED[name] = _ENCODE(name)
+    value = _ENVIRON_DATA.get(key)
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+_ENCODED: dict[str, object] = {}
 
 
 def dispatch_mode_class() -> type:

@@ -69,14 +69,16 @@ def _profile_name() -> str | None:
     return profile.name if profile is not None else None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+# Triton reads TRITON_INTERPRET when a kernel is decorated, at import: fixed for the process.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_environ = internals.environ_get
+_new_env = tuple.__new__
 
 
 def _autotune() -> str:
-    if os.environ.get(FORCE_ENV) == "1":  # tritonkit tune: decide again at every call
+    if _environ(FORCE_ENV) == "1":  # tritonkit tune: decide again at every call
         return "force"
-    return "off" if os.environ.get(AUTOTUNE_ENV, "1") == "0" or _interpreting() else "on"
+    return "off" if _INTERPRETING or _environ(AUTOTUNE_ENV) == "0" else "on"
 
 
 def current_env() -> Env:
@@ -86,17 +88,20 @@ def current_env() -> Env:
         autocast = ("cuda", _autocast_dtype("cuda"))
     if _autocast_on("cpu"):
         autocast += ("cpu", _autocast_dtype("cpu"))
-    return Env(
-        _tf32() or _precision() != "highest",
-        _cudnn_tf32(),
-        _fp16_reduced(),
-        _bf16_reduced(),
-        _deterministic(),
-        autocast,
-        _autotune(),
-        os.environ.get(CACHE_ENV),
-        _cuda_device(),
-        _profile_name(),
+    return _new_env(  # tuple.__new__: a third of the NamedTuple constructor's cost
+        Env,
+        (
+            _tf32() or _precision() != "highest",
+            _cudnn_tf32(),
+            _fp16_reduced(),
+            _bf16_reduced(),
+            _deterministic(),
+            autocast,
+            _autotune(),
+            _environ(CACHE_ENV),
+            _cuda_device(),
+            _profile_name(),
+        ),
     )
 
 
@@ -104,7 +109,7 @@ def tensor_meta(t: torch.Tensor) -> tuple:
     """What a plan may read of a tensor: shape, strides, dtype, device, gradient flag, and the
     pointer's residue mod 256 (launchers pick paths by 16-byte alignment and finer residues;
     the caching allocator aligns to 512)."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() & 255)
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad, t.data_ptr() & 255)
 
 
 def meta_of(args: tuple) -> tuple | None:
