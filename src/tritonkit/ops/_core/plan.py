@@ -73,6 +73,7 @@ def _profile_name() -> str | None:
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 _environ = internals.environ_get
 _new_env = tuple.__new__
+_compiling = torch.compiler.is_compiling
 
 
 def _autotune() -> str:
@@ -147,6 +148,8 @@ class PlanCache:
         self.builds = 0
 
     def get(self, key: Hashable, env: Env | None, build: Callable[[], T]) -> T:
+        if _compiling():  # torch.compile traces the decision itself, once per graph
+            return build()
         full = (key, env)
         plan = self._plans.get(full)
         if plan is not None:
@@ -203,6 +206,8 @@ def cached(what: str, key: Hashable, build: Callable[[], T]) -> T:
     """``build()``'s plan for ``key`` under the current Env, from the one cache: the Python
     path's lookup (``what`` names the decision: "norm.forward", "matmul.config", ...). While a
     retune is forced (``tritonkit tune``), nothing is kept: every call decides again."""
+    if _compiling():
+        return build()
     env = current_env()
     if env.autotune == "force":
         return build()
