@@ -21,7 +21,7 @@ import torch
 from tritonkit.ops._core import launch, replay
 from tritonkit.ops._core.registry import _NoGradContext
 
-ext = replay.extension()
+ext = replay.extension(wait=True)
 pytestmark = pytest.mark.skipif(ext is None, reason=f"replay not built: {replay.STATS.disabled}")
 
 

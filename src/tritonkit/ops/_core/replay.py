@@ -78,29 +78,46 @@ _ext: Any = None
 _ext_lock = threading.Lock()
 
 
-def extension() -> Any:
-    """The compiled replay module, built on first use; None where it cannot be built."""
-    global _ext
+def extension(wait: bool = False) -> Any:
+    """The compiled replay module, or None: not built yet, or not buildable (``STATS.disabled``
+    says why).
+
+    The first call starts the build (torch.utils.cpp_extension: a compile of seconds, or a load
+    of the cached build) on a thread of its own and returns None; calls take the Python path
+    until it is ready, then keys are recorded as usual. So no call waits for a compiler.
+    ``wait``: block until the build has finished (tests, tools)."""
     if _ext is not None or STATS.disabled:
         return _ext
     with _ext_lock:
-        if _ext is None and not STATS.disabled:
-            try:
-                from torch.utils import cpp_extension
-
-                _ext = cpp_extension.load(
-                    name="tritonkit_replay",
-                    sources=[str(Path(__file__).with_name("replay.cpp"))],
-                    extra_cflags=["-O2"],
-                    verbose=False,
-                )
-            except Exception as exc:  # no compiler, no headers: replay stays off, said once
-                STATS.disabled = f"{type(exc).__name__}: {exc}"[:500]
-                warnings.warn(
-                    f"tritonkit: replay disabled, calls take the Python path ({STATS.disabled})",
-                    stacklevel=3,
-                )
+        global _builder
+        if _builder is None:
+            _builder = threading.Thread(target=_build, name="tritonkit-replay-build", daemon=True)
+            _builder.start()
+    if wait:
+        _builder.join()
     return _ext
+
+
+_builder: threading.Thread | None = None
+
+
+def _build() -> None:
+    global _ext
+    try:
+        from torch.utils import cpp_extension
+
+        _ext = cpp_extension.load(
+            name="tritonkit_replay",
+            sources=[str(Path(__file__).with_name("replay.cpp"))],
+            extra_cflags=["-O2"],
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no headers: replay stays off, said once
+        STATS.disabled = f"{type(exc).__name__}: {exc}"[:500]
+        warnings.warn(
+            f"tritonkit: replay disabled, calls take the Python path ({STATS.disabled})",
+            stacklevel=2,
+        )
 
 
 def enabled() -> bool:
@@ -583,7 +600,7 @@ def _not_ready(function, key, env, args, grad, entry, run_python) -> Any:
         if entry.pending > _MAX_PENDING:
             PLANS.put(key, env, 0)
         return run_python(grad)
-    if entry + 1 < _RECORD_AT or extension() is None:
+    if extension() is None or entry + 1 < _RECORD_AT:  # the first call starts the build
         PLANS.put(key, env, entry + 1)
         return run_python(grad)
     return _record(function, key, env, args, grad)
