@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tritonkit.ops._core import launch, replay
-from tritonkit.ops._core.registry import _NoGradContext
+from tritonkit.ops._core.replay import NoGradContext
 
 ext = replay.extension(wait=True)
 pytestmark = pytest.mark.skipif(ext is None, reason=f"replay not built: {replay.STATS.disabled}")
@@ -100,7 +100,7 @@ def _python(x, alpha, _grad=None):
     def run(grad):
         if grad:
             return ScaleFunction.apply(x, alpha)
-        return ScaleFunction.forward(_NoGradContext(2), x, alpha)
+        return ScaleFunction.forward(NoGradContext(2), x, alpha)
 
     return run
 
@@ -174,7 +174,7 @@ def test_a_computing_aten_op_is_not_replayed():
         y = replay.call(
             ComputesFunction,
             (x, 3.0),
-            lambda g: ComputesFunction.forward(_NoGradContext(2), x, 3.0),
+            lambda g: ComputesFunction.forward(NoGradContext(2), x, 3.0),
         )
         torch.testing.assert_close(y, x * 3.0)
     assert replay.STATS.replays == 0 and replay.STATS.recordings == 0
@@ -197,7 +197,7 @@ def test_outputs_that_are_views_of_buffers():
         y = replay.call(
             ViewOutputFunction,
             (x, 0.5),
-            lambda g, x=x: ViewOutputFunction.forward(_NoGradContext(2), x, 0.5),
+            lambda g, x=x: ViewOutputFunction.forward(NoGradContext(2), x, 0.5),
         )
         torch.testing.assert_close(y, x * 0.5, rtol=0, atol=0)
         assert y.storage_offset() == 30 and y.untyped_storage().nbytes() == 60 * 4

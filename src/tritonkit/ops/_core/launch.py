@@ -4,9 +4,9 @@ direct call of the compiled launcher.
 ``kernel[grid](*args, **meta)`` on a ``triton.jit`` function runs Triton's generic launcher
 on every call: it binds the arguments, builds a specialization key as a string, looks it up,
 checks the kernel's globals, wraps launch metadata for hooks and calls a Python shim around the
-C launcher: 14 us for an empty 4-argument kernel and 28 us for a 30-argument one on the H100
-host (docs/performance.md, "Host time per launch, and replay from C++"), more than most row
-kernels take on the GPU, and the autograd engine's device thread runs that Python slower again.
+C launcher: tens of microseconds for an empty kernel, more than most row kernels take on the
+GPU (docs/performance.md), and the autograd engine's device thread runs that Python slower
+again.
 
 ``@kernel`` wraps a ``triton.jit`` function so that the same ``k[grid](*args, **meta)`` call
 does less: Triton's own generated binder (C code per argument) gives the specialization

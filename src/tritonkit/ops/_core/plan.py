@@ -113,25 +113,6 @@ def tensor_meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad, t.data_ptr() & 255)
 
 
-def meta_of(args: tuple) -> tuple | None:
-    """The meta of a call's arguments, or None where it has none (a tensor subclass decides
-    its own dispatch; an unhashable argument cannot key a cache)."""
-    parts: list[Any] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if type(a) not in (torch.Tensor, torch.nn.Parameter):
-                return None
-            parts.append(tensor_meta(a))
-        else:
-            parts.append((type(a), a))
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
 class PlanCache:
     """The one cache of plans, keyed by ``(what, meta, env)``; least recently built first out.
 
@@ -145,7 +126,6 @@ class PlanCache:
         self.limit = limit
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self.builds = 0
 
     def get(self, key: Hashable, env: Env | None, build: Callable[[], T]) -> T:
         if _compiling():  # torch.compile traces the decision itself, once per graph
@@ -156,7 +136,6 @@ class PlanCache:
             return plan
         plan = build()
         with self._lock:
-            self.builds += 1
             kept = self._plans.setdefault(full, plan)
             if len(self._plans) > self.limit:
                 self._plans.popitem(last=False)
@@ -171,10 +150,6 @@ class PlanCache:
             if len(self._plans) > self.limit:
                 self._plans.popitem(last=False)
 
-    def discard(self, key: Hashable, env: Env | None) -> None:
-        with self._lock:
-            self._plans.pop((key, env), None)
-
     def __len__(self) -> int:
         return len(self._plans)
 
@@ -187,7 +162,6 @@ class PlanCache:
         users: an autograd node keeps its own reference."""
         with self._lock:
             self._plans.clear()
-            self.builds = 0
 
 
 PLANS = PlanCache()

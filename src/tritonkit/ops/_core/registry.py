@@ -63,7 +63,7 @@ class Op:
     ``torch.library.custom_op`` wraps an implementation in Python layers (its Autograd kernel,
     Dynamo's disable wrappers, an alias check) that cost tens of microseconds on every call
     from a torch.compile'd graph, where small tritonkit ops then cost twice their eager time
-    (docs/performance.md, "ops registered without custom_op"). Here the schema is inferred
+    (docs/performance.md). Here the schema is inferred
     from the launcher's annotations as custom_op infers it, the launcher is the op's
     CompositeExplicitAutograd kernel (every device), and the Autograd kernel only refuses an
     input that needs a gradient under grad mode, since the derivatives live in each op's
@@ -127,19 +127,6 @@ def eager_direct(op: Op) -> Callable:
     return call
 
 
-class _NoGradContext:
-    """An autograd.Function's ctx for a forward run without autograd: nothing to keep."""
-
-    def __init__(self, n_inputs: int) -> None:
-        self.needs_input_grad = (False,) * n_inputs
-
-    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
-        pass
-
-    def set_materialize_grads(self, value: bool) -> None:
-        pass
-
-
 def apply(function: type[torch.autograd.Function], *args):
     """``function.apply(*args)``; in plain eager calls, replayed from C++ where the call's
     metadata was seen before (replay.py), and where no input needs a gradient (grad mode off,
@@ -163,7 +150,7 @@ def apply(function: type[torch.autograd.Function], *args):
 def _run(function: type[torch.autograd.Function], args: tuple, grad: bool):
     if grad:
         return function.apply(*args)
-    return function.forward(_NoGradContext(len(args)), *args)
+    return function.forward(replay.NoGradContext(len(args)), *args)
 
 
 _REPLAY = replay.enabled()

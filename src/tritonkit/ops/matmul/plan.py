@@ -296,13 +296,6 @@ def resolve_config(
     return tuned(p, epi, "persistent", options=options)
 
 
-def launch_problem(
-    p: Problem, epi: Epilogue, config: MatmulConfig, options: GemmOptions = GEMM_OPTIONS
-) -> None:
-    """Run ``p`` once with ``config``, unplanned (tuning's timed runs)."""
-    GemmLaunch(p, epi, config, options)(p.a.tensor, p.b.tensor, p.c.tensor, epi.tensors())
-
-
 def signature(t: torch.Tensor | None) -> tuple | None:
     """What a plan depends on of a tensor: shape, strides, dtype, 16-byte alignment."""
     if t is None:
