@@ -63,7 +63,8 @@ class Profile:
 # Datasheet figures (dense, no sparsity). Sources:
 # - H100 SXM5 / PCIe: NVIDIA H100 Tensor Core GPU datasheet (2023); Hopper tuning guide for
 #   shared memory (228 KB per SM, 227 KB per block) and 64K registers per SM.
-# - H200 SXM: NVIDIA H200 datasheet (2024): H100's compute, 141 GB HBM3e at 4.8 TB/s.
+# - H200 SXM: NVIDIA H200 datasheet (2024): H100's compute, 141 GB of HBM3e (its bandwidth in
+#   the table below).
 # - A100 40/80 GB SXM: NVIDIA A100 datasheet (2021); 164 KB shared memory per SM, 163 per block.
 # - L4: NVIDIA L4 datasheet (2023); L40S: NVIDIA L40S datasheet (2023); RTX 4090: Ada
 #   Lovelace architecture whitepaper (GeForce RTX 4090, non-sparse tensor rates with fp32

@@ -54,13 +54,11 @@ MATMUL_GRAD_TOLERANCE = {
 # FP8 and INT8 GEMMs write bfloat16: one unit in its last place. FP8 on Hopper keeps partial
 # sums in the tensor cores' ~14-bit accumulator, which truncates, between promotions to fp32
 # (ops/matmul/configs.py, PROMOTE_PER_BLOCK): the error of an output grows with the K elements
-# summed between promotions, and is largest relative to outputs near zero. H200, 8192^3 e4m3
-# with unit-variance outputs (docs/performance.md, "FP8 partial sums promoted by hand every 2048
-# K elements"), worst |out - ref| over 2 seeds: once per
-# K block (128) 0.0016 (what torch._scaled_mm gets), every 512 0.0025, 2048 (the default tile)
-# 0.0086, 4096 0.016. The atol covers 2048; the issue's criterion is the relative L2 error at
-# most 1.5x PyTorch's (max_ratio; its float32 product rounded once has the error of
-# torch._scaled_mm, 1.66e-3 here; every 2048: 1.12x).
+# summed between promotions, and is largest relative to outputs near zero. The atol covers
+# the worst element error of the default tile's promotion every 2048 K elements on unit-variance
+# outputs (see docs/performance.md); the acceptance criterion is the relative L2 error at most
+# 1.5x PyTorch's (max_ratio; its float32 product rounded once has the error of
+# torch._scaled_mm).
 LOW_PRECISION_TOLERANCE = {
     torch.float8_e4m3fn: Tolerance(atol=1.2e-2, rtol=2.0**-7, max_ratio=1.5),
     torch.float8_e5m2: Tolerance(atol=1.2e-2, rtol=2.0**-7, max_ratio=1.5),
@@ -117,8 +115,8 @@ def _matmul_bytes(inputs, mode, **params):
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
-# The CUDA-core v0 is timed up to 4096^3 (about 40 ms a call there); beyond, a bench sample
-# would take seconds and teach nothing new.
+# The CUDA-core v0 is timed up to 4096^3 (tens of milliseconds a call there); beyond, a bench
+# sample would take seconds and teach nothing new.
 _NAIVE_MAX_FLOPS = 2 * 4096**3
 
 
@@ -450,7 +448,7 @@ register(
         make_inputs=_int8_inputs,
         shapes=Shapes(
             test=[(1, 1, 1), (17, 33, 65), (17, 33, 65, "dequant"), (17, 33, 65, "b row-major")],
-            # Both layouts of B: torch._int_mm is fast only with B column-major; the issue's
+            # Both layouts of B: torch._int_mm is fast only with B column-major; the acceptance
             # anchor is B row-major, where tritonkit copies B K-major first (variants: both
             # routes forced).
             bench=[(8192, 8192, 8192), (8192, 8192, 8192, "b row-major")],

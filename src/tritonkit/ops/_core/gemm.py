@@ -77,7 +77,7 @@ def mac(
         # v0: a broadcast multiply and a reduction over K on the CUDA cores, no tensor cores.
         # The product is an fma with 0, not a multiply: Triton's combine pass rewrites
         # sum(a[:, :, None] * b[None, :, :], 1) into tl.dot (tensor cores, tf32 for fp32
-        # operands: 1e-2 errors where PyTorch computes in full fp32; seen on an H200).
+        # operands: 1e-2 errors where PyTorch computes in full fp32, as seen on the GPU).
         prod = tl.fma(a.to(tl.float32)[:, :, None], b.to(tl.float32)[None, :, :], 0.0)
         acc += tl.sum(prod, axis=1)
     return acc
@@ -502,10 +502,10 @@ def size_class(x: int, step: int = 256, fine_limit: int = 8192) -> int:
     power of 2 above.
 
     Up to the limit, sizes in one power-of-2 bucket differ in tile count, hence in how full the
-    last wave of tiles is, which decides between 128- and 256-wide tiles: 3072 x 3072 x 4096
-    ran 0.77x cuBLAS with the 128 x 256 tiles tuned on 4096^3, 0.84x with its own 128 x 128
-    (docs/performance.md, "matmul launch configs, a stream-K tail (dropped), a shape survey").
-    Multiples of 256 give every candidate tile the same count within a class. Above the limit
-    every config fills many waves, and power-of-2 buckets keep the number of tunings small.
+    last wave of tiles is, which decides between 128- and 256-wide tiles: a shape between two
+    powers of 2 runs slower with the tile tuned at the power of 2 above it than with its own
+    (see docs/performance.md). Multiples of 256 give every candidate tile the same count
+    within a class. Above the limit every config fills many waves, and power-of-2 buckets keep
+    the number of tunings small.
     """
     return cdiv(x, step) * step if x <= fine_limit else next_power_of_2(x)

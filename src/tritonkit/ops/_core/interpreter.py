@@ -5,10 +5,10 @@ The GPU rounds float32 to bfloat16 to nearest, ties to even (``cvt.rn.bf16.f32``
 truncates instead: its ``_convert_float`` drops the low 16 bits when no rounding mode is given;
 its round-to-nearest mode rounds ties up and lets a mantissa carry spill into the exponent's
 bits; both modes mangle float32 subnormals. Truncation doubles the rounding error and biases
-it toward zero: add_rms_norm's bfloat16 weight gradient at (300, 24) came out 0.9-3.7x
-PyTorch's own error over 40 draws, equal at 10 of 12 draws to a float64 model of the same
-arithmetic with truncation (docs/performance.md, "The interpreter rounds to bfloat16 as the
-GPU does"), so the CPU checks of bfloat16 outputs measured the interpreter, not the kernel.
+it toward zero: a bfloat16 gradient checked on the CPU came out up to a few times PyTorch's
+own error, as a float64 model of the same arithmetic with truncation predicts (see
+docs/performance.md), so the CPU checks of bfloat16 outputs measured the interpreter, not the
+kernel.
 
 :func:`install` replaces the interpreter's float32 -> bfloat16 conversion with the GPU's
 (rounding to nearest even; truncation, subnormals included, where a kernel asks for

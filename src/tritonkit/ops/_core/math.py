@@ -110,10 +110,10 @@ def gelu_q16(u):
 
     One exp2 of a degree-9 polynomial (GELU_Q16_COEFFS): 9 FMAs and one MUFU, where
     gelu_parts needs a division and an exp2 around 8 multiply-adds. bf16 GELU was bound by
-    instruction issue (docs/performance.md, "16-bit GELU, column sums, norm forward launches");
-    the forward kernel's SASS for sm_90 (ptxas, 16
-    elements per thread) has 20 instructions per element with this Phi, 29.5 with
-    gelu_parts (SiLU, at 97% of copy bandwidth: 19.5). u = inf gives 0, NaN stays NaN.
+    instruction issue; the forward kernel's SASS for sm_90 (ptxas, 16 elements per thread) has
+    20 instructions per element with this Phi, 29.5 with gelu_parts, about as many as SiLU's
+    (19.5), which runs at copy bandwidth (see docs/performance.md). u = inf gives 0, NaN stays
+    NaN.
     """
     p = _Q16_C9 * u + _Q16_C8
     p = p * u + _Q16_C7

@@ -67,8 +67,7 @@ def bias_act_fwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     pid_n, rows, cols, mask = tile(n_rows, n_cols, BLOCK_M, BLOCK_N, INT64)
-    # No eviction hints: evict_first cost 2-3% of bandwidth on an H200 (docs/performance.md,
-    # "why 2% short of eager").
+    # No eviction hints: evict_first lost bandwidth here (see docs/performance.md).
     z = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask).to(tl.float32)
     if HAS_BIAS:
         if BIAS_IS_ROW:

@@ -21,9 +21,9 @@ class RowSumConfig:
     The first pass uses wide, short tiles whose rows all sit in the same thread (one 16-byte
     vector of each row per thread), so the column sums accumulate in registers with no
     cross-thread reduction; each program walks a group of rows and writes one fp32 partial row
-    (tall tiles reduced across warps ran at 20-70% of copy bandwidth; this shape at 80-95%,
-    docs/performance.md, "matmul sweep (helper's benchmarks/sweep_matmul.py) and the row-sum
-    shape"). The second pass sums the partial rows in a fixed order (``reduce.sum_partials``).
+    (tall tiles reduced across warps ran well below copy bandwidth, this shape close to it; see
+    docs/performance.md). The second pass sums the partial rows in a fixed order
+    (``reduce.sum_partials``).
     """
 
     warps: int  # per first-pass program, whose columns are 32 * warps * 16 bytes wide
@@ -60,23 +60,17 @@ class PointwiseConfig:
     Compared by identity (launch plans are cached per config object): build one and reuse it.
     """
 
-    # 2 KiB of each tensor per program, one 16-byte vector per thread, matched PyTorch's own
-    # vectorized kernels (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left up to 10%
-    # of the bandwidth behind (experiments/sweep_elementwise.py on an H200; docs/performance.md,
-    # "first kernels").
+    # 2 KiB of each tensor per program, one 16-byte vector per thread, matches PyTorch's own
+    # vectorized kernels (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left bandwidth
+    # behind (experiments/sweep_elementwise.py; see docs/performance.md).
     tile_bytes: int = 2048
     vector_bytes: int = 16
     # Activations that cost more arithmetic (GELU, SiLU) give each thread two vectors: more
-    # independent work in flight (bf16 GELU 3088 -> 3633 GB/s, SiLU 3925 -> 4111;
-    # docs/performance.md, "measurement stack, relu bits fixed").
+    # independent work in flight, which raised their bandwidth (see docs/performance.md).
     heavy_vectors: int = 2
     # The backward passes (dy and x in, dx out; the GLUs' five tensors), by (activation,
     # element size): one vector for SiLU and for fp32, two for GELU in 16 bits, whose
-    # derivative is heavier. H200, (16384, 8192), ms at one vector vs two: silu bf16
-    # 0.1836 / 0.1840, fp32 0.3660 / 0.3674; swiglu bf16 0.3097 / 0.3117, fp32 0.6202 /
-    # 0.6255; gelu fp32 0.3673 / 0.3688; gelu bf16 0.1938 / 0.1882, gelu_tanh bf16 0.1924 /
-    # 0.1840 (docs/performance.md, "a spill audit, fp32 residual norms, backward vectors per
-    # thread").
+    # derivative is heavier: a second vector helped only there (see docs/performance.md).
     bwd_vectors: tuple[tuple[str, int, int], ...] = (("gelu", 2, 2), ("gelu_tanh", 2, 2))
     # GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (math.gelu_q16)
     # instead of gelu_parts. False: the old path (the sweep times both); float32 always uses it.
@@ -86,19 +80,16 @@ class PointwiseConfig:
     int64_above: int = 2**31  # offsets from this many elements on use 64-bit arithmetic
     sms: int | None = None  # SMs the row sums plan for; None: the device's
     # By element size: the bias gradient summed beside dx or an activation's gradient
-    # (bias_act's backward): 8 KiB (bf16) / 16 KiB (fp32) per iteration, the mean of
-    # bias_relu, bias_gelu and add broadcast (experiments/sweep_elementwise.py; docs/
-    # performance.md, "matmul sweep (helper's benchmarks/sweep_matmul.py) and the row-sum
-    # shape").
+    # (bias_act's backward): 8 KiB (bf16) / 16 KiB (fp32) per iteration, best on average over
+    # bias_relu, bias_gelu and add broadcast (experiments/sweep_elementwise.py; see
+    # docs/performance.md).
     row_sums_by_size: tuple[tuple[int, RowSumConfig], ...] = (
         (2, RowSumConfig(warps=8, rows=2, programs_per_sm=4)),
         (4, RowSumConfig(warps=8, rows=4, programs_per_sm=4)),
     )
-    # By element size. H200, grad (16384, 8192) bf16: 0.0674 ms with 8 x 64 tiles at 4 warps
-    # (4 elements per thread) in 16 splits, torch.compile 0.0680 (its own split reduction has
-    # this shape), the in-thread row sums of bias_act_bwd_kernel 0.0690; 16-row tiles 0.0699,
-    # 32 splits 0.0689, 8 splits 0.0681 (docs/performance.md, "the column sum split as
-    # torch.compile splits it").
+    # By element size: 8 x 64 tiles at 4 warps (4 elements per thread) in 16 row splits, the
+    # shape of torch.compile's own split reduction; it beat the bias gradient's in-thread row
+    # sums, taller tiles and other split counts (see docs/performance.md).
     column_sums_by_size: tuple[tuple[int, ColumnSumConfig], ...] = (
         (2, ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16)),
         (4, ColumnSumConfig(block_m=8, block_n=64, warps=4, splits=16)),

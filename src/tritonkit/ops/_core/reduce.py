@@ -52,10 +52,10 @@ class PartialSumConfig:
     about fill the SMs (between ``min_block_n`` and ``max_block_n``), up to ``max_rows``
     partial rows loaded in one step, ``elems_per_thread`` of a tile per thread.
 
-    The default was measured on an H200 (docs/performance.md, "partial-row sums"): with 132
-    partial rows at (16384, 4096), the LayerNorm backward took 103.3 us against 110.6 with
-    32 x 128 tiles at 4 warps and one launch per gradient; (256, 32) tiles at 4 warps take 255
-    registers without spills (sm_90a, two sums).
+    The default, tall tiles of partial rows in narrow column blocks sized so that the
+    programs fill the SMs, both gradients summed in one launch, beat 32 x 128 tiles with one
+    launch per gradient in the norm backward (see docs/performance.md); (256, 32) tiles at 4
+    warps take 255 registers without spills (sm_90a, two sums).
     """
 
     min_block_n: int = 32

@@ -79,9 +79,8 @@ def ce_grad_kernel(
     t_off = tl.where((t >= first) & (t < first + BLOCK_N), t - first, -1).to(offs.dtype)
     if ALIGN:  # segment 0 also takes the row's edge, the classes outside its aligned body,
         # loaded first: after the body's store, that second round trip to DRAM in a quarter of
-        # the programs cost 16% (H200, bf16 (8192, 50257): 0.4944 ms, 0.4256 without the edge);
-        # issued before the body's load 0.4467, after it 0.4534 (docs/performance.md, "the
-        # cross-entropy gradient's edge")
+        # the programs is exposed; issued before the body's load it costs least (see
+        # docs/performance.md)
         ec, em = edge_cols(head[:, None], n_body[:, None], n_cols, ALIGN)
         em = em & (start == 0)
         xe = tl.load(x_ptr + row_off[:, None] + ec, mask=em & active[:, None], other=0.0)

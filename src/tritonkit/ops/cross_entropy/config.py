@@ -24,15 +24,14 @@ _INT32_LIMIT = 2**31
 
 @dataclass(frozen=True)
 class CrossEntropyConfig:
-    """Every tunable of cross_entropy, forward and backward (measurements: H200, from
-    docs/performance.md, the section named in quotes)."""
+    """Every tunable of cross_entropy, forward and backward (the measurements behind the
+    defaults are in docs/performance.md)."""
 
     # Classes per segment of the stats and gradient kernels (rounded down to a power of 2), and
     # their warps for a full segment. Rows shorter than seg share a tile of seg elements, with
-    # warps in proportion. experiments/sweep_ce.py, logits (8192, 128256) bf16: 16384 x 8 warps
-    # (64 elements per thread) took 0.558 ms forward (3.58x eager) and 1.758 ms forward +
-    # backward (2.64x eager); 16 warps 1.833 ms, 4 warps 2.981 ms, 32768 x 8 2.782 ms (that
-    # sweep timed the earlier design, the gradient written by the forward pass).
+    # warps in proportion. 16384 classes at 8 warps (64 elements per thread) keep many bytes in
+    # flight per program; fewer or more warps and longer segments were slower in
+    # experiments/sweep_ce.py (see docs/performance.md).
     seg: int = 16384
     seg_warps: int = 8
     # The row kernel merges a tile of (rows, segments) partials of about this many elements.
@@ -49,9 +48,8 @@ class CrossEntropyConfig:
     # outside the body are read one by one: by the row kernel for the forward's logsumexp (in
     # the segment kernel they cost registers, 92 instead of 80: two programs per SM instead of
     # three, and a forward slower than the scalar loads'), by segment 0 for the gradient
-    # (align_for). bf16 (8192, 50257), ms, aligned / plain segments / the width 50304: forward
-    # 0.2712 / 0.3179 / 0.2714, gradient pass 0.4954 / 0.6866 / 0.4168 (torch.compile 0.7074)
-    # ("cross-entropy on rows off 16 bytes").
+    # (align_for). The aligned forward runs as fast as on an aligned width, and the gradient
+    # much closer to it than plain segments (see docs/performance.md).
     align: bool = True
     align_edge_tile: int = 2048  # elements of the row kernel's edge tile, rows x 2 * align
     # Out-of-range targets (not ignore_index) raise as PyTorch's do: on the CPU checked on the
@@ -62,7 +60,7 @@ class CrossEntropyConfig:
     int64: bool = False  # 64-bit index arithmetic even where 32 bits hold every offset
 
 
-CROSS_ENTROPY = CrossEntropyConfig()  # the default, tuned on an H200
+CROSS_ENTROPY = CrossEntropyConfig()  # the default (how it was chosen: docs/performance.md)
 
 
 def ce_config(n_rows: int, n_cols: int, config: CrossEntropyConfig) -> tuple[int, int, int, int]:

@@ -111,8 +111,8 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     check_operand(op, "y", y, "x", x)
     if x.shape == y.shape:
         return apply(BiasActFunction, x, y, "none")
-    # Not torch.broadcast_shapes: about 20 us of host time a call, more than the kernel takes
-    # at small shapes (docs/performance.md, "host time per call").
+    # Not torch.broadcast_shapes: its host time per call exceeds what the kernel takes at small
+    # shapes (see docs/performance.md).
     out_shape = _broadcast_shape(tuple(x.shape), tuple(y.shape))
     if out_shape is None:
         raise ValueError(

@@ -377,10 +377,10 @@ def scaled_matmul(
 
     Accumulation is float32: the tensor cores sum products in their own ~14-bit accumulator and
     the kernel promotes those partial sums to fp32 every 2048 K elements with the default tile
-    (once per K block with the others the tuner may pick). At 8192^3 on an H200 that is a
-    relative error of 1.12x ``torch._scaled_mm``'s (which promotes more often) at 0.92x its
-    speed; promoting once per K block matches its error at 0.80x (``MatmulConfig.promote_k``;
-    docs/performance.md, "FP8 partial sums promoted by hand every 2048 K elements"). Any
+    (once per K block with the others the tuner may pick): a little more error than
+    ``torch._scaled_mm``'s (which promotes more often) for fewer tensor-core stalls; promoting
+    once per K block matches its error at a lower speed (``MatmulConfig.promote_k``; see
+    docs/performance.md). Any
     layout is accepted; the fastest is the one ``torch._scaled_mm`` requires: a row-major, b
     column-major. On Hopper,
     a large problem with another layout first copies the operand into a K-major scratch buffer

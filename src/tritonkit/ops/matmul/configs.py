@@ -88,11 +88,9 @@ def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **kw) -> MatmulConf
 #   blocks, so the tensor cores wait that much less often. Two fp32 tiles per thread: 128 x 128
 #   at 8 warps fits (155 registers, ptxas sm_90a); 128 x 256 or 256 x 128 spill;
 # - NEVER_PROMOTE (-1): never (Triton's own sm_90 default: fast accumulation).
-# H200, 8192^3 e4m3, bf16 out, one interleaved group, against torch._scaled_mm (relative L2
-# error 1.66e-3 vs float64): per block 0.813x at 1.00x its error; by hand every 1024 / 2048 /
-# 4096: 0.911x / 0.935x / 0.948x at 1.05x / 1.12x / 1.28x the error; never 1.03x at 1.58x
-# (docs/performance.md, "FP8 partial sums promoted by hand every 2048 K elements"). The fp8
-# candidates start with 2048.
+# Rarer promotion is faster and less accurate; the fp8 candidates start with 2048, which kept
+# the error close to torch._scaled_mm's for most of the speed of never promoting (see
+# docs/performance.md).
 PROMOTE_PER_BLOCK = 0
 NEVER_PROMOTE = -1
 
@@ -159,11 +157,9 @@ _TILES: Mapping[str, tuple[MatmulConfig, ...]] = {
         tile(64, 128, 32, 4, 4),
     ),
     # IEEE fp32 ("highest" precision in PyTorch) runs on the CUDA cores: FMA, no tensor cores.
-    # H200, 4096^3, one launch each, TFLOP/s, row-major B / A M-major: 64 x 64 x 16 at 4 warps
-    # 44.2 / 44.1, 64 x 128 x 16 37.3 / 47.9, 128 x 64 x 16 39.1 / 47.5, 64 x 64 x 32
-    # 42.8 / 45.8 (the old candidates, tuned: 38.9 / 41.4; cuBLAS SGEMM 51.0 / 51.8)
-    # (docs/performance.md, "the targets of #2 and #5 in one run; float32 GEMMs on the CUDA
-    # cores").
+    # Small tiles, mostly with BLOCK_K 16: 64 x 64 is best with B row-major, 64 x 128 and
+    # 128 x 64 with A M-major; tuned over, they beat the wider tiles tried before (see
+    # docs/performance.md).
     "ieee": (
         tile(64, 64, 16, 4, 4),
         tile(64, 128, 16, 4, 4),
@@ -261,10 +257,8 @@ def candidates(
         ]
     tiles = [dataclasses.replace(c, GROUP_M=space.group_m) for c in space.tiles[cls]]
     if kind == "autotuned" or cls == "ieee":
-        # The CUDA-core loop ran slower persistent (H200, 4096^3 with B row-major: 39.6
-        # TFLOP/s tuned over the persistent tiles, 44.2 one tile per program; docs/
-        # performance.md, "the targets of #2 and #5 in one run; float32 GEMMs on the CUDA
-        # cores").
+        # The CUDA-core loop ran slower persistent than one tile per program (see
+        # docs/performance.md).
         return tiles
     out = [dataclasses.replace(c, persistent=True, tma=tma) for c in tiles]
     if tma:

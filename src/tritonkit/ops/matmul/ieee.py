@@ -2,10 +2,8 @@
 one-tile-per-program kernel (``tiled.py``) with the ``ieee`` tiles (``configs.py``).
 
 ``tl.dot`` on the CUDA cores (FMA) reads a K-major B (the weight of ``F.linear``: b = w.t())
-through a transposed shared-memory tile. H200, 4096^3, TFLOP/s: B K-major 10.3 tuned (21.7 at
-the best tile timed) against 38.9 with B row-major, cuBLAS 50.6; ``tritonkit.linear`` in fp32
-10.3 against F.linear's 50.6 (docs/performance.md, "the targets of #2 and #5 in one run;
-float32 GEMMs on the CUDA cores"). So above ``GemmOptions.fma_copy_min_mnk`` such a B is first
+through a transposed shared-memory tile, several times slower than a row-major B (see
+docs/performance.md). So above ``GemmOptions.fma_copy_min_mnk`` such a B is first
 copied row-major (``memory.transpose_fwd``: K * N elements read and written, counted in
 LAYOUT_COPIES).
 """

@@ -4,8 +4,8 @@ promoted to fp32 as ``configs.promotion`` says.
 
 Hopper's wgmma reads 8-bit operands from shared memory K-major only: A row-major and B
 column-major (B^T row-major, as nn.Linear's (N, K) weight). Any other layout cannot use the TMA
-path (``plan.tma_ok``) and runs the pointer loop, six times slower: INT8 8192^3 on an H200 ran
-at 160 TOP/s with B row-major (the natural ``a @ b``), 1077 TOP/s K-major. So from
+path (``plan.tma_ok``) and runs the pointer loop, several times slower (INT8 with B row-major,
+the natural ``a @ b``, against B K-major; see docs/performance.md). So from
 ``GemmOptions.kmajor_copy_min_mnk`` on, the launcher first transposes such an operand into a
 K-major scratch buffer with the tiled transpose (``memory.transpose_fwd``: coalesced reads and
 writes), then runs the TMA path. The scratch is allocated per call and freed when it returns:
@@ -13,11 +13,10 @@ K * N extra bytes for B, M * K for A (one byte per element), and twice that in m
 small beside the GEMM's 2 * M * N * K operations once the problem is large. Each copy is
 counted in LAYOUT_COPIES, so reports show it; ``kmajor_copies`` says beforehand which operands
 a call copies. Below the threshold (and for skinny problems, which take split-K's pointer loop
-anyway) the extra launch may cost more than it saves. On an H200 (experiments/sweep_lowp.py,
-INT8 with b row-major) the copy route beat the pointer loop at every size timed: 1.63x at
-512^3, 2.32x at 1024^3, 5.42x at 4096^3; smaller problems were not timed, so the copy starts at
-512^3 (docs/performance.md, "prefetching norms, segmented cross-entropy, 8-bit K-major
-copies").
+anyway) the extra launch may cost more than it saves. In experiments/sweep_lowp.py (INT8 with
+b row-major) the copy route beat the pointer loop at every size timed, the more so the larger
+the problem; smaller problems were not timed, so the copy starts at 512^3 (see
+docs/performance.md).
 """
 
 from __future__ import annotations

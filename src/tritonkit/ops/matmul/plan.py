@@ -171,9 +171,8 @@ class GemmLaunch:
             meta.update(
                 NUM_SMS=n_sms,
                 # Flattening the tile and K loops (one software pipeline across tiles) gains
-                # with one accumulator; with the hand promotion's branch it lost 22% (0.675x vs
-                # 0.863x _scaled_mm, promoting every 16 blocks; docs/performance.md, "FP8
-                # partial sums promoted by hand every 2048 K elements").
+                # with one accumulator; with the hand promotion's branch it lost (see
+                # docs/performance.md).
                 FLATTEN=not cfg.warp_specialize and promote_blocks == 1,
                 WARP_SPECIALIZE=cfg.warp_specialize,
             )

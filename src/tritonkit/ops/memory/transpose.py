@@ -65,8 +65,8 @@ class TransposeTuning:
     size and M, N rounded up to powers of 2 (at most ``key_cap``). Compared by identity (plans
     are cached per tuning object).
 
-    32 KiB tiles, 8 warps: the best of nine tile shapes on an H200 for bf16 (128 x 128) and
-    fp32 (128 x 64) (docs/performance.md, "measurement stack, relu bits fixed").
+    32 KiB tiles, 8 warps: the best of the tile shapes swept for bf16 (128 x 128) and fp32
+    (128 x 64) (see docs/performance.md).
     """
 
     tiled_16bit: TransposeConfig = TransposeConfig(128, 128, 8)
