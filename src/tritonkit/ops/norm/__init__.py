@@ -47,19 +47,20 @@ rounding less accurate); the backward reads the stored sum, not x and residual.
 ``add_norm`` take a config).
 """
 
-from tritonkit.ops.norm.config import (
-    NORM,
-    NormBackwardConfig,
-    NormConfig,
-    NormForwardConfig,
-)
-from tritonkit.ops.norm.function import (
+from tritonkit.ops.norm.api import (
     add_layer_norm,
     add_norm,
     add_rms_norm,
     layer_norm,
     norm,
     rms_norm,
+)
+from tritonkit.ops.norm.config import (
+    NORM,
+    NormBackwardConfig,
+    NormConfig,
+    NormForwardConfig,
+    NormTiles,
 )
 
 # The public functions (tritonkit.__all__ derives from them); configs and internal entry
