@@ -389,10 +389,6 @@ class RowPlan:
             return torch.empty_like(first)
         return torch.empty(first.shape, dtype=first.dtype, device=first.device)
 
-    def row_output(self, first: torch.Tensor) -> torch.Tensor:
-        """A new fp32 per-row statistic, contiguous."""
-        return torch.empty(self.keep, dtype=torch.float32, device=first.device)
-
 
 def row_plan(
     inputs: Sequence[torch.Tensor],
