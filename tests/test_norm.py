@@ -848,3 +848,45 @@ def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, de
         dtypes=[dtype],
         cases=("random", "transpose", "grad", "grad-transpose"),
     )
+
+
+def test_rms_norm_reaches_its_launch_through_five_files(device):
+    """A warm rms_norm call's frames at its kernel launch, from the public function down (the
+    Python path; replay's dispatch frames, which a warm GPU call ends in, left out): the
+    public function, registry.apply, the autograd Function, the plan, the launch; each file
+    entered once."""
+    import traceback
+
+    from tritonkit.ops._core import launch
+
+    x = torch.randn(4, 96, device=device)
+    w = torch.randn(96, device=device)
+    rms_norm(x, (96,), w)  # cold: validation and the plan are built here
+    stacks = []
+    real = launch.Kernel.launch
+
+    def spy(self, grid, *args, **meta):
+        stacks.append(traceback.extract_stack()[:-1])
+        return real(self, grid, *args, **meta)
+
+    launch.Kernel.launch = spy
+    try:
+        rms_norm(x, (96,), w)
+    finally:
+        launch.Kernel.launch = real
+    frames = stacks[0]
+    first = max(i for i, f in enumerate(frames) if f.name == "rms_norm")
+    files = []
+    for f in frames[first:]:
+        name = "/".join(f.filename.split("/")[-2:])
+        if name == "_core/replay.py":
+            continue
+        if not files or files[-1] != name:
+            files.append(name)
+    assert files == [
+        "norm/api.py",
+        "_core/registry.py",
+        "norm/function.py",
+        "norm/plan.py",
+        "_core/launch.py",
+    ]
