@@ -1,7 +1,8 @@
 """Row-reduction machinery shared by softmax, the norms and cross-entropy: tensors seen as
 ``(n_outer, n_cols, n_inner)`` with real strides (``row_tensors``: a pass's tensors and layout;
 ``RowPlan``/``row_plan``: the same decision kept without the tensors), tile and grid choice
-(``row_config``), config helpers, and the ``@triton.jit`` helpers that walk rows and chunks.
+(``RowConfig.for_layout``), config helpers, and the ``@triton.jit`` helpers that walk rows and
+chunks.
 
 Host time: a row kernel often takes less time on the GPU than the Python around its launch, and
 a backward's Python runs on the autograd engine's device thread, slower than on the main thread.
@@ -40,6 +41,59 @@ class RowConfig:
     n_tiles: int
     n_iblocks: int  # tiles along the inner row axis per outer index
 
+    @classmethod
+    def for_layout(
+        cls,
+        layout: RowLayout,
+        *,
+        sms: int,
+        max_fused: int,
+        loop_block: int,
+        tile_elems: int,
+        adjacent_rows: int,
+        elems_per_thread: int,
+        loop_elems_per_thread: int,
+        max_warps: int,
+        loop_programs_per_sm: int,
+    ) -> RowConfig:
+        """The heuristic: tile shape, warps and grid for one row-reduction launch over
+        ``layout`` (shared by softmax and norms).
+
+        The family's knobs are passed in by its own config function, so each family tunes its
+        kernels in one place; ``sms``: the device's streaming multiprocessors (looped grids).
+        """
+        _, stride_n, stride_i = layout.strides[0]
+        rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
+        rows = next_power_of_2(layout.n_inner)
+        if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
+            block_r = min(rows, pow2_floor(adjacent_rows))
+            widest = max(1, tile_elems // block_r)
+        else:
+            block_r = 1
+            widest = max_fused
+        block_n = next_power_of_2(layout.n_cols)
+        looped = block_n > widest
+        if looped:
+            block_n = pow2_floor(min(loop_block, widest))
+        else:  # short rows: several per tile
+            block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
+        n_iblocks = cdiv(layout.n_inner, block_r)
+        n_tiles = layout.n_outer * n_iblocks
+        programs = n_tiles
+        if looped:
+            programs = max(1, min(n_tiles, loop_programs_per_sm * sms))
+        return cls(
+            BLOCK_R=block_r,
+            BLOCK_N=block_n,
+            LOOPED=looped,
+            num_warps=row_warps(
+                block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
+            ),
+            programs=programs,
+            n_tiles=n_tiles,
+            n_iblocks=n_iblocks,
+        )
+
 
 def pow2_floor(n: int) -> int:
     """The largest power of 2 <= n (block sizes must be powers of 2; configs need not be)."""
@@ -48,57 +102,6 @@ def pow2_floor(n: int) -> int:
 
 def row_warps(elems: int, elems_per_thread: int, max_warps: int) -> int:
     return max(1, min(max_warps, next_power_of_2(max(1, elems // (32 * elems_per_thread)))))
-
-
-def row_config(
-    layout: RowLayout,
-    *,
-    sms: int,
-    max_fused: int,
-    loop_block: int,
-    tile_elems: int,
-    adjacent_rows: int,
-    elems_per_thread: int,
-    loop_elems_per_thread: int,
-    max_warps: int,
-    loop_programs_per_sm: int,
-) -> RowConfig:
-    """Tile shape, warps and grid for one row-reduction launch (shared by softmax and norms).
-
-    The family's knobs are passed in by its own config function, so each family tunes its
-    kernels in one place; ``sms``: the device's streaming multiprocessors (looped grids).
-    """
-    _, stride_n, stride_i = layout.strides[0]
-    rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
-    rows = next_power_of_2(layout.n_inner)
-    if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
-        block_r = min(rows, pow2_floor(adjacent_rows))
-        widest = max(1, tile_elems // block_r)
-    else:
-        block_r = 1
-        widest = max_fused
-    block_n = next_power_of_2(layout.n_cols)
-    looped = block_n > widest
-    if looped:
-        block_n = pow2_floor(min(loop_block, widest))
-    else:  # short rows: several per tile
-        block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
-    n_iblocks = cdiv(layout.n_inner, block_r)
-    n_tiles = layout.n_outer * n_iblocks
-    programs = n_tiles
-    if looped:
-        programs = max(1, min(n_tiles, loop_programs_per_sm * sms))
-    return RowConfig(
-        BLOCK_R=block_r,
-        BLOCK_N=block_n,
-        LOOPED=looped,
-        num_warps=row_warps(
-            block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
-        ),
-        programs=programs,
-        n_tiles=n_tiles,
-        n_iblocks=n_iblocks,
-    )
 
 
 # ----------------------------------------------------------------------------------------------

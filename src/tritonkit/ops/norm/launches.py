@@ -20,7 +20,6 @@ from tritonkit.ops._core.rows import (
     evict_kwargs,
     lookup,
     pow2_floor,
-    row_config,
     row_program_config,
     row_program_warps,
     row_warps,
@@ -56,7 +55,7 @@ def row_tiles(
     at ``elems_per_thread`` per thread (default ``RegistersForwardConfig.elems_per_thread``)."""
     tc = config.tiles
     rc = config.forward.registers
-    cfg = row_config(
+    cfg = RowConfig.for_layout(
         layout,
         sms=sms,
         max_fused=max_fused or tc.max_fused_cols,

@@ -17,7 +17,6 @@ from tritonkit.ops._core.rows import (
     RowLayout,
     evict_kwargs,
     lookup,
-    row_config,
     row_program_config,
     variants,
 )
@@ -124,7 +123,7 @@ SOFTMAX = SoftmaxConfig()  # the default
 
 
 def _row_config(layout: RowLayout, config: SoftmaxConfig, backward: bool, sms: int) -> RowConfig:
-    return row_config(
+    return RowConfig.for_layout(
         layout,
         sms=sms,
         max_fused=config.max_fused_cols,
