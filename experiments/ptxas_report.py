@@ -201,7 +201,7 @@ def _norm_looped_fwd(rms: bool, block_n: int) -> dict:
 def _norm_bwd(rms: bool, block_n: int, block_r: int, wide: bool) -> dict:
     """norm_bwd_kernel: rows in registers through the compiler's pipeline, or (wide) one
     column block with the row sums given by norm_bwd_sums_kernel."""
-    bc = NORM.backward
+    bc = NORM.backward.registers
     return {
         "IS_RMS": rms,
         "SHIFT": False,
@@ -225,7 +225,7 @@ def _norm_bwd_sums(rms: bool, block_n: int) -> dict:
         "IS_RMS": rms,
         "SHIFT": False,
         "HAS_WEIGHT": True,
-        "STAGES": NORM.backward.wide_sums_stages_rms if rms else None,
+        "STAGES": NORM.backward.wide.sums_stages_rms if rms else None,
         "OUTER": False,
         "INT64": False,
         "BLOCK_R": 1,

@@ -3,7 +3,8 @@
 Times each kernel at the issue's bench shapes under candidate configs (interleaved with torch
 eager and torch.compile, L2 flushed), prints the best config per case with its share of the
 copy bandwidth, and writes every row to JSON. The defaults live in one place per family
-(``SoftmaxConfig`` in ``ops/softmax/config.py``, ``NormConfig`` in ``ops/norm/config.py``;
+(``SoftmaxConfig`` in ``ops/softmax/config.py``, ``NormConfig`` in ``ops/norm/config.py``, each
+a tree of per-path configs whose fields are named here by path, "forward.looped.evict";
 cross-entropy: sweep_ce.py); each candidate is the default with some fields replaced, passed
 to the call, so the candidates are exactly what a change of the default would give. bf16
 only; about two and a half minutes on an H200.
@@ -30,7 +31,7 @@ from tritonkit.harness.device import fingerprint
 from tritonkit.harness.timing import summarize, time_interleaved
 from tritonkit.ops.norm import NORM
 from tritonkit.ops.norm import plan as norm_plan
-from tritonkit.ops.softmax import SOFTMAX
+from tritonkit.ops.softmax import SOFTMAX, SoftmaxConfig
 from tritonkit.ops.softmax import plan as softmax_plan
 
 ROW_SHAPES = [(16384, 4096), (4096, 65536)]
@@ -52,12 +53,17 @@ def _time(fns: dict[str, Callable[[], object]]) -> dict[str, float]:
 
 
 def _replace(config, fields: dict):
-    """``config`` with ``fields`` replaced; "forward.x" / "backward.x" name a NormConfig's
-    sub-config fields."""
-    top = {k: v for k, v in fields.items() if "." not in k}
-    for part in {k.split(".")[0] for k in fields if "." in k}:
-        sub = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith(part + ".")}
-        top[part] = dataclasses.replace(getattr(config, part), **sub)
+    """``config`` with ``fields`` replaced, each named by its path through the nested configs
+    ("forward.looped.evict", "looped.prefetch_fwd")."""
+    top, nested = {}, {}
+    for name, value in fields.items():
+        head, _, rest = name.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():
+        top[head] = _replace(getattr(config, head), sub)
     return dataclasses.replace(config, **top)
 
 
@@ -136,20 +142,17 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
     dy = torch.randn_like(x)
     y = torch.softmax(x, -1)
     n = _nbytes(x)
-    if shape[-1] <= SOFTMAX.max_fused_cols:
-        configs = _grid(elems_per_thread=[32, 16, 8], tile_elems=[4096, 8192])
+    if shape[-1] <= SOFTMAX.max_fused_cols:  # the configs' own tuning spaces
+        configs = [
+            {"elems_per_thread": c.elems_per_thread, "tile_elems": c.tile_elems}
+            for c in SoftmaxConfig.space()
+        ]
     else:  # looped: elements per thread and programs per SM, the same pair for both passes
         # (each pass reads its own fields), so each pass's default is among the candidates
         configs = [
-            {**c, "loop_elems_per_thread_bwd": c["loop_elems_per_thread_fwd"],
-             "loop_programs_per_sm_bwd": c["loop_programs_per_sm_fwd"]}
-            for c in _grid(
-                loop_block_n=[16384],
-                loop_elems_per_thread_fwd=[16, 32],
-                loop_programs_per_sm_fwd=[2, 4],
-                loop_prefetch_fwd=[False],
-                loop_prefetch_bwd=[True],
-            )
+            {"looped.elems_per_thread_fwd": e, "looped.programs_per_sm_fwd": p,
+             "looped.elems_per_thread_bwd": e, "looped.programs_per_sm_bwd": p}
+            for e, p in itertools.product([16, 32], [2, 4])
         ]  # fmt: skip
     fwd_base = {"torch": lambda: torch.softmax(x, -1)}
     if use_compile:
@@ -170,29 +173,36 @@ def sweep_softmax(sw: Sweep, shape: tuple, use_compile: bool) -> None:
 
 
 def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> None:
-    if shape[-1] > NORM.forward.max_fused_cols:  # looped forward, two-kernel backward
-        # Elements per thread: LayerNorm's looped chunks take elems_per_thread, RMSNorm's
-        # loop_elems_per_thread_rms; each knob set alike for both norms here.
+    if shape[-1] > NORM.tiles.max_fused_cols:  # looped forward, two-kernel backward
+        # Each knob set alike for both norms here (each norm reads its own field).
         fwd_configs = [
-            {f"forward.{k}": v for k, v in {
-                **c, "loop_elems_per_thread_rms": c["elems_per_thread"],
-                "loop_programs_per_sm_rms": c["loop_programs_per_sm_ln"],
-                "loop_prefetch_rms": c["loop_prefetch_ln"], "loop_stats_ln": c["loop_stats_rms"],
-                "loop_rows_ln": c["loop_rows_rms"]}.items()}
+            {
+                "forward.looped.elems_per_thread_ln": c["e"],
+                "forward.looped.elems_per_thread_rms": c["e"],
+                "forward.looped.programs_per_sm_ln": c["p"],
+                "forward.looped.programs_per_sm_rms": c["p"],
+                "forward.looped.prefetch_ln": c["prefetch"],
+                "forward.looped.prefetch_rms": c["prefetch"],
+                "forward.looped_rows.stats_ln": c["stats"],
+                "forward.looped_rows.stats_rms": c["stats"],
+                "forward.looped_rows.rows_ln": c["rows"],
+                "forward.looped_rows.rows_rms": c["rows"],
+                "forward.looped.evict": c["evict"],
+            }
             for c in _grid(
-                elems_per_thread=[16, 32],
-                loop_programs_per_sm_ln=[2, 4],
-                loop_prefetch_ln=[True, False],
-                loop_stats_rms=[1, 0],
-                loop_rows_rms=[1, 2],
-                loop_evict=[True, False],
+                e=[16, 32],
+                p=[2, 4],
+                prefetch=[True, False],
+                stats=[1, 0],
+                rows=[1, 2],
+                evict=[True, False],
             )
-        ]  # fmt: skip
+        ]
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [
-            {"forward.fused_elems_per_thread": e, "forward.programs_per_sm_ln": p,
-             "forward.programs_per_sm_rms": p, "forward.prefetch": p > 0}
+            {"forward.registers.elems_per_thread": e, "forward.registers.programs_per_sm_ln": p,
+             "forward.registers.programs_per_sm_rms": p, "forward.registers.prefetch": p > 0}
             for e, p in [(16, 0), (32, 0), (8, 0), (32, 8), (16, 8)]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
@@ -203,17 +213,25 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
     bwd_configs = _grid(
         elems_per_thread=[16] if shape[-1] <= 4096 else [16, 8],
         programs_per_sm_rms=[1, 2],
-        prefetch=[True],
         tile_elems=[8192, 4096] if shape[-1] <= 4096 else [8192],
         reduce_rows_rms=[0, 2] if shape[-1] <= 4096 else [0],
     )
-    for c in bwd_configs:  # RMSNorm and LayerNorm read their own fields; sweep both alike
-        c["programs_per_sm_ln"] = c["programs_per_sm_rms"]
-        c["reduce_rows_ln"] = c["reduce_rows_rms"]
-    if shape[-1] > NORM.forward.max_fused_cols:
-        bwd_configs = [{**c, "wide_programs_per_sm": c.pop("programs_per_sm_rms")}
-                       for c in bwd_configs]  # fmt: skip
-    bwd_configs = [{f"backward.{k}": v for k, v in c.items()} for c in bwd_configs]
+    wide = shape[-1] > NORM.tiles.max_fused_cols
+    for i, c in enumerate(bwd_configs):  # each norm reads its own fields; sweep both alike
+        per_sm = c.pop("programs_per_sm_rms")
+        rows = c.pop("reduce_rows_rms")
+        fields = {
+            "backward.elems_per_thread": c["elems_per_thread"],
+            "backward.registers.tile_elems": c["tile_elems"],
+            "backward.registers.reduce_rows_rms": rows,
+            "backward.registers.reduce_rows_ln": rows,
+        }
+        if wide:
+            fields["backward.wide.programs_per_sm"] = per_sm
+        else:
+            fields["backward.registers.programs_per_sm_rms"] = per_sm
+            fields["backward.registers.programs_per_sm_ln"] = per_sm
+        bwd_configs[i] = fields
     for rms in (True, False):
         _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs if bwd else [], use_compile)
         torch.cuda.empty_cache()

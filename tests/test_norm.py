@@ -41,14 +41,23 @@ pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:Runtim
 OPS = ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"]
 
 
-def configured(forward=None, backward=None, **top):
-    """NORM with some forward, backward and top-level fields replaced."""
-    return dataclasses.replace(
-        NORM,
-        forward=dataclasses.replace(NORM.forward, **(forward or {})),
-        backward=dataclasses.replace(NORM.backward, **(backward or {})),
-        **top,
-    )
+def replaced(config, fields):
+    """``config`` with ``fields`` replaced, each named by its path ("forward.looped.evict")."""
+    top, nested = {}, {}
+    for name, value in fields.items():
+        head, _, rest = name.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():
+        top[head] = replaced(getattr(config, head), sub)
+    return dataclasses.replace(config, **top)
+
+
+def configured(fields=None, **top):
+    """NORM with some fields replaced, by path ("tiles.max_fused_cols") or top-level keyword."""
+    return replaced(NORM, {**(fields or {}), **top})
 
 
 def _impl(name, config):
@@ -127,20 +136,22 @@ def looped(request):
     residual sum stored by the first sweep and read back, or not) and the two-kernel
     backward."""
     prefetch, stats, evict, rows, sum_first = request.param
-    forward = {
-        "loop_sum_first": sum_first,
-        "loop_rows_ln": rows,
-        "loop_rows_rms": rows,
-        "loop_prefetch_ln": prefetch,
-        "loop_prefetch_rms": prefetch,
-        "loop_stats_rms": stats,
-        "loop_stats_ln": stats,
-        "loop_evict": evict,
-        "max_fused_cols": 32,
-        "loop_block_n": 16,
-        "tile_elems": 64,
-    }
-    return configured(forward, {"wide_block_n": 32})
+    return configured(
+        {
+            "forward.looped.sum_first": sum_first,
+            "forward.looped_rows.rows_ln": rows,
+            "forward.looped_rows.rows_rms": rows,
+            "forward.looped.prefetch_ln": prefetch,
+            "forward.looped.prefetch_rms": prefetch,
+            "forward.looped_rows.stats_rms": stats,
+            "forward.looped_rows.stats_ln": stats,
+            "forward.looped.evict": evict,
+            "tiles.max_fused_cols": 32,
+            "tiles.loop_block_n": 16,
+            "tiles.tile_elems": 64,
+            "backward.wide.block_n": 32,
+        }
+    )
 
 
 @pytest.mark.slow
@@ -158,8 +169,10 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
 
 @pytest.mark.slow
 def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device):
-    """16-bit rows with a residual take their own looped recipe (loop_*_ln_res16)."""
-    config = configured({"max_fused_cols": 32, "loop_block_n": 16}, {"wide_block_n": 32})
+    """16-bit rows with a residual take their own looped recipe (LoopedRowsConfig *_ln_res16)."""
+    config = configured(
+        {"tiles.max_fused_cols": 32, "tiles.loop_block_n": 16, "backward.wide.block_n": 32}
+    )
     assert_passes_with(
         config,
         "add_layer_norm",
@@ -177,7 +190,7 @@ def test_forward_with_and_without_the_row_reread(name, reread, device):
     """Rows in registers: the output pass re-reading the row (reread) or keeping it, at a
     power-of-2 width and a padded one, one and several rows per tile."""
     assert_passes_with(
-        configured({"reread": reread}),
+        configured({"forward.registers.reread": reread}),
         name,
         device,
         shapes=[(5, 64), (3, 70), (2, 3, 9)],
@@ -188,12 +201,12 @@ def test_forward_with_and_without_the_row_reread(name, reread, device):
 
 @pytest.mark.slow
 def test_pipelined_layer_norm_forward_passes_the_check_engine(device):
-    """LayerNorm rows of pipeline_cols or more: one program walks every row tile through the
-    compiler's pipeline (lowered here so that small rows take it)."""
-    config = configured({"pipeline_cols": 16}, sms=1)
+    """LayerNorm rows of PipelinedForwardConfig.min_cols or more: one program walks every row
+    tile through the compiler's pipeline (lowered here so that small rows take it)."""
+    config = configured({"forward.pipeline.min_cols": 16}, sms=1)
     x, w = torch.empty(5, 64, device=device), torch.empty(64, device=device)
     launch = forward_plan(x, None, w, w, 1, 1e-5, False, config).launch
-    assert launch.meta["STAGES"] == NORM.forward.pipeline_stages and launch.grid == (1,)
+    assert launch.meta["STAGES"] == NORM.forward.pipeline.stages and launch.grid == (1,)
     assert_passes_with(
         config,
         "layer_norm",
@@ -204,10 +217,10 @@ def test_pipelined_layer_norm_forward_passes_the_check_engine(device):
     )
 
 
-def _row_chunks(block_n, **forward):
-    """A config letting every row width take the row forward (row_fwd), in chunks of
+def _row_chunks(block_n, **fields):
+    """A config letting every row width take the row forward (RowForwardConfig), in chunks of
     ``block_n`` (None: the default rule)."""
-    return configured({"row_fwd_min_cols": 1, "row_fwd_chunk": block_n, **forward})
+    return configured({"forward.row.min_cols": 1, "forward.row.chunk": block_n, **fields})
 
 
 @pytest.mark.slow
@@ -230,7 +243,7 @@ def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device):
     """LayerNorm's row forward with the first sweep's sums per thread (THREAD_ELEMS), lowered
     to the test shapes and to every dtype: a row in one chunk or in chunks of 16 or 64 with a
     partial last one, threads holding 2-8 values, some of them past the row's end."""
-    config = _row_chunks(block_n, row_fwd_thread_elems=elems)
+    config = _row_chunks(block_n, **{"forward.row_ln.thread_elems": elems})
     with _Count(norm_fwd_row_kernel) as spy:
         assert_passes_with(config, "layer_norm", device)
     assert spy.launches[0] > 0
@@ -264,22 +277,22 @@ def test_row_forward_thread_sums_at_their_widths(device):
 
 def test_row_forward_store_policy_rule():
     """The row forward's stores are marked evict_first for 16-bit LayerNorm rows and for 16-bit
-    RMSNorm rows over row_fwd_store_min_bytes_rms; fp32 rows keep the default policy."""
+    RMSNorm rows over store_min_bytes_rms; fp32 rows keep the default policy."""
     fc = NORM.forward
-    assert row_forward_store(4096, 2, False, fc) == fc.row_fwd_store == "evict_first"
+    assert row_forward_store(4096, 2, False, fc) == fc.row.store == "evict_first"
     assert row_forward_store(65536, 2, False, fc) == "evict_first"
     assert row_forward_store(4096, 4, False, fc) == ""
     assert row_forward_store(4096, 2, True, fc) == ""
-    assert row_forward_store(fc.row_fwd_store_min_bytes_rms // 2, 2, True, fc) == ""
+    assert row_forward_store(fc.row.store_min_bytes_rms // 2, 2, True, fc) == ""
     assert row_forward_store(65536, 2, True, fc) == "evict_first"
     assert row_forward_store(65536, 4, True, fc) == ""
 
 
 def test_row_forward_routing():
-    """Which forwards take the row kernel: rows of row_fwd_min_cols to row_fwd_max_cols
-    contiguous columns, without a residual; LayerNorm rows of at most row_fwd_max_bytes_ln
-    (fp32: row_fwd_max_bytes_ln_fp32), and not fp32 LayerNorm rows of a power-of-2 width that the
-    rows-in-registers path holds (but for row_fwd_pow2_ln_fp32)."""
+    """Which forwards take the row kernel: rows of min_cols to max_cols contiguous columns,
+    without a residual; LayerNorm rows of at most RowForwardLNConfig.max_bytes (fp32:
+    max_bytes_fp32), and not fp32 LayerNorm rows of a power-of-2 width that the rows-in-registers
+    path holds (but for pow2_fp32)."""
     bf16, fp32 = torch.bfloat16, torch.float32
     fc = NORM.forward
 
@@ -291,14 +304,14 @@ def test_row_forward_routing():
     assert takes((4, 3000)) and takes((4, 3000), rms=True) and takes((4, 65536))
     assert not takes((4, 3000), residual=True)
     assert not takes((4, 3000), transpose=True)
-    assert not takes((4, fc.row_fwd_min_cols - 1)) and not takes((4, fc.row_fwd_max_cols + 1))
+    assert not takes((4, fc.row.min_cols - 1)) and not takes((4, fc.row.max_cols + 1))
     assert takes((4, 4096), fp32) and takes((4, 8192), fp32) and takes((4, 4096), fp32, rms=True)
     assert not takes((4, 2048), fp32) and not takes((4, 16384), fp32)
-    assert row_forward_config(8192, 4, False, fc) == (8192, fc.row_fwd_pow2_ln_fp32_warps)
+    assert row_forward_config(8192, 4, False, fc) == (8192, fc.row_ln.pow2_fp32_warps)
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
     assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)
-    # per-thread sums (row_fwd_thread_sums_min_cols): 16-bit LayerNorm rows of 24576 or more
+    # per-thread sums (thread_sums_min_cols): 16-bit LayerNorm rows of 24576 or more
     assert row_forward_thread_elems(65536, bf16, False, 8192, 32, fc) == 8
     assert row_forward_thread_elems(40000, torch.float16, False, 4096, 32, fc) == 4
     assert row_forward_thread_elems(24576, bf16, False, 8192, 32, fc) == 8
@@ -315,7 +328,7 @@ def test_row_forward_chunks():
             for rms in (False, True):
                 block_n, warps = row_forward_config(n, element_size, rms, NORM.forward)
                 assert block_n & (block_n - 1) == 0 and block_n <= next_power_of_2(n)
-                low = 32 * warps * NORM.forward.row_fwd_elems_per_thread[0]
+                low = 32 * warps * NORM.forward.row.elems_per_thread_ln[0]
                 if not rms and n % low == 0:
                     assert n % block_n == 0, (n, element_size, block_n, warps)
 
@@ -328,7 +341,7 @@ def test_layer_norm_forward_policies_pass_the_check_engine(name, shift, even, de
     """16-bit rows in registers with and without the first-element shift (forward and backward
     must agree), and a power-of-2 row with and without its selects."""
     assert_passes_with(
-        configured({"even_n": even}, shift_16bit=shift),
+        configured({"forward.registers.even_n": even}, shift_16bit=shift),
         name,
         device,
         shapes=[(5, 64), (3, 70)],
@@ -344,7 +357,14 @@ def test_backward_pipelined_or_prefetched(name, stages, device):
     """Rows in registers: the backward walks its row tiles through the compiler's pipeline
     (stages) or the hand prefetch (None); one program walks every tile of small ones."""
     assert_passes_with(
-        configured(backward={"stages": stages, "stages_ln": stages, "tile_elems": 128}, sms=1),
+        configured(
+            {
+                "backward.registers.stages": stages,
+                "backward.registers.stages_ln": stages,
+                "backward.registers.tile_elems": 128,
+            },
+            sms=1,
+        ),
         name,
         device,
         shapes=[(37, 64), (9, 70)],
@@ -361,7 +381,9 @@ def test_parameter_gradient_sums_in_steps(name, device):
     sums = PartialSumConfig(8, 8, max_rows=4)
     assert sums.launch(37, 70, sms=64)[:2] == (4, 8)
     # small row tiles: up to 64 row groups
-    config = configured(backward={"tile_elems": 128, "partial_sums": sums}, sms=64)
+    config = configured(
+        {"backward.registers.tile_elems": 128, "backward.partial_sums": sums}, sms=64
+    )
     assert_passes_with(
         config,
         name,
@@ -377,15 +399,15 @@ def test_backward_pipeline_depth_fits_shared_memory():
     puts more tiles in flight than the shared memory holds; a tile too large for two stages
     falls back to the hand prefetch; wide rows pipeline RMSNorm's dx pass only."""
     limit = 227 * 1024
-    bc, slack = NORM.backward, NORM.pipeline_smem_slack
+    rc, wc, slack = NORM.backward.registers, NORM.backward.wide, NORM.pipeline_smem_slack
 
     def stages_of(rows, cols, dtype, n_tensors, rms, looped=False):
         cfg = RowConfig(rows, cols, looped, 16, 1, 1, 1)
         return backward_stages(cfg, cols, (dtype.itemsize,) * n_tensors, rms, NORM, limit)
 
-    assert stages_of(2, 4096, torch.bfloat16, 2, rms=False) == bc.stages_ln
-    assert stages_of(2, 4096, torch.bfloat16, 2, rms=True) == bc.stages
-    assert stages_of(2, 4096, torch.bfloat16, 3, rms=False) == bc.stages
+    assert stages_of(2, 4096, torch.bfloat16, 2, rms=False) == rc.stages_ln
+    assert stages_of(2, 4096, torch.bfloat16, 2, rms=True) == rc.stages
+    assert stages_of(2, 4096, torch.bfloat16, 3, rms=False) == rc.stages
     assert stages_of(1, 16384, torch.float32, 2, rms=False) == 2
     assert stages_of(1, 32768, torch.float32, 2, rms=True) is None
     for cols, dtype, n in [
@@ -397,7 +419,7 @@ def test_backward_pipeline_depth_fits_shared_memory():
             stages = stages_of(2, cols, dtype, n, rms)
             in_flight = (stages - 1) * 2 * cols * dtype.itemsize * n if stages else 0
             assert in_flight <= limit - slack
-    assert stages_of(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == bc.wide_stages_rms
+    assert stages_of(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == wc.stages_rms
     assert stages_of(1, 4096, torch.bfloat16, 2, rms=False, looped=True) is None
 
 
@@ -511,12 +533,19 @@ def _matches_float64(fn, ref, inputs, rtol=1e-5, atol=1e-5):
 def test_layer_norm_is_stable_on_large_mean_rows(wide, device):
     """fp32 rows of 1e4 + N(0, 1): E[x^2] - E[x]^2 would lose every digit of the variance."""
     config = None
-    if wide in ("row", "row-threads"):  # one program per row (row_fwd), chunks of 128
+    if wide in ("row", "row-threads"):  # one program per row (the row forward), chunks of 128
         # with "row-threads" sums per thread of 4 values (THREAD_ELEMS)
-        config = _row_chunks(128, row_fwd_thread_elems=4 if wide == "row-threads" else None)
+        elems = 4 if wide == "row-threads" else None
+        config = _row_chunks(128, **{"forward.row_ln.thread_elems": elems})
     elif wide is not None:  # looped, statistics merged per chunk or summed per lane
-        forward = {"loop_stats_ln": wide, "max_fused_cols": 256, "loop_block_n": 256}
-        config = configured(forward, {"wide_block_n": 512})
+        config = configured(
+            {
+                "forward.looped_rows.stats_ln": wide,
+                "tiles.max_fused_cols": 256,
+                "tiles.loop_block_n": 256,
+                "backward.wide.block_n": 512,
+            }
+        )
     x = 1e4 + torch.randn(4, 1000, device=device)
     w, b = torch.randn(1000, device=device), torch.randn(1000, device=device)
     _matches_float64(
@@ -546,8 +575,14 @@ def test_looped_layer_norm_is_stable_when_the_first_chunk_is_far_off(stats, devi
     if stats == "row":
         config = _row_chunks(256)
     else:
-        forward = {"row_fwd": False, "loop_stats_ln": stats, "max_fused_cols": 256}
-        config = configured({**forward, "loop_block_n": 256})
+        config = configured(
+            {
+                "forward.row.enabled": False,
+                "forward.looped_rows.stats_ln": stats,
+                "tiles.max_fused_cols": 256,
+                "tiles.loop_block_n": 256,
+            }
+        )
     x = torch.randn(3, 16000, device=device)
     x[0, :256] += 1e4
     x[1, 0] = 1e4  # the row's variance is ~1e8 / 16000: E[(x - x[0])^2] is 16000 times that
@@ -785,7 +820,7 @@ def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, devic
     stats = torch.empty(200, 1, device=device)
     fwd = row_plan([x], (1,), 1, n_row_outputs=2).layout
     bwd = row_plan([x, x], (1,), 1, row_inputs=[stats, stats]).layout
-    tiles = backward_tile_elems(2, dtype, NORM.backward)
+    tiles = backward_tile_elems(2, dtype, NORM.backward.registers)
     assert row_tiles(fwd, NORM, sms=4).LOOPED
     assert not row_tiles(bwd, NORM, sms=4, tile_elems=tiles).LOOPED
     assert_spec_passes(
@@ -797,15 +832,61 @@ def test_backward_reads_the_statistics_of_a_forward_on_another_path(dtype, devic
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, device):
-    """Rows wider than the backward's max_fused_cols but within the forward's (8193-16384 on a
-    GPU): the forward holds them in registers, the backward takes the two-kernel path in chunks
-    of mid_block_n."""
-    backward = {"max_fused_cols": 32, "mid_block_n": 16, "wide_block_n": 32}
+    """Rows wider than the backward's max_cols but within the forward's max_fused_cols
+    (8193-16384 on a GPU): the forward holds them in registers, the backward takes the
+    two-kernel path in chunks of mid_block_n."""
+    backward = {
+        "backward.registers.max_cols": 32,
+        "backward.wide.mid_block_n": 16,
+        "backward.wide.block_n": 32,
+    }
     assert_passes_with(
-        configured(backward=backward),
+        configured(backward),
         name,
         device,
         shapes=[(3, 70), (5, 33)],
         dtypes=[dtype],
         cases=("random", "transpose", "grad", "grad-transpose"),
     )
+
+
+def test_rms_norm_reaches_its_launch_through_five_files(device):
+    """A warm rms_norm call's frames at its kernel launch, from the public function down (the
+    Python path; replay's dispatch frames, which a warm GPU call ends in, left out): the
+    public function, registry.apply, the autograd Function, the plan, the launch; each file
+    entered once."""
+    import traceback
+
+    from tritonkit.ops._core import launch
+
+    x = torch.randn(4, 96, device=device)
+    w = torch.randn(96, device=device)
+    rms_norm(x, (96,), w)  # cold: validation and the plan are built here
+    stacks = []
+    real = launch.Kernel.launch
+
+    def spy(self, grid, *args, **meta):
+        stacks.append(traceback.extract_stack()[:-1])
+        return real(self, grid, *args, **meta)
+
+    launch.Kernel.launch = spy
+    try:
+        rms_norm(x, (96,), w)
+    finally:
+        launch.Kernel.launch = real
+    frames = stacks[0]
+    first = max(i for i, f in enumerate(frames) if f.name == "rms_norm")
+    files = []
+    for f in frames[first:]:
+        name = "/".join(f.filename.split("/")[-2:])
+        if name == "_core/replay.py":
+            continue
+        if not files or files[-1] != name:
+            files.append(name)
+    assert files == [
+        "norm/api.py",
+        "_core/registry.py",
+        "norm/function.py",
+        "norm/plan.py",
+        "_core/launch.py",
+    ]

@@ -60,11 +60,10 @@ class _Count:
 @pytest.mark.parametrize("block_n", [None, 16], ids=["one-chunk", "chunks-of-16"])
 def test_row_backward_passes_the_check_engine(name, block_n, device):
     """16-bit rows (and fp32 softmax rows) take the backward of one program per row, the
-    width a compile-time constant (row_bwd), lowered so that the test shapes take it: in one
-    chunk, or in chunks of 16 with a partial last one."""
-    config = dataclasses.replace(
-        SOFTMAX, row_bwd_min_cols=1, row_bwd_min_cols_log=1, row_bwd_chunk=block_n
-    )
+    width a compile-time constant (RowBackwardConfig), lowered so that the test shapes take
+    it: in one chunk, or in chunks of 16 with a partial last one."""
+    row = dataclasses.replace(SOFTMAX.row_backward, min_cols=1, min_cols_log=1, chunk=block_n)
+    config = dataclasses.replace(SOFTMAX, row_backward=row)
     with _Count(softmax_bwd_row_kernel) as spy:
         assert_passes_with(
             config,
@@ -77,10 +76,9 @@ def test_row_backward_passes_the_check_engine(name, block_n, device):
 
 
 def test_row_backward_routing(device):
-    """The row backward takes 16-bit rows of ROW_BWD_MIN_COLS (log_softmax:
-    ROW_BWD_MIN_COLS_LOG) to ROW_BWD_MAX_COLS contiguous columns, and fp32 softmax rows up to
-    ROW_BWD_MAX_COLS_FP32; transposed rows keep the other paths (rows off 16 bytes:
-    test_aligned_walk_routing)."""
+    """The row backward takes 16-bit rows of min_cols (log_softmax: min_cols_log) to max_cols
+    contiguous columns, and fp32 softmax rows up to max_cols_fp32; transposed rows keep the
+    other paths (rows off 16 bytes: test_aligned_walk_routing)."""
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         with _Count(softmax_bwd_row_kernel) as spy:
@@ -90,16 +88,16 @@ def test_row_backward_routing(device):
             torch.autograd.grad(y, x, torch.randn_like(y))
         return spy.launches[0] > 0
 
-    c = SOFTMAX
-    assert takes(c.row_bwd_min_cols) and takes(c.row_bwd_max_cols)
-    assert not takes(c.row_bwd_min_cols - 1) and not takes(c.row_bwd_max_cols + 1)
+    c = SOFTMAX.row_backward
+    assert takes(c.min_cols) and takes(c.max_cols)
+    assert not takes(c.min_cols - 1) and not takes(c.max_cols + 1)
     fp32 = torch.float32
-    assert takes(c.row_bwd_min_cols, fp32) and takes(c.row_bwd_max_cols_fp32, fp32)
-    assert not takes(c.row_bwd_min_cols - 4, fp32)
-    assert not takes(c.row_bwd_max_cols_fp32 + 4, fp32)
-    assert not takes(c.row_bwd_min_cols, fp32, op=log_softmax)
-    assert not takes(c.row_bwd_min_cols, transpose=True)
-    low_log = -(-c.row_bwd_min_cols_log // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
+    assert takes(c.min_cols, fp32) and takes(c.max_cols_fp32, fp32)
+    assert not takes(c.min_cols - 4, fp32)
+    assert not takes(c.max_cols_fp32 + 4, fp32)
+    assert not takes(c.min_cols, fp32, op=log_softmax)
+    assert not takes(c.min_cols, transpose=True)
+    low_log = -(-c.min_cols_log // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked
     assert not takes(low_log - 8, op=log_softmax)
     assert takes(low_log, op=log_softmax)
 
@@ -111,9 +109,8 @@ def test_aligned_walk_passes_the_check_engine(name, block_n, device):
     """Rows that do not start on 16 bytes take the aligned-walk kernels (aligned), lowered so
     that the odd test widths take them: the body in one chunk, or in chunks of 8 with a partial
     last one, and the edge elements before and after it."""
-    config = dataclasses.replace(
-        SOFTMAX, aligned_min_cols_fwd=1, aligned_min_cols_bwd=1, aligned_chunk=block_n
-    )
+    aligned = dataclasses.replace(SOFTMAX.aligned, min_cols_fwd=1, min_cols_bwd=1, chunk=block_n)
+    config = dataclasses.replace(SOFTMAX, aligned=aligned)
     with _Count(softmax_fwd_aligned_kernel, softmax_bwd_aligned_kernel) as spy:
         assert_passes_with(
             config, name, device, cases=("random", "specials", "grad", "grad-transpose")
@@ -123,8 +120,8 @@ def test_aligned_walk_passes_the_check_engine(name, block_n, device):
 
 @pytest.mark.slow
 def test_aligned_walk_routing(device):
-    """Odd rows of aligned_min_cols_fwd (backward: _bwd) columns or more take the aligned walk,
-    with the same results as PyTorch; aligned rows, an input whose base pointer is off 16
+    """Odd rows of AlignedConfig.min_cols_fwd (backward: _bwd) columns or more take the aligned
+    walk, with the same results as PyTorch; aligned rows, an input whose base pointer is off 16
     bytes, and an input whose rows start at other offsets than the output's keep the other
     paths."""
 
@@ -142,8 +139,8 @@ def test_aligned_walk_routing(device):
         torch.testing.assert_close(dx.double(), dx64, atol=tol, rtol=tol)
         return spy.launches[0] > 0, spy.launches[1] > 0
 
-    wide = SOFTMAX.aligned_min_cols_fwd | 1  # odd
-    mid = SOFTMAX.aligned_min_cols_bwd | 1
+    wide = SOFTMAX.aligned.min_cols_fwd | 1  # odd
+    mid = SOFTMAX.aligned.min_cols_bwd | 1
     bf16 = {"device": device, "dtype": torch.bfloat16}
     assert takes(torch.randn(3, wide, **bf16)) == (True, True)
     assert takes(torch.randn(3, wide, **bf16), log_softmax, torch.log_softmax) == (True, True)
@@ -165,12 +162,16 @@ def looped(request):
     16, with and without loading the next chunk ahead, the forward's first sweep per lane or
     per chunk."""
     prefetch, chunk_max = request.param
+    looped = dataclasses.replace(
+        SOFTMAX.looped,
+        prefetch_fwd=prefetch,
+        prefetch_bwd=prefetch,
+        chunk_max=chunk_max,
+        evict_fwd=chunk_max,  # the hints' code path (no-ops here)
+    )
     return dataclasses.replace(
         SOFTMAX,
-        loop_prefetch_fwd=prefetch,
-        loop_prefetch_bwd=prefetch,
-        loop_chunk_max=chunk_max,
-        loop_evict_fwd=chunk_max,  # the hints' code path (no-ops here)
+        looped=looped,
         max_fused_cols=32,
         loop_block_n=16,
         tile_elems=64,

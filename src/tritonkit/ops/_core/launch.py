@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -347,3 +348,18 @@ def kernel(fn: Callable | None = None, **jit_options: Any) -> Any:
         return Kernel(triton.jit(f, **jit_options) if jit_options else triton.jit(f))
 
     return wrap(fn) if fn is not None else wrap
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch with everything but its tensors fixed: the grid, the scalar arguments
+    after the tensors (sizes, strides, eps, ...), the constexprs and ``num_warps``.
+    ``launch(*tensors)`` launches on the current stream."""
+
+    kernel: Kernel
+    grid: tuple[int, ...]
+    scalars: tuple[int | float, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *tensors: Any) -> None:
+        self.kernel.launch(self.grid, *tensors, *self.scalars, **self.meta)

@@ -167,9 +167,34 @@ class PlanCache:
 PLANS = PlanCache()
 
 
+def arg_facts(*args: Any) -> tuple | None:
+    """What argument validation reads of a call, as a key for the cache of calls validated
+    before (a public function validates a call only when its key is new): each tensor's type,
+    shape, dtype and device, each other value with its type (and a tuple's items' types, so
+    that True and 1 differ). None where no such key holds: while torch.compile traces (a
+    dict of tensors' facts is not something to trace) or for an unhashable value (a list).
+    Validation depends on nothing else, so a call with a known key is a valid call."""
+    if torch.compiler.is_compiling():
+        return None
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((type(a), a.shape, a.dtype, a.device))
+        elif isinstance(a, tuple):
+            out.append((tuple, a, tuple(map(type, a))))
+        else:
+            out.append((type(a), a))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def validated(op: str, facts: Hashable | None, validate: Callable[[], T]) -> T:
     """``validate()``'s verdict on a call whose argument facts are ``facts`` (what validation
-    reads: ``rows.arg_facts``), from the one cache; None facts (an unhashable argument, a
+    reads: ``arg_facts``), from the one cache; None facts (an unhashable argument, a
     trace) validate every time. Validation raises on a bad call, so only verdicts are kept."""
     if facts is None:
         return validate()

@@ -1,21 +1,22 @@
 """Row-reduction machinery shared by softmax, the norms and cross-entropy: tensors seen as
-``(n_outer, n_cols, n_inner)`` with real strides (``plan_rows``, ``row_plan``), tile and grid
-choice (``row_config``), launches fixed once per shape (``Launch``, ``remember``), and the
-``@triton.jit`` helpers that walk rows and chunks.
+``(n_outer, n_cols, n_inner)`` with real strides (``row_tensors``: a pass's tensors and layout;
+``RowPlan``/``row_plan``: the same decision kept without the tensors), tile and grid choice
+(``RowConfig.for_layout``), config helpers, and the ``@triton.jit`` helpers that walk rows and
+chunks.
 
 Host time: a row kernel often takes less time on the GPU than the Python around its launch, and
-a backward's Python runs on the autograd engine's device thread, 3-5x slower than on the main
-thread (docs/performance.md, "host time on the engine's thread; the partial-row sums in one
-launch"). So the families work out everything that depends only on shapes, dtypes and strides
-once (a plan: the layout, the path, the grid, the constexprs), keep it in a dict keyed by them,
-and per call only allocate and launch."""
+a backward's Python runs on the autograd engine's device thread, slower than on the main thread.
+So the families work out everything that depends only on shapes, dtypes and strides once (a
+plan: the layout, the path, the grid, the constexprs), keep it in the plan cache
+(``ops/_core/plan.py``), and per call only allocate and launch."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,6 @@ import triton.language as tl
 
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, is_dense, next_power_of_2
 from tritonkit.ops._core.plan import PLANS
-from tritonkit.ops._core.registry import direct_call_allowed
 
 _INT32_LIMIT = 2**31
 
@@ -41,6 +41,59 @@ class RowConfig:
     n_tiles: int
     n_iblocks: int  # tiles along the inner row axis per outer index
 
+    @classmethod
+    def for_layout(
+        cls,
+        layout: RowLayout,
+        *,
+        sms: int,
+        max_fused: int,
+        loop_block: int,
+        tile_elems: int,
+        adjacent_rows: int,
+        elems_per_thread: int,
+        loop_elems_per_thread: int,
+        max_warps: int,
+        loop_programs_per_sm: int,
+    ) -> RowConfig:
+        """The heuristic: tile shape, warps and grid for one row-reduction launch over
+        ``layout`` (shared by softmax and norms).
+
+        The family's knobs are passed in by its own config function, so each family tunes its
+        kernels in one place; ``sms``: the device's streaming multiprocessors (looped grids).
+        """
+        _, stride_n, stride_i = layout.strides[0]
+        rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
+        rows = next_power_of_2(layout.n_inner)
+        if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
+            block_r = min(rows, pow2_floor(adjacent_rows))
+            widest = max(1, tile_elems // block_r)
+        else:
+            block_r = 1
+            widest = max_fused
+        block_n = next_power_of_2(layout.n_cols)
+        looped = block_n > widest
+        if looped:
+            block_n = pow2_floor(min(loop_block, widest))
+        else:  # short rows: several per tile
+            block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
+        n_iblocks = cdiv(layout.n_inner, block_r)
+        n_tiles = layout.n_outer * n_iblocks
+        programs = n_tiles
+        if looped:
+            programs = max(1, min(n_tiles, loop_programs_per_sm * sms))
+        return cls(
+            BLOCK_R=block_r,
+            BLOCK_N=block_n,
+            LOOPED=looped,
+            num_warps=row_warps(
+                block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
+            ),
+            programs=programs,
+            n_tiles=n_tiles,
+            n_iblocks=n_iblocks,
+        )
+
 
 def pow2_floor(n: int) -> int:
     """The largest power of 2 <= n (block sizes must be powers of 2; configs need not be)."""
@@ -49,57 +102,6 @@ def pow2_floor(n: int) -> int:
 
 def row_warps(elems: int, elems_per_thread: int, max_warps: int) -> int:
     return max(1, min(max_warps, next_power_of_2(max(1, elems // (32 * elems_per_thread)))))
-
-
-def row_config(
-    layout: RowLayout,
-    *,
-    sms: int,
-    max_fused: int,
-    loop_block: int,
-    tile_elems: int,
-    adjacent_rows: int,
-    elems_per_thread: int,
-    loop_elems_per_thread: int,
-    max_warps: int,
-    loop_programs_per_sm: int,
-) -> RowConfig:
-    """Tile shape, warps and grid for one row-reduction launch (shared by softmax and norms).
-
-    The family's knobs are passed in by its own config function, so each family tunes its
-    kernels in one place; ``sms``: the device's streaming multiprocessors (looped grids).
-    """
-    _, stride_n, stride_i = layout.strides[0]
-    rows_adjacent = layout.n_inner > 1 and stride_i == 1 and stride_n != 1
-    rows = next_power_of_2(layout.n_inner)
-    if rows_adjacent:  # keep a run of adjacent rows per tile; chunk the columns to fit
-        block_r = min(rows, pow2_floor(adjacent_rows))
-        widest = max(1, tile_elems // block_r)
-    else:
-        block_r = 1
-        widest = max_fused
-    block_n = next_power_of_2(layout.n_cols)
-    looped = block_n > widest
-    if looped:
-        block_n = pow2_floor(min(loop_block, widest))
-    else:  # short rows: several per tile
-        block_r = max(block_r, min(rows, pow2_floor(tile_elems // block_n)))
-    n_iblocks = cdiv(layout.n_inner, block_r)
-    n_tiles = layout.n_outer * n_iblocks
-    programs = n_tiles
-    if looped:
-        programs = max(1, min(n_tiles, loop_programs_per_sm * sms))
-    return RowConfig(
-        BLOCK_R=block_r,
-        BLOCK_N=block_n,
-        LOOPED=looped,
-        num_warps=row_warps(
-            block_r * block_n, loop_elems_per_thread if looped else elems_per_thread, max_warps
-        ),
-        programs=programs,
-        n_tiles=n_tiles,
-        n_iblocks=n_iblocks,
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,10 +121,6 @@ class RowLayout:
     n_cols: int
     n_inner: int
     strides: tuple[tuple[int, int, int], ...]
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_outer * self.n_inner
 
     def needs_int64(self) -> bool:
         """Whether some element lies 2**31 or more elements from its tensor's base."""
@@ -189,7 +187,7 @@ def keepdim_shape(shape: Sequence[int], reduced: Sequence[int]) -> tuple[int, ..
     return tuple(1 if d in reduced else s for d, s in enumerate(shape))
 
 
-def plan_rows(
+def row_tensors(
     inputs: Sequence[torch.Tensor],
     reduced: Sequence[int],
     n_outputs: int,
@@ -327,6 +325,17 @@ def row_program_warps(row_bytes: int, table: Sequence[tuple[int, int]], max_warp
     return next((w for limit, w in table if row_bytes <= limit), max_warps)
 
 
+def variants(base: Any, **axes: Sequence[Any]) -> list[Any]:
+    """A config's tuning space: ``base`` with every combination of the values in ``axes``
+    (field -> candidates); the first candidate of each axis is the default's, so that the
+    default comes first."""
+    names = list(axes)
+    return [
+        dataclasses.replace(base, **dict(zip(names, values)))
+        for values in itertools.product(*(axes[n] for n in names))
+    ]
+
+
 def lookup(table: Sequence[tuple[Any, Any]], key: Any, default: Any = None) -> Any:
     """The value of ``key`` in a table of (key, value) pairs (configs keep tables as tuples, so
     that they stay frozen and hashable); ``default`` where the key is missing."""
@@ -352,66 +361,8 @@ def row_program_config(
 
 
 @dataclass(frozen=True)
-class Launch:
-    """One kernel launch with everything but its tensors fixed: the grid, the scalar arguments
-    after the tensors (sizes, strides, eps, ...), the constexprs and ``num_warps``.
-    ``launch(*tensors)`` launches on the current stream."""
-
-    kernel: Any  # a tritonkit.ops._core.launch.Kernel
-    grid: tuple[int, ...]
-    scalars: tuple[int | float, ...] = ()
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __call__(self, *tensors: Any) -> None:
-        self.kernel.launch(self.grid, *tensors, *self.scalars, **self.meta)
-
-
-PLAN_CACHE_SIZE = 4096  # plans kept per family cache; a model calls the same few shapes
-
-
-def remember(cache: dict, key: Hashable, value: Any) -> Any:
-    """Store ``value`` under ``key`` (the cache emptied first when full) and return it."""
-    if len(cache) >= PLAN_CACHE_SIZE:
-        cache.clear()
-    cache[key] = value
-    return value
-
-
-def arg_facts(*args: Any) -> tuple | None:
-    """What argument validation reads of a call, as a key for the cache of calls validated
-    before (a public function validates a call only when its key is new): each tensor's type,
-    shape, dtype and device, each other value with its type (and a tuple's items' types, so
-    that True and 1 differ). None where no such key holds: while torch.compile traces (a
-    dict of tensors' facts is not something to trace) or for an unhashable value (a list).
-    Validation depends on nothing else, so a call with a known key is a valid call."""
-    if torch.compiler.is_compiling():
-        return None
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append((type(a), a.shape, a.dtype, a.device))
-        elif isinstance(a, tuple):
-            out.append((tuple, a, tuple(map(type, a))))
-        else:
-            out.append((type(a), a))
-    key = tuple(out)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def launches_directly(args: Sequence[Any]) -> bool:
-    """Whether a call with ``args`` may launch from its cached plan in this process rather than
-    through its torch.library op: the rule of ``eager_direct`` (plain eager mode, no profiler,
-    plain tensors, nothing that needs a gradient)."""
-    return direct_call_allowed(tuple(args))
-
-
-@dataclass(frozen=True)
 class RowPlan:
-    """How one row pass walks its tensors, from shapes and strides alone (see ``plan_rows``):
+    """How one row pass walks its tensors, from shapes and strides alone (see ``row_tensors``):
     the layout (None for empty tensors), which inputs are copied contiguous first (no common
     strided view exists; counted in ``LAYOUT_COPIES``), and whether the outputs are allocated
     like ``inputs[0]`` (``empty_like``: dense and not copied) or contiguous."""
@@ -441,10 +392,6 @@ class RowPlan:
             return torch.empty_like(first)
         return torch.empty(first.shape, dtype=first.dtype, device=first.device)
 
-    def row_output(self, first: torch.Tensor) -> torch.Tensor:
-        """A new fp32 per-row statistic, contiguous."""
-        return torch.empty(self.keep, dtype=torch.float32, device=first.device)
-
 
 def row_plan(
     inputs: Sequence[torch.Tensor],
@@ -453,9 +400,9 @@ def row_plan(
     row_inputs: Sequence[torch.Tensor] = (),
     n_row_outputs: int = 0,
 ) -> RowPlan:
-    """The ``RowPlan`` of a pass as ``plan_rows`` would run it (the same layout, copies and
+    """The ``RowPlan`` of a pass as ``row_tensors`` would run it (the same layout, copies and
     output strides), without keeping its tensors."""
-    ins, _, _, layout = plan_rows(
+    ins, _, _, layout = row_tensors(
         inputs, reduced, n_outputs, row_inputs, n_row_outputs, count=False
     )
     copies = tuple(a is not b for a, b in zip(inputs, ins))

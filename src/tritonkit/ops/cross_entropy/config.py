@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops._core.rows import Launch, pow2_floor
+from tritonkit.ops._core.rows import pow2_floor
 from tritonkit.ops.cross_entropy.backward import ce_grad_kernel
 from tritonkit.ops.cross_entropy.forward import (
     ce_reduce_kernel,

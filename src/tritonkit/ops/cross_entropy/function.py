@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, policy
-from tritonkit.ops._core.plan import validated
-from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import arg_facts, launches_directly
+from tritonkit.ops._core.plan import arg_facts, validated
+from tritonkit.ops._core.registry import apply, define_op, direct_call_allowed
 from tritonkit.ops._core.validate import (
     check_choice,
     check_operand,
@@ -100,7 +99,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         config,
     ):  # fmt: skip
         args = (ignore_index, reduction, label_smoothing)
-        if launches_directly((logits, target, weight)):
+        if direct_call_allowed((logits, target, weight)):
             plan = forward_plan(logits, target, weight, *args, need_grad, f32, config)
             loss, lse, stats = plan(logits, target, weight)
         else:
@@ -122,7 +121,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         logits, target, weight, lse, stats = ctx.saved_tensors
         plan = ctx.plan
-        if plan is not None and launches_directly((grad_output,)):
+        if plan is not None and direct_call_allowed((grad_output,)):
             run = plan.backward_for(grad_output, logits, target, weight)
             grad = run(grad_output, logits, target, weight, lse, stats)
         else:

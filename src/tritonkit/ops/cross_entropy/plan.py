@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.plan import cached
-from tritonkit.ops._core.rows import Launch
 from tritonkit.ops.cross_entropy.config import (
     CROSS_ENTROPY,
     CrossEntropyConfig,

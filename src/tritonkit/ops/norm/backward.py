@@ -179,7 +179,7 @@ def norm_bwd_kernel(
         mask = row_mask[:, None] & col_mask[None, :]
         # With PREFETCH the next tile's loads (rows and saved statistics) are issued before
         # this tile's reduction, so that a program keeps bytes in flight while it computes: one
-        # or two programs fit on an SM (166-216 registers at 8 warps, ptxas sm_90a).
+        # or two programs fit on an SM (the kernel takes that many registers).
         loaded = _bwd_tile_load(
             tile + PREFETCH * n_groups, n_tiles, n_inner, n_iblocks, dy_ptr, x_ptr, dres_ptr,
             mean_ptr, rstd_ptr, cols, col_mask, stride_dyo, stride_dyn, stride_dyi, stride_xo,

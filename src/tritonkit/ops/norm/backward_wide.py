@@ -1,5 +1,5 @@
 """The first pass of the norm backward for rows that the dx pass cannot hold in registers
-(``NormBackwardConfig.max_fused_cols``): the two row sums that dx needs, mean(w * dy * xhat)
+(``RegistersBackwardConfig.max_cols``): the two row sums that dx needs, mean(w * dy * xhat)
 and (LayerNorm) mean(w * dy), over chunks. ``backward.py``'s kernel then takes them as given
 (SUMS_GIVEN) and walks the row in column blocks."""
 

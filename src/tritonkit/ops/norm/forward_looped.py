@@ -1,4 +1,4 @@
-"""The norm forward of rows wider than a tile (``NormForwardConfig.max_fused_cols``): two
+"""The norm forward of rows wider than a tile (``NormTiles.max_fused_cols``): two
 sweeps over chunks of BLOCK_N, the statistics, then the output, last chunk first so that the
 chunks the first sweep read last are still in L2; the grid is capped at a few programs per SM
 so that the rows in flight fit in L2.

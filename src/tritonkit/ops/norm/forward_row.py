@@ -2,7 +2,7 @@
 sweeps over chunks, the statistics (per lane or per thread, merged once at the end), then the
 output, re-reading the row from L2; both sweeps unrolled by the compiler (one compilation per
 width). Taken by rows without a residual of contiguous columns within
-``NormForwardConfig.row_fwd_*``."""
+``RowForwardConfig``."""
 
 from __future__ import annotations
 
@@ -41,23 +41,23 @@ def norm_fwd_row_kernel(
     OUTER: tl.constexpr,  # more than one outer index
     WELFORD: tl.constexpr,  # LayerNorm: per-lane Welford statistics (fp32), else pivot sums
     SCALE_FIRST: tl.constexpr,  # LayerNorm: x * rstd - mean * rstd, one FMA (16-bit rows)
-    STORE: tl.constexpr,  # L2 policy of the output's stores (NormForwardConfig.row_fwd_store)
+    STORE: tl.constexpr,  # L2 policy of the output's stores (RowForwardConfig.store)
     BLOCK_N: tl.constexpr,
     THREAD_ELEMS: tl.constexpr,  # LayerNorm, not WELFORD: >0, sums per thread (see below)
 ):
     """One row per program: statistics over chunks of BLOCK_N (per lane, reduced once at the
     end), then the output, re-reading the row (an L2 hit). LayerNorm shifts by the first
     element (SHIFT) as the other paths do; each lane keeps its mean and M2, by Welford's update
-    (WELFORD: fp32 rows) or as sums about its own first value (16-bit rows: cheaper by up to
-    11% on rows of several chunks (docs/performance.md, "Welford per lane for fp32 rows of the
-    LayerNorm row forward"), and a first value far off the lane's mean costs fp32 digits that a
+    (WELFORD: fp32 rows) or as sums about its own first value (16-bit rows: cheaper on rows of
+    several chunks (docs/performance.md, "The norm family's configs"), and a first value far
+    off the lane's mean costs fp32 digits that a
     16-bit row does not hold); the lanes are merged by Chan's formula. The saved mean is
     relative to the first-element shift.
 
     THREAD_ELEMS: the statistics per thread instead of per lane, each thread's THREAD_ELEMS
     contiguous values of a chunk summed in its registers about the thread's first value: two
     sums a thread instead of three per lane, and a first sweep that stays a loop (see
-    NormForwardConfig.row_fwd_thread_sums_min_cols)."""
+    RowForwardLNConfig.thread_sums_min_cols)."""
     o, i = program_row(n_inner, OUTER)
     x_row = x_ptr + o * stride_xo + i * stride_xi
     y_row = y_ptr + o * stride_yo + i * stride_yi

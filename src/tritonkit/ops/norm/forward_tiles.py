@@ -1,5 +1,5 @@
 """The norm forward of rows held in registers: each program takes a tile of BLOCK_R rows whose
-whole width fits one BLOCK_N tile (``NormForwardConfig.max_fused_cols``). Options per launch:
+whole width fits one BLOCK_N tile (``NormTiles.max_fused_cols``). Options per launch:
 the next tile's loads issued before the current tile is reduced (PREFETCH, several tiles per
 program), the output pass re-reading the row from L1/L2 instead of holding it across the
 reductions (REREAD), the compiler's software pipeline over a program's tiles (STAGES)."""

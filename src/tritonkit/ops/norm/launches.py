@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
+from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.reduce import colsum_kernel
 from tritonkit.ops._core.rows import (
-    Launch,
     RowConfig,
     RowLayout,
     evict_kwargs,
     lookup,
     pow2_floor,
-    row_config,
     row_program_config,
     row_program_warps,
     row_warps,
@@ -28,9 +27,9 @@ from tritonkit.ops._core.rows import (
 from tritonkit.ops.norm.backward import norm_bwd_kernel
 from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
 from tritonkit.ops.norm.config import (
-    NormBackwardConfig,
     NormConfig,
     NormForwardConfig,
+    RegistersBackwardConfig,
     depth,
     shifts,
 )
@@ -48,32 +47,33 @@ def row_tiles(
     elems_per_thread: int | None = None,
     max_fused: int | None = None,
     loop_block: int | None = None,
-    loop_programs_per_sm: int | None = None,
+    loop_programs_per_sm: int = 1,
 ) -> RowConfig:
     """The row tiles of a norm pass (the forward's by default; the backward passes its own
-    tile size, widest row in registers, looped chunk and programs per SM). Rows in registers
-    are one tile per program (programs per SM 0) at ``elems_per_thread`` per thread (default
-    fused_elems_per_thread)."""
-    fc = config.forward
-    cfg = row_config(
+    tile size, widest row in registers, looped chunk and programs per SM; the looped forward
+    sizes its own grid after). Rows in registers are one tile per program (programs per SM 0)
+    at ``elems_per_thread`` per thread (default ``RegistersForwardConfig.elems_per_thread``)."""
+    tc = config.tiles
+    rc = config.forward.registers
+    cfg = RowConfig.for_layout(
         layout,
         sms=sms,
-        max_fused=max_fused or fc.max_fused_cols,
-        loop_block=loop_block or fc.loop_block_n,
-        tile_elems=tile_elems or fc.tile_elems,
-        adjacent_rows=fc.adjacent_rows,
-        elems_per_thread=fc.elems_per_thread,
-        loop_elems_per_thread=fc.elems_per_thread,
-        max_warps=fc.max_warps,
-        loop_programs_per_sm=loop_programs_per_sm or fc.loop_programs_per_sm_ln,
+        max_fused=max_fused or tc.max_fused_cols,
+        loop_block=loop_block or tc.loop_block_n,
+        tile_elems=tile_elems or tc.tile_elems,
+        adjacent_rows=tc.adjacent_rows,
+        elems_per_thread=tc.elems_per_thread,
+        loop_elems_per_thread=tc.elems_per_thread,
+        max_warps=tc.max_warps,
+        loop_programs_per_sm=loop_programs_per_sm,
     )
     if not cfg.LOOPED:  # programs per SM 0: one row tile per program
         programs = cfg.n_tiles
-        per_sm = fc.programs_per_sm_rms if rms else fc.programs_per_sm_ln
+        per_sm = rc.programs_per_sm_rms if rms else rc.programs_per_sm_ln
         if per_sm > 0:
             programs = min(cfg.n_tiles, per_sm * sms)
-        per_thread = elems_per_thread or fc.fused_elems_per_thread
-        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, fc.max_warps)
+        per_thread = elems_per_thread or rc.elems_per_thread
+        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, tc.max_warps)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
 
@@ -91,76 +91,76 @@ def _fit_chunk(block_r: int, block_n: int, per_thread: int, max_warps: int) -> t
 
 
 def takes_row_forward(
-    layout: RowLayout, has_residual: bool, rms: bool, dtype: torch.dtype, fc: NormForwardConfig
+    layout: RowLayout, has_residual: bool, rms: bool, dtype: torch.dtype, config: NormConfig
 ) -> bool:
     """Whether the forward takes norm_fwd_row_kernel: rows without a residual of contiguous
-    columns within the widths of ``row_fwd_*``. fp32 LayerNorm rows of a power-of-2 width up to
-    max_fused_cols stay in registers, kept there across the statistics (no re-read), which ran
-    as fast or faster ("the norm forward with the row width a compile-time constant"), but
-    for the widths of row_fwd_pow2_ln_fp32."""
+    columns within the widths of ``RowForwardConfig``. fp32 LayerNorm rows of a power-of-2
+    width up to max_fused_cols stay in registers, kept there across the statistics (no
+    re-read), which runs as fast or faster, but for the widths of
+    ``RowForwardLNConfig.pow2_fp32``."""
+    row, row_ln = config.forward.row, config.forward.row_ln
     (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
     n_cols = layout.n_cols
     kept = (
         not rms
         and dtype == torch.float32
         and n_cols == next_power_of_2(n_cols)
-        and n_cols not in fc.row_fwd_pow2_ln_fp32
+        and n_cols not in row_ln.pow2_fp32
     )
-    max_bytes_ln = (
-        fc.row_fwd_max_bytes_ln_fp32 if dtype == torch.float32 else fc.row_fwd_max_bytes_ln
-    )
+    max_bytes_ln = row_ln.max_bytes_fp32 if dtype == torch.float32 else row_ln.max_bytes
     return (
-        fc.row_fwd
+        row.enabled
         and not has_residual
         and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
         and stride_yn == 1
-        and fc.row_fwd_min_cols <= n_cols <= fc.row_fwd_max_cols
+        and row.min_cols <= n_cols <= row.max_cols
         and (rms or n_cols * dtype.itemsize <= max_bytes_ln)
-        and not (kept and n_cols <= fc.max_fused_cols)
+        and not (kept and n_cols <= config.tiles.max_fused_cols)
     )
 
 
 def row_forward_config(
     n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig
 ) -> tuple[int, int]:
-    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm:
-    row_fwd_warps_rms, chunks of row_fwd_elems_per_thread_rms per thread. LayerNorm:
-    row_fwd_warps, and within the bounds of row_fwd_elems_per_thread the largest power of 2
-    that divides the row (no partial last chunk)."""
+    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm: warps_rms,
+    chunks of elems_per_thread_rms per thread. LayerNorm: warps_ln, and within the bounds of
+    elems_per_thread_ln the largest power of 2 that divides the row (no partial last chunk)."""
+    row = fc.row
     if rms:
         block_n, warps = row_program_config(
-            n_cols, element_size, fc.row_fwd_warps_rms, fc.row_fwd_elems_per_thread_rms
+            n_cols, element_size, row.warps_rms, row.elems_per_thread_rms
         )
-    elif element_size == 4 and n_cols in fc.row_fwd_pow2_ln_fp32:
-        block_n, warps = n_cols, fc.row_fwd_pow2_ln_fp32_warps
+    elif element_size == 4 and n_cols in fc.row_ln.pow2_fp32:
+        block_n, warps = n_cols, fc.row_ln.pow2_fp32_warps
     else:
-        warps = row_program_warps(n_cols * element_size, fc.row_fwd_warps)
-        low, high = (32 * warps * e for e in fc.row_fwd_elems_per_thread)
+        warps = row_program_warps(n_cols * element_size, row.warps_ln)
+        low, high = (32 * warps * e for e in row.elems_per_thread_ln)
         even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
         block_n = min(max(even, low), high, next_power_of_2(n_cols))
-    if fc.row_fwd_chunk is not None:
-        block_n = min(fc.row_fwd_chunk, next_power_of_2(n_cols))
+    if row.chunk is not None:
+        block_n = min(row.chunk, next_power_of_2(n_cols))
     return block_n, warps
 
 
 def row_forward_store(n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig) -> str:
-    """The L2 policy of norm_fwd_row_kernel's stores (see row_fwd_store)."""
-    if element_size != 2 or (rms and n_cols * element_size <= fc.row_fwd_store_min_bytes_rms):
+    """The L2 policy of norm_fwd_row_kernel's stores (see ``RowForwardConfig.store``)."""
+    if element_size != 2 or (rms and n_cols * element_size <= fc.row.store_min_bytes_rms):
         return ""
-    return fc.row_fwd_store
+    return fc.row.store
 
 
 def row_forward_thread_elems(
     n_cols: int, dtype: torch.dtype, rms: bool, block_n: int, warps: int, fc: NormForwardConfig
 ) -> int:
     """norm_fwd_row_kernel's THREAD_ELEMS: each thread's share of a chunk for 16-bit LayerNorm
-    rows of row_fwd_thread_sums_min_cols or more (or row_fwd_thread_elems for every LayerNorm
-    row), else 0 (per-lane sums)."""
+    rows of thread_sums_min_cols or more (or thread_elems for every LayerNorm row), else 0
+    (per-lane sums)."""
+    row_ln = fc.row_ln
     if rms:
         return 0
-    if fc.row_fwd_thread_elems is not None:
-        return min(fc.row_fwd_thread_elems, block_n)
-    if dtype == torch.float32 or n_cols < fc.row_fwd_thread_sums_min_cols:
+    if row_ln.thread_elems is not None:
+        return min(row_ln.thread_elems, block_n)
+    if dtype == torch.float32 or n_cols < row_ln.thread_sums_min_cols:
         return 0
     return max(block_n // (32 * warps), 1)
 
@@ -168,17 +168,18 @@ def row_forward_thread_elems(
 def _looped_forward_tiles(
     cfg: RowConfig,
     layout: RowLayout,
-    fc: NormForwardConfig,
+    config: NormConfig,
     rms: bool,
     load_bytes: int,
     res16: bool,
     sms: int,
 ) -> RowConfig:
-    """The looped forward's own rows per tile, warps and programs per SM (loop_*_rms / _ln);
-    ``load_bytes``: bytes each element of a row loads (x, and the residual); ``res16``: 16-bit
-    rows with a residual."""
-    rows = fc.loop_rows_rms if rms else (fc.loop_rows_ln_res16 if res16 else fc.loop_rows_ln)
-    per_sm = fc.loop_programs_per_sm_rms if rms else fc.loop_programs_per_sm_ln
+    """The looped forward's own rows per tile, warps and programs per SM (``LoopedForwardConfig``,
+    ``LoopedRowsConfig``); ``load_bytes``: bytes each element of a row loads (x, and the
+    residual); ``res16``: 16-bit rows with a residual."""
+    lc, lr = config.forward.looped, config.forward.looped_rows
+    rows = lr.rows_rms if rms else (lr.rows_ln_res16 if res16 else lr.rows_ln)
+    per_sm = lc.programs_per_sm_rms if rms else lc.programs_per_sm_ln
     if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
         # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
         # loaded serves them all.
@@ -190,10 +191,10 @@ def _looped_forward_tiles(
         )  # fmt: skip
     wide = load_bytes >= 8  # fp32 x and residual
     if rms:
-        per_thread = fc.loop_elems_per_thread_rms_wide if wide else fc.loop_elems_per_thread_rms
+        per_thread = lc.elems_per_thread_rms_wide if wide else lc.elems_per_thread_rms
     else:
-        per_thread = fc.loop_elems_per_thread_ln_wide if wide else fc.elems_per_thread
-    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, fc.max_warps)
+        per_thread = lc.elems_per_thread_ln_wide if wide else lc.elems_per_thread_ln
+    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, config.tiles.max_warps)
     return dataclasses.replace(
         cfg, BLOCK_N=block_n, programs=max(1, min(cfg.n_tiles, per_sm * sms)), num_warps=warps
     )
@@ -223,7 +224,7 @@ def forward_launch(
         sr, sy, sh, ss = rest[0], rest[1], rest[2], rest[3]
     else:
         sr, sy, sh, ss = sx, rest[0], rest[0], rest[1]
-    if takes_row_forward(layout, has_residual, rms, dtype, fc):
+    if takes_row_forward(layout, has_residual, rms, dtype, config):
         block_n, warps = row_forward_config(layout.n_cols, size, rms, fc)
         return Launch(
             norm_fwd_row_kernel,
@@ -237,7 +238,7 @@ def forward_launch(
                 "HAS_BIAS": has_bias,
                 "OUTER": layout.n_outer > 1,
                 "WELFORD": dtype == torch.float32,
-                "SCALE_FIRST": fc.row_fwd_scale_first and not rms and size == 2,
+                "SCALE_FIRST": fc.row_ln.scale_first and not rms and size == 2,
                 "STORE": row_forward_store(layout.n_cols, size, rms, fc),
                 "BLOCK_N": block_n,
                 "THREAD_ELEMS": row_forward_thread_elems(
@@ -246,16 +247,17 @@ def forward_launch(
                 "num_warps": warps,
             },
         )
+    rc, pc, lc = fc.registers, fc.pipeline, fc.looped
     reread_per_thread = None  # the re-read forward's elements per thread, where it applies
-    if fc.reread and not has_residual:
-        reread_per_thread = lookup(fc.reread_elems_per_thread, (rms, size))
+    if rc.reread and not has_residual:
+        reread_per_thread = lookup(rc.reread_elems_per_thread, (rms, size))
     cfg = row_tiles(layout, config, sms, rms, elems_per_thread=reread_per_thread)
     stages = None
-    if not rms and not has_residual and not cfg.LOOPED and fc.pipeline_cols <= cfg.BLOCK_N:
+    if not rms and not has_residual and not cfg.LOOPED and pc.min_cols <= cfg.BLOCK_N:
         stage_bytes = cfg.BLOCK_R * cfg.BLOCK_N * size
-        stages = depth(fc.pipeline_stages, stage_bytes, smem, config.pipeline_smem_slack)
+        stages = depth(pc.stages, stage_bytes, smem, config.pipeline_smem_slack)
     if stages is not None:
-        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=fc.pipeline_elems_per_thread)
+        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=pc.elems_per_thread)
         cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sms))
     common = {
         "IS_RMS": rms,
@@ -267,26 +269,23 @@ def forward_launch(
     if cfg.LOOPED:
         res16 = has_residual and size == 2  # 16-bit rows with a residual
         load_bytes = size * (2 if has_residual else 1)
-        cfg = _looped_forward_tiles(cfg, layout, fc, rms, load_bytes, res16, sms)
+        cfg = _looped_forward_tiles(cfg, layout, config, rms, load_bytes, res16, sms)
+        lr = fc.looped_rows
         meta = {
             **common,
-            "LOOP_PREFETCH": fc.loop_prefetch_rms if rms else fc.loop_prefetch_ln,
-            "LOOP_STATS": (
-                fc.loop_stats_rms
-                if rms
-                else (fc.loop_stats_ln_res16 if res16 else fc.loop_stats_ln)
-            ),
-            **evict_kwargs(fc.loop_evict),
-            "SUM_FIRST": fc.loop_sum_first and has_residual and dtype == torch.float32,
+            "LOOP_PREFETCH": lc.prefetch_rms if rms else lc.prefetch_ln,
+            "LOOP_STATS": lr.stats_rms if rms else (lr.stats_ln_res16 if res16 else lr.stats_ln),
+            **evict_kwargs(lc.evict),
+            "SUM_FIRST": lc.sum_first and has_residual and dtype == torch.float32,
         }
         kernel = norm_fwd_looped_kernel
     else:
         meta = {
             **common,
-            "PREFETCH": fc.prefetch and stages is None and cfg.programs < cfg.n_tiles,
+            "PREFETCH": rc.prefetch and stages is None and cfg.programs < cfg.n_tiles,
             "REREAD": reread_per_thread is not None and stages is None,
             "STAGES": stages,
-            "EVEN_N": fc.even_n and layout.n_cols == cfg.BLOCK_N,
+            "EVEN_N": rc.even_n and layout.n_cols == cfg.BLOCK_N,
         }
         kernel = norm_fwd_tiles_kernel
     meta.update(
@@ -321,9 +320,9 @@ class BackwardLaunches:
     groups: int
 
 
-def backward_tile_elems(n_row_tensors: int, dtype: torch.dtype, bc: NormBackwardConfig) -> int:
+def backward_tile_elems(n_row_tensors: int, dtype: torch.dtype, rc: RegistersBackwardConfig) -> int:
     """Elements per backward row tile: tile_elems, or fewer to read at most tile_bytes."""
-    return min(bc.tile_elems, pow2_floor(bc.tile_bytes // (n_row_tensors * dtype.itemsize)))
+    return min(rc.tile_elems, pow2_floor(rc.tile_bytes // (n_row_tensors * dtype.itemsize)))
 
 
 def backward_stages(
@@ -337,18 +336,18 @@ def backward_stages(
 ) -> int | None:
     """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
     columns of row tensors of ``element_sizes``): stages (LayerNorm's small tiles stages_ln),
-    wide rows wide_stages_rms, looped rows of at most the forward's max_fused_cols (``mid``)
+    wide rows stages_rms, looped rows of at most the forward's max_fused_cols (``mid``)
     mid_stages; None for the hand prefetch."""
-    bc = config.backward
+    rc, wc = config.backward.registers, config.backward.wide
     tile_bytes = cfg.BLOCK_R * block_n * sum(element_sizes)
     if cfg.LOOPED and mid:
-        stages = bc.mid_stages
+        stages = wc.mid_stages
     elif cfg.LOOPED:
-        stages = bc.wide_stages_rms if rms else None
-    elif not rms and tile_bytes <= bc.deep_tile_bytes:
-        stages = bc.stages_ln
+        stages = wc.stages_rms if rms else None
+    elif not rms and tile_bytes <= rc.deep_tile_bytes:
+        stages = rc.stages_ln
     else:
-        stages = bc.stages
+        stages = rc.stages
     return depth(stages, tile_bytes, smem, config.pipeline_smem_slack)
 
 
@@ -372,33 +371,36 @@ def backward_launches(
     none). ``sums`` takes (dy, x, w, mean, rstd, c1, c2); ``main`` (dy, x, dres, w, mean, rstd,
     c1, c2, dx, dw_part, db_part); ``partials`` (partial, out, partial2, out2)."""
     bc = config.backward
-    fc = config.forward
+    rc, wc = bc.registers, bc.wide
+    max_warps = config.tiles.max_warps
     sg, sx, *rest = layout.strides
     sr = rest.pop(0) if has_dres else sg
     sdx = rest.pop(0)
     ss = rest[0]
     n_cols = layout.n_cols
-    mid = n_cols <= fc.max_fused_cols  # a row the forward keeps in registers
+    mid = n_cols <= config.tiles.max_fused_cols  # a row the forward keeps in registers
     cfg = row_tiles(
         layout,
         config,
         sms,
-        tile_elems=backward_tile_elems(len(element_sizes), dtype, bc),
-        max_fused=min(bc.max_fused_cols, fc.max_fused_cols),
-        loop_block=bc.mid_block_n if mid else None,
-        loop_programs_per_sm=lookup(bc.mid_programs_per_sm, dtype.itemsize) if mid else None,
+        tile_elems=backward_tile_elems(len(element_sizes), dtype, rc),
+        max_fused=min(rc.max_cols, config.tiles.max_fused_cols),
+        loop_block=wc.mid_block_n if mid else None,
+        loop_programs_per_sm=(
+            lookup(wc.mid_programs_per_sm, dtype.itemsize) if mid else wc.sums_programs_per_sm
+        ),
     )
     # The dx / partial-sum pass: (BLOCK_N, warps, column blocks, row groups).
     if cfg.LOOPED:
-        block_n = pow2_floor(min(bc.wide_block_n, cfg.BLOCK_N))
+        block_n = pow2_floor(min(wc.block_n, cfg.BLOCK_N))
         col_blocks = cdiv(n_cols, block_n)
-        target = bc.wide_programs_per_sm * sms // col_blocks
+        target = wc.programs_per_sm * sms // col_blocks
     else:
         block_n, col_blocks = cfg.BLOCK_N, 1
-        target = (bc.programs_per_sm_rms if rms else bc.programs_per_sm_ln) * sms
-    warps = row_warps(cfg.BLOCK_R * block_n, bc.elems_per_thread, fc.max_warps)
+        target = (rc.programs_per_sm_rms if rms else rc.programs_per_sm_ln) * sms
+    warps = row_warps(cfg.BLOCK_R * block_n, bc.elems_per_thread, max_warps)
     groups = max(1, min(cfg.n_tiles, target))
-    reduce_rows = bc.reduce_rows_rms if rms else bc.reduce_rows_ln
+    reduce_rows = rc.reduce_rows_rms if rms else rc.reduce_rows_ln
     stages = backward_stages(cfg, block_n, element_sizes, rms, config, smem, mid)
     shift = shifts(rms, dtype, config)
     int64 = layout.needs_int64()
@@ -407,13 +409,13 @@ def backward_launches(
         sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
         if dtype.itemsize > 2:
             sums_n, sums_warps = _fit_chunk(
-                cfg.BLOCK_R, sums_n, bc.sums_elems_per_thread_fp32, fc.max_warps
+                cfg.BLOCK_R, sums_n, wc.sums_elems_per_thread_fp32, max_warps
             )
         # Each chunk loads dy, x and the weight.
         chunk_bytes = cfg.BLOCK_R * sums_n * (element_sizes[0] + element_sizes[1])
         chunk_bytes += sums_n * weight_size
         sums_stages = depth(
-            bc.mid_stages if mid else (bc.wide_sums_stages_rms if rms else None),
+            wc.mid_stages if mid else (wc.sums_stages_rms if rms else None),
             chunk_bytes,
             smem,
             config.pipeline_smem_slack,

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from tritonkit.ops._core.device import shared_memory_per_block, sm_count
+from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops._core.plan import cached
-from tritonkit.ops._core.rows import Launch, RowPlan, row_plan
+from tritonkit.ops._core.rows import RowPlan, row_plan
 from tritonkit.ops.norm.config import NORM, NormConfig
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.launches import BackwardLaunches, backward_launches, forward_launch
@@ -116,6 +117,7 @@ class ForwardPlan:
     for RMSNorm."""
 
     rows: RowPlan
+    copied: bool  # some input is copied contiguous first (rows.copies)
     launch: Launch | None  # None: empty tensors
     row_kernel: bool  # the launch takes (x, w, b, y, mean, rstd)
     has_residual: bool
@@ -128,14 +130,19 @@ class ForwardPlan:
 
     def __call__(self, x, residual, weight, bias):
         rows = self.rows
-        y = rows.output(x)
-        h = rows.output(x) if self.has_residual else None
-        mean = None if self.rms else rows.row_output(x)
-        rstd = rows.row_output(x)
+        # Allocated here rather than by RowPlan's methods: the warm path stays in this file.
+        if rows.outputs_like:
+            y = torch.empty_like(x)
+            h = torch.empty_like(x) if self.has_residual else None
+        else:
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if self.has_residual else None
+        mean = None if self.rms else torch.empty(rows.keep, dtype=torch.float32, device=x.device)
+        rstd = torch.empty(rows.keep, dtype=torch.float32, device=x.device)
         launch = self.launch
         if launch is None:
             return y, h, mean, rstd
-        if rows.copied:
+        if self.copied:
             ins = rows.inputs((x,) if residual is None else (x, residual))
             x = ins[0]
             residual = ins[1] if residual is not None else None
@@ -214,8 +221,8 @@ def _forward(x, residual, weight, bias, n_dims, eps, rms, config) -> ForwardPlan
         )  # fmt: skip
         row_kernel = launch.kernel is norm_fwd_row_kernel
     return ForwardPlan(
-        rows, launch, row_kernel, residual is not None, rms, n_dims, w_mode, b_mode,
-        param_dtype(x, weight, bias), config,
+        rows, any(rows.copies), launch, row_kernel, residual is not None, rms, n_dims, w_mode,
+        b_mode, param_dtype(x, weight, bias), config,
     )  # fmt: skip
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, cast, policy
-from tritonkit.ops._core.plan import validated
-from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows
+from tritonkit.ops._core.plan import arg_facts, validated
+from tritonkit.ops._core.registry import apply, define_op, direct_call_allowed
+from tritonkit.ops._core.rows import row_tensors
 from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.softmax.config import SoftmaxConfig
 from tritonkit.ops.softmax.plan import backward_plan, forward_plan
@@ -32,7 +32,7 @@ def softmax_fwd(x: torch.Tensor, dim: int, log: bool) -> torch.Tensor:
 
 @softmax_fwd.register_fake
 def _(x, dim, log):
-    return plan_rows([x], (dim,), 1, count=False)[1][0]
+    return row_tensors([x], (dim,), 1, count=False)[1][0]
 
 
 @define_op("tritonkit::softmax_backward")
@@ -43,7 +43,7 @@ def softmax_bwd(grad: torch.Tensor, y: torch.Tensor, dim: int, log: bool) -> tor
 
 @softmax_bwd.register_fake
 def _(grad, y, dim, log):
-    return plan_rows([grad, y], (dim,), 1, count=False)[1][0]
+    return row_tensors([grad, y], (dim,), 1, count=False)[1][0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ class SoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim, log, config):
-        if launches_directly((x,)):
+        if direct_call_allowed((x,)):
             plan = forward_plan(x, dim, log, config)
             y = plan(x)
         else:
@@ -80,7 +80,7 @@ class SoftmaxFunction(torch.autograd.Function):
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
         plan = ctx.plan
-        if plan is not None and launches_directly((grad,)):
+        if plan is not None and direct_call_allowed((grad,)):
             return plan.backward_for(grad, y)(grad, y), None, None, None
         return softmax_bwd.overload(grad, y, ctx.dim, ctx.log), None, None, None
 

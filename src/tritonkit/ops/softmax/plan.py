@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from tritonkit.ops._core.device import sm_count
+from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.plan import cached
-from tritonkit.ops._core.rows import Launch, RowPlan, row_plan
+from tritonkit.ops._core.rows import RowPlan, row_plan
 from tritonkit.ops.softmax.config import SOFTMAX, SoftmaxConfig, backward_launch, forward_launch
 
 

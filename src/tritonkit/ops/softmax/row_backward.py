@@ -1,6 +1,6 @@
 """The softmax backward of one row per program with the width a compile-time constant: two
 sweeps over chunks (the row sum, then dx, re-reading dy and y from L2), both unrolled by the
-compiler. Taken by 16-bit rows of contiguous columns within ``SoftmaxConfig.row_bwd_*``."""
+compiler. Taken by 16-bit rows of contiguous columns within ``RowBackwardConfig``."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def softmax_fwd_tiles_kernel(
 ):
     cols = col_ids(BLOCK_N, INT64)
     # A grid-stride walk over tiles; with ONE_TILE a constant trip count of 1, which the compiler
-    # removes (a loop around one tile's body cost 2-19%: docs/performance.md, "one-tile launches").
+    # removes (a loop around one tile's body measured slower: docs/performance.md, softmax).
     for step in range(0, n_steps(n_tiles, ONE_TILE)):
         tile = tl.program_id(0) + step * tl.num_programs(0)
         o, i, row_mask = tile_rows(tile, n_inner, n_iblocks, BLOCK_R, INT64, OUTER)
