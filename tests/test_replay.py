@@ -96,6 +96,16 @@ class ScaleFunction(torch.autograd.Function):
         return dx, None
 
 
+def _call(function, args, run_python):
+    """replay.call, and the Python path it leaves to its caller (registry.apply's)."""
+    out = replay.call(function, args)
+    if out is replay.WITH_GRAD:
+        return run_python(True)
+    if out is replay.FORWARD_ONLY:
+        return run_python(False)
+    return out
+
+
 def _python(x, alpha, _grad=None):
     def run(grad):
         if grad:
@@ -122,7 +132,7 @@ def test_third_call_replays_with_the_same_results(grad):
     outs = []
     for i in range(4):
         x = pool[i, :185].view(37, 5).detach().requires_grad_(grad)
-        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5, grad))
+        y = _call(ScaleFunction, (x, 2.5), _python(x, 2.5, grad))
         torch.testing.assert_close(y, x.detach() * 2.5, rtol=0, atol=0)
         if grad:
             g = torch.randn_like(y)
@@ -145,9 +155,9 @@ def _fresh_tensor(i: int, shape: tuple[int, ...]) -> torch.Tensor:
 def test_replayed_launch_reads_the_new_tensors():
     x = _fresh_tensor(0, (8, 4))
     for _ in range(2):
-        replay.call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
+        _call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
     x2 = _fresh_tensor(1, (8, 4))
-    y2 = replay.call(ScaleFunction, (x2, 1.0), _python(x2, 1.0, False))
+    y2 = _call(ScaleFunction, (x2, 1.0), _python(x2, 1.0, False))
     (_, _, _, _, args) = LAUNCHES[-1]
     assert args[0][1] == x2.data_ptr() and args[1][1] == y2.data_ptr()
     assert args[2][1] == 32
@@ -156,9 +166,9 @@ def test_replayed_launch_reads_the_new_tensors():
 def test_other_metadata_is_another_key():
     x = torch.randn(8, 4)
     for _ in range(2):
-        replay.call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
-    replay.call(ScaleFunction, (x, 2.0), _python(x, 2.0, False))  # another alpha
-    replay.call(ScaleFunction, (x.t(), 1.0), _python(x.t(), 1.0))  # strides
+        _call(ScaleFunction, (x, 1.0), _python(x, 1.0, False))
+    _call(ScaleFunction, (x, 2.0), _python(x, 2.0, False))  # another alpha
+    _call(ScaleFunction, (x.t(), 1.0), _python(x.t(), 1.0))  # strides
     assert replay.STATS.replays == 0
 
 
@@ -171,7 +181,7 @@ class ComputesFunction(ScaleFunction):
 def test_a_computing_aten_op_is_not_replayed():
     x = torch.randn(8)
     for _ in range(4):
-        y = replay.call(
+        y = _call(
             ComputesFunction,
             (x, 3.0),
             lambda g: ComputesFunction.forward(NoGradContext(2), x, 3.0),
@@ -194,7 +204,7 @@ class ViewOutputFunction(ScaleFunction):
 def test_outputs_that_are_views_of_buffers():
     for i in range(4):
         x = _fresh_tensor(i, (6, 5))
-        y = replay.call(
+        y = _call(
             ViewOutputFunction,
             (x, 0.5),
             lambda g, x=x: ViewOutputFunction.forward(NoGradContext(2), x, 0.5),
@@ -230,7 +240,7 @@ class SavedFunction(torch.autograd.Function):
 def test_backward_with_saved_tensors_and_new_buffers():
     for i in range(4):
         x = _fresh_tensor(i, (9, 7)).requires_grad_()
-        y, r = replay.call(SavedFunction, (x,), lambda g, x=x: SavedFunction.apply(x))
+        y, r = _call(SavedFunction, (x,), lambda g, x=x: SavedFunction.apply(x))
         assert not r.requires_grad and y.requires_grad
         torch.testing.assert_close(r, 2 * x.detach(), rtol=0, atol=0)
         g = torch.randn_like(y)
@@ -254,7 +264,7 @@ def test_a_recording_is_this_threads_alone():
             return ScaleFunction.forward(ctx, x, alpha)
 
     for _ in range(2):
-        replay.call(Spy, (x, 2.0), _python(x, 2.0))
+        _call(Spy, (x, 2.0), _python(x, 2.0))
     assert seen[-2:] == [True, True] and replay.STATS.recordings == 1
 
 
@@ -263,10 +273,10 @@ def test_reset_while_a_backward_is_pending():
     backward runs leaves the backward correct."""
     for i in range(2):  # the second call and its backward are recorded
         x = _fresh_tensor(i, (37, 5)).requires_grad_(True)
-        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+        y = _call(ScaleFunction, (x, 2.5), _python(x, 2.5))
         torch.autograd.grad(y, x, torch.randn_like(y))
     x = _fresh_tensor(2, (37, 5)).requires_grad_(True)
-    y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+    y = _call(ScaleFunction, (x, 2.5), _python(x, 2.5))
     assert replay.STATS.replays == 1  # the third call ran from C++ and waits for its backward
     replay.reset()
     gc.collect()
@@ -280,7 +290,7 @@ def test_backward_run_twice_while_recording():
     times a backward) records the first and runs the second as usual."""
     for i in range(3):
         x = _fresh_tensor(i, (37, 5)).requires_grad_(True)
-        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+        y = _call(ScaleFunction, (x, 2.5), _python(x, 2.5))
         g = torch.randn_like(y)
         for _ in range(3):
             (dx,) = torch.autograd.grad(y, x, g, retain_graph=True)
@@ -308,7 +318,7 @@ def test_tuning_during_a_recording_is_not_kept(monkeypatch):
 
     for i in range(5):
         x = _fresh_tensor(i, (37, 5))
-        y = replay.call(Tuning, (x, 2.5), _python(x, 2.5))
+        y = _call(Tuning, (x, 2.5), _python(x, 2.5))
         torch.testing.assert_close(y, x * 2.5, rtol=0, atol=0)
     assert replay.STATS.failures == {replay._TUNED: 1}
     assert replay.STATS.recordings == 1  # recorded again, without the timing launch

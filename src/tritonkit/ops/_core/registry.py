@@ -140,15 +140,15 @@ def apply(function: type[torch.autograd.Function], *args):
     if not _plain_eager():
         return function.apply(*args)
     if _REPLAY and _launch.RECORDER.rec is None and not internals.profiler_enabled():
-        return replay.call(function, args, lambda grad: _run(function, args, grad))
-    grad = torch.is_grad_enabled() and any(
+        out = replay.call(function, args)
+        if out is replay.WITH_GRAD:
+            return function.apply(*args)
+        if out is replay.FORWARD_ONLY:
+            return function.forward(replay.NoGradContext(len(args)), *args)
+        return out
+    if torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    )
-    return _run(function, args, grad)
-
-
-def _run(function: type[torch.autograd.Function], args: tuple, grad: bool):
-    if grad:
+    ):
         return function.apply(*args)
     return function.forward(replay.NoGradContext(len(args)), *args)
 

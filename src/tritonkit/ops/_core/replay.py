@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,36 +253,53 @@ class _Ready:
         self.plan, self.single = plan, single
 
 
-def call(function: type, args: tuple, run_python: Callable[[bool], Any]) -> Any:
-    """Run ``function`` on ``args``: replayed if its key has a plan, recorded if it is due,
-    else ``run_python(grad)`` (registry.apply's own path). The caller checked plain eager mode.
-    """
+class _Path:
+    """What ``call`` returns when the caller runs the call itself, through Python."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+WITH_GRAD = _Path("WITH_GRAD")  # run function.apply: a gradient can follow
+FORWARD_ONLY = _Path("FORWARD_ONLY")  # run its forward alone
+
+
+def call(function: type, args: tuple) -> Any:
+    """``function``'s outputs on ``args``, replayed if its key has a plan (or recorded, if
+    it is due); else ``WITH_GRAD`` or ``FORWARD_ONLY``: the caller (registry.apply) runs the
+    call through Python, as it would without replay. The caller checked plain eager mode."""
     key, tensors, grad = _key(function, args, torch.is_grad_enabled())
     if key is None or _SUSPENDED.on:
-        return run_python(grad)
+        return WITH_GRAD if grad else FORWARD_ONLY
     env = current_env()
     try:
         entry = PLANS.peek(key, env)
     except TypeError:  # an argument that does not hash
-        return run_python(grad)
+        return WITH_GRAD if grad else FORWARD_ONLY
     if entry.__class__ is _Ready:
         outs = _ext.run(entry.plan, tensors, grad)
         return outs[0] if entry.single else tuple(outs)
-    return _not_ready(function, key, env, args, grad, entry or 0, run_python)
+    if _due(key, env, entry or 0):
+        return _record(function, key, env, args, grad)
+    return WITH_GRAD if grad else FORWARD_ONLY
 
 
-def _not_ready(function, key, env, args, grad, entry, run_python) -> Any:
+def _due(key: tuple, env: Any, entry: Any) -> bool:
+    """Whether this call of a key without a plan is the one to record (counting it if not)."""
     if entry is False:
-        return run_python(grad)
+        return False
     if isinstance(entry, Recording):  # waiting for its backward
         entry.pending += 1
         if entry.pending > _MAX_PENDING:
             PLANS.put(key, env, 0)
-        return run_python(grad)
+        return False
     if extension() is None or entry + 1 < _RECORD_AT:  # the first call starts the build
         PLANS.put(key, env, entry + 1)
-        return run_python(grad)
-    return _record(function, key, env, args, grad)
+        return False
+    return True
 
 
 def _record(function: type, key: tuple, env: Any, args: tuple, grad: bool) -> Any:
