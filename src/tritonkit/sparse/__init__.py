@@ -11,7 +11,7 @@ import importlib
 
 from tritonkit.ops.sparse import BSR, COO, CSR, bsr_mm, sddmm, spmm, spmv
 
-_LAZY = {"rcm": "rcm", "bandwidth": "rcm", "generate": None}
+_LAZY = {"rcm": "reorder", "bandwidth": "reorder", "permute": "reorder", "generate": None}
 __all__ = ["BSR", "COO", "CSR", "bsr_mm", "sddmm", "spmm", "spmv", *_LAZY]
 
 
