@@ -1,6 +1,7 @@
 """Random sparse matrices for tests and benchmarks, seeded, built on the target device.
 
 - ``uniform``: every row with about ``nnz_per_row`` columns drawn uniformly (repeats dropped);
+- ``powerlaw``: rows of Pareto-distributed lengths, any shape;
 - ``rmat``: an R-MAT (Kronecker) graph: power-law rows, a few holding most non-zeros;
 - ``banded``: non-zeros within ``half_width`` of the diagonal (FEM-like), optionally thinned;
 - ``block``: a BSR matrix whose blocks are present with probability ``block_density``;
@@ -59,6 +60,40 @@ def uniform(
     keep[:, 1:] = cols[:, 1:] != cols[:, :-1]
     rows = torch.arange(n_rows, device=device).unsqueeze(1).expand_as(cols)
     keys = (rows * n_cols + cols)[keep]
+    return _from_keys(keys, (n_rows, n_cols), dtype, index_dtype, gen)
+
+
+def powerlaw(
+    n_rows: int,
+    n_cols: int,
+    mean: float,
+    *,
+    alpha: float = 1.5,
+    dtype: torch.dtype = torch.float32,
+    index_dtype: torch.dtype = torch.int32,
+    device="cuda",
+    seed: int = 0,
+) -> CSR:
+    """Rows of Pareto-distributed lengths (shape ``alpha``, about ``mean`` non-zeros on
+    average, at most ``n_cols``), uniform columns: a skewed matrix of any shape.
+
+    Args:
+        n_rows: rows.
+        n_cols: columns.
+        mean: mean row length before repeats are dropped and long rows are cut at n_cols.
+        alpha: Pareto shape (smaller: heavier tail).
+        dtype: values' dtype.
+        index_dtype: int32 or int64.
+        device: where to build it.
+        seed: the random seed.
+    """
+    gen = _gen(device, seed)
+    u = torch.rand(n_rows, generator=gen, device=device).clamp_min(1e-12)
+    lengths = (mean * (alpha - 1) / alpha * u.pow(-1.0 / alpha)).floor().long()
+    lengths = lengths.clamp(0, n_cols)
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=device), lengths)
+    cols = torch.randint(0, max(n_cols, 1), (rows.numel(),), generator=gen, device=device)
+    keys = torch.unique(rows * n_cols + cols)
     return _from_keys(keys, (n_rows, n_cols), dtype, index_dtype, gen)
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from tritonkit.ops._core.device import sm_count
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.gemm import mac
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops._core.registry import define_op, eager_direct
@@ -34,6 +35,7 @@ def bsr_mm_kernel(
     C: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot's input_precision for float32 ("ieee" or "tf32")
+    UPCAST: tl.constexpr,  # operands to fp32 first (the interpreter's bf16 dot is wrong)
 ):
     pid_m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -51,7 +53,7 @@ def bsr_mm_kernel(
             mask=nmask[None, :],
             other=0.0,
         )
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = mac(a, b, acc, True, PRECISION, None, UPCAST)
     rows = pid_m.to(tl.int64) * R + rm
     tl.store(
         c_ptr + rows[:, None] * N + rn[None, :],
@@ -62,8 +64,11 @@ def bsr_mm_kernel(
 
 @dataclass(frozen=True)
 class BsrPlan:
+    """bsr_mm's decisions: the config, tl.dot's precision, the interpreter's upcast."""
+
     config: BsrConfig
     precision: str
+    upcast: bool
 
 
 def bsr_plan(m: int, n: int, blocksize: tuple, dtype: torch.dtype, device: torch.device):
@@ -73,7 +78,8 @@ def bsr_plan(m: int, n: int, blocksize: tuple, dtype: torch.dtype, device: torch
     def build() -> BsrPlan:
         cfg = BsrConfig.heuristic(m // blocksize[0], blocksize[0], n, sm_count(device))
         # float32 follows PyTorch's switch for its own float32 products.
-        return BsrPlan(cfg, "tf32" if env.tf32 and device.type == "cuda" else "ieee")
+        precision = "tf32" if env.tf32 and device.type == "cuda" else "ieee"
+        return BsrPlan(cfg, precision, interpreter_enabled() and dtype == torch.bfloat16)
 
     return PLANS.get(key, env, build)
 
@@ -96,7 +102,7 @@ def bsr_mm_fwd(
     config = config or plan.config
     bsr_mm_kernel[(n_rows // r, cdiv(n, config.BLOCK_N))](
         crow, col, val, b, c, n, b.stride(0), b.stride(1),
-        R=r, C=cb, BLOCK_N=config.BLOCK_N, PRECISION=plan.precision,
+        R=r, C=cb, BLOCK_N=config.BLOCK_N, PRECISION=plan.precision, UPCAST=plan.upcast,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return c
