@@ -225,9 +225,7 @@ def block(
     cols = scores.topk(per_row, dim=1).indices.sort(dim=1).values if per_row else scores[:, :0]
     crow = torch.arange(br + 1, device=device) * per_row
     values = torch.randn((br * per_row, r, c), generator=gen, device=device).to(dtype)
-    return BSR(
-        crow.to(index_dtype), cols.reshape(-1).to(index_dtype), values, (n_rows, n_cols)
-    )
+    return BSR(crow.to(index_dtype), cols.reshape(-1).to(index_dtype), values, (n_rows, n_cols))
 
 
 def shuffle(A: CSR, *, seed: int = 0) -> CSR:

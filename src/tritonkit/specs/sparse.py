@@ -39,7 +39,11 @@ def _matrix(m: int, k: int, per_row: float, kind: str, dtype, device, seed: int)
     if kind == "rmat":  # m = k = 2**scale, per_row * m non-zeros
         scale = m.bit_length() - 1
         return generate.rmat(
-            scale, int(per_row * m), dtype=dtype, index_dtype=torch.int32, device=device,
+            scale,
+            int(per_row * m),
+            dtype=dtype,
+            index_dtype=torch.int32,
+            device=device,
             seed=seed,
         )
     raise ValueError(f"unknown matrix kind {kind!r}")
@@ -117,8 +121,12 @@ register(
         reference=_spmv_ref,
         make_inputs=_spmv_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1, "uniform"), (37, 29, 5, "uniform"), (130, 70, 6, "powerlaw"),
-                  (90, 400, 30, "powerlaw")],
+            test=[
+                (1, 1, 1, "uniform"),
+                (37, 29, 5, "uniform"),
+                (130, 70, 6, "powerlaw"),
+                (90, 400, 30, "powerlaw"),
+            ],
             bench=[(1 << 20, 1 << 20, 50, "uniform"), (1 << 20, 1 << 20, 50, "rmat")],
             empty=[(0, 5, 1, "uniform"), (6, 0, 1, "uniform"), (7, 9, 0, "uniform")],
         ),
@@ -129,8 +137,11 @@ register(
         baselines={
             "torch sparse": Baseline(
                 "torch sparse",
-                _cusparse(lambda crow, col, val, x: _torch_csr(
-                    crow, col, val, (crow.numel() - 1, x.numel())) @ x),
+                _cusparse(
+                    lambda crow, col, val, x: (
+                        _torch_csr(crow, col, val, (crow.numel() - 1, x.numel())) @ x
+                    )
+                ),
                 backward=False,
                 description="torch.sparse_csr_tensor @ x (cuSPARSE)",
             )
@@ -181,8 +192,7 @@ register(
         reference=_spmm_ref,
         make_inputs=_spmm_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1, 1, "uniform"), (37, 29, 19, 5, "uniform"),
-                  (70, 45, 33, 6, "powerlaw")],
+            test=[(1, 1, 1, 1, "uniform"), (37, 29, 19, 5, "uniform"), (70, 45, 33, 6, "powerlaw")],
             bench=[(16384, 16384, 256, 164, "uniform"), (16384, 16384, 256, 164, "rmat")],
             empty=[(0, 5, 3, 1, "uniform"), (6, 0, 3, 1, "uniform"), (5, 4, 0, 2, "uniform")],
         ),
@@ -193,8 +203,11 @@ register(
         baselines={
             "torch sparse": Baseline(
                 "torch sparse",
-                _cusparse(lambda crow, col, val, b: torch.sparse.mm(
-                    _torch_csr(crow, col, val, (crow.numel() - 1, b.shape[0])), b)),
+                _cusparse(
+                    lambda crow, col, val, b: torch.sparse.mm(
+                        _torch_csr(crow, col, val, (crow.numel() - 1, b.shape[0])), b
+                    )
+                ),
                 backward=False,
                 description="torch.sparse.mm on a CSR tensor (cuSPARSE)",
             )
@@ -211,8 +224,12 @@ def _sddmm_inputs(shape, dtype, device, seed):
     m, n, k, per_row, kind = shape
     a = _matrix(m, n, per_row, kind, dtype, device, seed)
     gen = generator(device, seed + 1)
-    return a.crow_indices, a.col_indices, a.values, randn((m, k), dtype, device, gen), randn(
-        (k, n), dtype, device, gen
+    return (
+        a.crow_indices,
+        a.col_indices,
+        a.values,
+        randn((m, k), dtype, device, gen),
+        randn((k, n), dtype, device, gen),
     )
 
 
@@ -230,8 +247,9 @@ def _sddmm_bytes(inputs, mode, **params):
     crow, col, val, mat1, mat2 = inputs
     es = val.element_size()
     return (
-        _idx_bytes(crow) + col.numel() * (col.element_size() + 2 * es) + (mat1.numel() +
-                                                                          mat2.numel()) * es
+        _idx_bytes(crow)
+        + col.numel() * (col.element_size() + 2 * es)
+        + (mat1.numel() + mat2.numel()) * es
     )
 
 
@@ -243,8 +261,7 @@ register(
         reference=_sddmm_ref,
         make_inputs=_sddmm_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1, 1, "uniform"), (37, 29, 13, 5, "uniform"),
-                  (50, 70, 40, 6, "powerlaw")],
+            test=[(1, 1, 1, 1, "uniform"), (37, 29, 13, 5, "uniform"), (50, 70, 40, 6, "powerlaw")],
             bench=[(16384, 16384, 64, 164, "uniform")],
             empty=[(0, 5, 3, 1, "uniform"), (4, 6, 3, 0, "uniform")],
         ),
@@ -257,10 +274,17 @@ register(
         baselines={
             "torch sparse": Baseline(
                 "torch sparse",
-                _cusparse(lambda crow, col, val, mat1, mat2, beta=1.0, alpha=1.0:
-                          torch.sparse.sampled_addmm(
-                              _torch_csr(crow, col, val, (mat1.shape[0], mat2.shape[1])),
-                              mat1, mat2, beta=beta, alpha=alpha).values()),
+                _cusparse(
+                    lambda crow, col, val, mat1, mat2, beta=1.0, alpha=1.0: (
+                        torch.sparse.sampled_addmm(
+                            _torch_csr(crow, col, val, (mat1.shape[0], mat2.shape[1])),
+                            mat1,
+                            mat2,
+                            beta=beta,
+                            alpha=alpha,
+                        ).values()
+                    )
+                ),
                 backward=False,
                 description="torch.sparse.sampled_addmm (cuSPARSE SDDMM)",
             )
@@ -322,9 +346,18 @@ register(
         baselines={
             "torch sparse": Baseline(
                 "torch sparse",
-                _cusparse(lambda crow, col, val, b: torch.sparse_bsr_tensor(
-                    crow, col, val, ((crow.numel() - 1) * val.shape[1], b.shape[0]),
-                    check_invariants=False) @ b),
+                _cusparse(
+                    lambda crow, col, val, b: (
+                        torch.sparse_bsr_tensor(
+                            crow,
+                            col,
+                            val,
+                            ((crow.numel() - 1) * val.shape[1], b.shape[0]),
+                            check_invariants=False,
+                        )
+                        @ b
+                    )
+                ),
                 backward=False,
                 description="torch sparse BSR @ dense",
             )

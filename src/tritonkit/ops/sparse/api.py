@@ -12,16 +12,15 @@ from __future__ import annotations
 import torch
 
 from tritonkit._autocast import policy
+from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.registry import apply
 from tritonkit.ops._core.validate import check_operand, check_tensor
 from tritonkit.ops.sparse.bsr import call_bsr_mm
-from tritonkit.ops.sparse.config import SPLIT
+from tritonkit.ops.sparse.config import split_chunk
 from tritonkit.ops.sparse.formats import BSR, COO, CSR
 from tritonkit.ops.sparse.sddmm import call_sddmm
-from tritonkit.ops.sparse.spmm import call_spmm, spmm_plan
-from tritonkit.ops.sparse.spmv import call_spmv, spmv_plan
-
-_NONE = None
+from tritonkit.ops.sparse.spmm import call_spmm
+from tritonkit.ops.sparse.spmv import call_spmv
 
 
 def as_csr(op: str, a: object) -> CSR:
@@ -56,11 +55,12 @@ class SpmvFunction(torch.autograd.Function):
     """y = A x with gradients for A's values and for x."""
 
     @staticmethod
-    def forward(ctx, val, x, crow, col, bounds, max_row, rows, t_crow, t_col, t_perm, t_bounds,
-                t_max_row):
-        y = call_spmv(crow, col, val, x, bounds, max_row)
+    def forward(
+        ctx, val, x, crow, col, bounds, chunk, rows, t_crow, t_col, t_perm, t_bounds, t_chunk
+    ):
+        y = call_spmv(crow, col, val, x, bounds, chunk)
         ctx.save_for_backward(val, x, col, rows, t_crow, t_col, t_perm, t_bounds)
-        ctx.t_max_row = t_max_row
+        ctx.t_chunk = t_chunk
         return y
 
     @staticmethod
@@ -70,7 +70,7 @@ class SpmvFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             d_val = call_sddmm(rows, col, val, g.unsqueeze(1), x.unsqueeze(0), 0.0, 1.0)
         if ctx.needs_input_grad[1]:
-            d_x = call_spmv(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_max_row)
+            d_x = call_spmv(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_chunk)
         return d_val, d_x, *(None,) * 10
 
 
@@ -78,11 +78,12 @@ class SpmmFunction(torch.autograd.Function):
     """C = A B with gradients for A's values (SDDMM) and for B (A^T g)."""
 
     @staticmethod
-    def forward(ctx, val, b, crow, col, bounds, max_row, rows, t_crow, t_col, t_perm, t_bounds,
-                t_max_row):
-        c = call_spmm(crow, col, val, b, bounds, max_row)
+    def forward(
+        ctx, val, b, crow, col, bounds, chunk, rows, t_crow, t_col, t_perm, t_bounds, t_chunk
+    ):
+        c = call_spmm(crow, col, val, b, bounds, chunk)
         ctx.save_for_backward(val, b, col, rows, t_crow, t_col, t_perm, t_bounds)
-        ctx.t_max_row = t_max_row
+        ctx.t_chunk = t_chunk
         return c
 
     @staticmethod
@@ -92,31 +93,32 @@ class SpmmFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             d_val = call_sddmm(rows, col, val, g, b.t(), 0.0, 1.0)
         if ctx.needs_input_grad[1]:
-            d_b = call_spmm(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_max_row)
+            d_b = call_spmm(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_chunk)
         return d_val, d_b, *(None,) * 10
 
 
-def _bounds(a: CSR, config) -> torch.Tensor:
-    return a.partition(config.chunk) if config.strategy == SPLIT else _empty_index(a)
+# torch.compile traces the public functions: the chunk (host state: the device's SMs) is a
+# constant to it, evaluated once while tracing, from the matrix's Python attributes alone.
+@torch.compiler.assume_constant_result
+def _chunk(op: str, n_rows: int, nnz: int, max_row: int, device: torch.device) -> int:
+    return split_chunk(op, n_rows, nnz, max_row, sm_count(device))
+
+
+def _bounds(a: CSR, chunk: int) -> torch.Tensor:
+    return a.partition(chunk) if chunk else _empty_index(a)
 
 
 def _backward_structure(a: CSR, need_val: bool, need_dense: bool, n: int | None):
-    """(rows, t_crow, t_col, t_perm, t_bounds, t_max_row): what the backward reads, decided
+    """(rows, t_crow, t_col, t_perm, t_bounds, t_chunk): what the backward reads, decided
     now; empty where no gradient will be asked for."""
     empty = _empty_index(a)
     rows = a.row_indices() if need_val else empty
     if not need_dense:
         return rows, empty, empty, empty, empty, 0
     t_crow, t_col, t_perm, t_max = a.transpose_structure()
-    m, k = a.shape
-    if n is None:
-        config = spmv_plan(k, m, a.nnz, t_max, a.device).config
-    else:
-        config = spmm_plan(k, m, n, a.nnz, t_max, a.device).config
-    t_bounds = empty
-    if config.strategy == SPLIT:
-        t_bounds = a.t().partition(config.chunk)
-    return rows, t_crow, t_col, t_perm, t_bounds, t_max
+    k = a.shape[1]
+    chunk = _chunk("spmv" if n is None else "spmm", k, a.nnz, t_max, a.device)
+    return rows, t_crow, t_col, t_perm, _bounds(a.t(), chunk), chunk
 
 
 @policy(cuda=None, cpu=None)
@@ -138,12 +140,18 @@ def spmv(A, x: torch.Tensor) -> torch.Tensor:
     a = as_csr(op, A)
     check_tensor(op, "A.values", a.values)
     check_operand(op, "x", x, "A.values", a.values, shape=(a.shape[1],), shape_name="(K,)")
-    config = spmv_plan(a.shape[0], a.shape[1], a.nnz, a.max_row_length, a.device).config
+    chunk = _chunk("spmv", a.shape[0], a.nnz, a.max_row_length, a.device)
     need_val, need_x = _needs_grad(a.values, x)
     back = _backward_structure(a, need_val, need_x, None)
     return apply(
-        SpmvFunction, a.values, x, a.crow_indices, a.col_indices, _bounds(a, config),
-        a.max_row_length, *back,
+        SpmvFunction,
+        a.values,
+        x,
+        a.crow_indices,
+        a.col_indices,
+        _bounds(a, chunk),
+        chunk,
+        *back,
     )
 
 
@@ -169,21 +177,28 @@ def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
     check_tensor(op, "B", B)
     if B.dim() != 2:
         raise ValueError(f"{op}: B must be 2-D, got shape {tuple(B.shape)}")
-    check_operand(op, "B", B, "A.values", a.values, shape=(a.shape[1], B.shape[1]),
-                  shape_name="(K, N)")
-    config = spmm_plan(a.shape[0], a.shape[1], B.shape[1], a.nnz, a.max_row_length,
-                       a.device).config
+    check_operand(
+        op, "B", B, "A.values", a.values, shape=(a.shape[1], B.shape[1]), shape_name="(K, N)"
+    )
+    chunk = _chunk("spmm", a.shape[0], a.nnz, a.max_row_length, a.device)
     need_val, need_b = _needs_grad(a.values, B)
     back = _backward_structure(a, need_val, need_b, B.shape[1])
     return apply(
-        SpmmFunction, a.values, B, a.crow_indices, a.col_indices, _bounds(a, config),
-        a.max_row_length, *back,
+        SpmmFunction,
+        a.values,
+        B,
+        a.crow_indices,
+        a.col_indices,
+        _bounds(a, chunk),
+        chunk,
+        *back,
     )
 
 
 @policy(cuda=None, cpu=None)
-def sddmm(A, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1.0,
-          alpha: float = 1.0) -> CSR:
+def sddmm(
+    A, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1.0, alpha: float = 1.0
+) -> CSR:
     """Sampled dense-dense product, as ``torch.sparse.sampled_addmm``:
     ``beta * A + alpha * (mat1 @ mat2)`` at A's pattern only.
 
@@ -242,6 +257,7 @@ def bsr_mm(A, B: torch.Tensor) -> torch.Tensor:
     check_tensor(op, "B", B)
     if B.dim() != 2:
         raise ValueError(f"{op}: B must be 2-D, got shape {tuple(B.shape)}")
-    check_operand(op, "B", B, "A.values", A.values, shape=(A.shape[1], B.shape[1]),
-                  shape_name="(K, N)")
+    check_operand(
+        op, "B", B, "A.values", A.values, shape=(A.shape[1], B.shape[1]), shape_name="(K, N)"
+    )
     return call_bsr_mm(A.crow_indices, A.col_indices, A.values, B, A.shape[0])

@@ -101,9 +101,21 @@ def bsr_mm_fwd(
     plan = bsr_plan(n_rows, n, (r, cb), val.dtype, val.device)
     config = config or plan.config
     bsr_mm_kernel[(n_rows // r, cdiv(n, config.BLOCK_N))](
-        crow, col, val, b, c, n, b.stride(0), b.stride(1),
-        R=r, C=cb, BLOCK_N=config.BLOCK_N, PRECISION=plan.precision, UPCAST=plan.upcast,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        crow,
+        col,
+        val,
+        b,
+        c,
+        n,
+        b.stride(0),
+        b.stride(1),
+        R=r,
+        C=cb,
+        BLOCK_N=config.BLOCK_N,
+        PRECISION=plan.precision,
+        UPCAST=plan.upcast,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return c
 

@@ -39,6 +39,29 @@ def _chunk(nnz: int, programs_wanted: int, quantum: int, cap: int) -> int:
     return _clamp(cdiv(per, quantum) * quantum, quantum, cap)
 
 
+def _spmv_block(mean: float) -> int:
+    return _clamp(next_power_of_2(max(1, round(mean))), 4, 64)
+
+
+def _spmm_block_k(mean: float) -> int:
+    return _clamp(next_power_of_2(max(1, round(mean))), 4, 16)
+
+
+def split_chunk(op: str, n_rows: int, nnz: int, max_row: int, sms: int) -> int:
+    """Non-zeros per program of ``op``'s ("spmv" or "spmm") split launch, or 0 where its rows
+    are balanced enough for the row kernel (``strategy``). A function of the matrix alone (not
+    of the dense operand), so that the partition can be computed once and kept on the matrix."""
+    mean = nnz / max(n_rows, 1)
+    if op == "spmv":
+        if strategy(n_rows, nnz, max_row, _spmv_block(mean)) != SPLIT:
+            return 0
+        return _chunk(nnz, 16 * sms, 1024, 8192)
+    block_k = _spmm_block_k(mean)
+    if strategy(n_rows, nnz, max_row, block_k) != SPLIT:
+        return 0
+    return _chunk(nnz, 8 * sms, block_k, 2048)
+
+
 @dataclass(frozen=True)
 class SpmvConfig:
     """y = A x over CSR. ``ROWS`` x ``BLOCK`` is one program's tile: ROWS rows, BLOCK non-zeros
@@ -51,32 +74,26 @@ class SpmvConfig:
     num_warps: int
 
     @classmethod
-    def heuristic(cls, n_rows: int, nnz: int, max_row: int, sms: int) -> SpmvConfig:
+    def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
+        """The config for a matrix whose split chunk (``split_chunk``) is ``chunk``."""
         mean = nnz / max(n_rows, 1)
-        block = _clamp(next_power_of_2(max(1, round(mean))), 4, 64)
-        how = strategy(n_rows, nnz, max_row, block)
-        if how == SPLIT:
+        if chunk:
             # Most rows of a skewed matrix are shorter than its mean: half the mean per load.
             block = _clamp(next_power_of_2(max(1, round(mean))) // 2, 4, 32)
-            rows = 1024 // block
-            return cls(SPLIT, rows, block, _chunk(nnz, 16 * sms, rows * block, 8192), 4)
+            return cls(SPLIT, 1024 // block, block, chunk, 4)
+        block = _spmv_block(mean)
         rows = _clamp(2048 // block, 1, 256)
         rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
         return cls(ROWS, rows, block, 0, 4 if rows * block <= 1024 else 8)
 
     def space(self) -> list[SpmvConfig]:
-        """The configs a sweep tries for this problem (this one first)."""
+        """The configs a sweep tries for this problem (this one first; same chunk)."""
         out = [self]
         for block in (8, 16, 32, 64):
             for tile in (1024, 2048):
                 rows = max(1, tile // block)
                 for warps in (4, 8):
-                    if self.strategy == SPLIT:
-                        for chunk in (2048, 4096, 8192):
-                            c = SpmvConfig(SPLIT, rows, block, max(chunk, rows * block), warps)
-                            out.append(c)
-                    else:
-                        out.append(SpmvConfig(ROWS, rows, block, 0, warps))
+                    out.append(SpmvConfig(self.strategy, rows, block, self.chunk, warps))
         return list(dict.fromkeys(out))
 
 
@@ -92,28 +109,18 @@ class SpmmConfig:
     num_warps: int
 
     @classmethod
-    def heuristic(cls, n_rows: int, n: int, nnz: int, max_row: int, sms: int) -> SpmmConfig:
+    def heuristic(cls, n_rows: int, n: int, nnz: int, chunk: int) -> SpmmConfig:
         block_n = _clamp(next_power_of_2(n), 16, 128)
-        mean = nnz / max(n_rows, 1)
-        block_k = _clamp(next_power_of_2(max(1, round(mean))), 4, 16)
-        how = strategy(n_rows, nnz, max_row, block_k)
+        block_k = _spmm_block_k(nnz / max(n_rows, 1))
         warps = 4 if block_n * block_k <= 2048 else 8
-        if how == SPLIT:
-            tiles = cdiv(n, block_n)
-            chunk = _chunk(nnz, cdiv(16 * sms, tiles), block_k, 2048)
-            return cls(SPLIT, block_k, block_n, chunk, warps)
-        return cls(ROWS, block_k, block_n, 0, warps)
+        return cls(SPLIT if chunk else ROWS, block_k, block_n, chunk, warps)
 
     def space(self) -> list[SpmmConfig]:
         out = [self]
         for block_n in (64, 128, 256):
             for block_k in (8, 16, 32):
                 for warps in (4, 8):
-                    if self.strategy == SPLIT:
-                        for chunk in (256, 512, 1024):
-                            out.append(SpmmConfig(SPLIT, block_k, block_n, chunk, warps))
-                    else:
-                        out.append(SpmmConfig(ROWS, block_k, block_n, 0, warps))
+                    out.append(SpmmConfig(self.strategy, block_k, block_n, self.chunk, warps))
         return list(dict.fromkeys(out))
 
 

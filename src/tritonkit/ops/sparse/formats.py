@@ -167,11 +167,11 @@ class CSR:
         self.crow_indices = crow_indices.contiguous()
         self.col_indices = col_indices.contiguous()
         self.values = values
+        # Python values, read as constants where torch.compile traces a call.
+        self._nnz, self._device = int(col_indices.numel()), device
         self._cache: dict = {}
         self._max_row = (
-            _check_compressed(
-                "CSR", self.crow_indices, self.col_indices, *self.shape, what="row"
-            )
+            _check_compressed("CSR", self.crow_indices, self.col_indices, *self.shape, what="row")
             if check
             else None
         )
@@ -184,7 +184,7 @@ class CSR:
     # ---- properties ----
     @property
     def nnz(self) -> int:
-        return self.col_indices.numel()
+        return self._nnz
 
     @property
     def dtype(self) -> torch.dtype:
@@ -192,7 +192,7 @@ class CSR:
 
     @property
     def device(self) -> torch.device:
-        return self.values.device
+        return self._device
 
     @property
     def max_row_length(self) -> int:
@@ -218,8 +218,8 @@ class CSR:
 
     def with_values(self, values: torch.Tensor) -> CSR:
         """The same structure (and its cached analysis) with other values."""
-        _check_values("CSR", values, 1, self.device)
-        if values.shape[0] != self.nnz:
+        _check_values("CSR", values, 1, self._device)
+        if values.shape[0] != self._nnz:
             raise ValueError(
                 f"tritonkit.sparse.CSR: values must have nnz = {self.nnz} entries, "
                 f"got {values.shape[0]}"
@@ -228,6 +228,7 @@ class CSR:
         out.shape, out.index_dtype = self.shape, self.index_dtype
         out.crow_indices, out.col_indices, out.values = self.crow_indices, self.col_indices, values
         out._cache, out._max_row = self._cache, self._max_row
+        out._nnz, out._device = self._nnz, self._device
         return out
 
     # ---- analysis kept on the matrix ----
@@ -507,7 +508,9 @@ class BSR:
         self.values = values.contiguous()
         n_brows, n_bcols = self.shape[0] // r, self.shape[1] // c
         if check:
-            _check_compressed("BSR", self.crow_indices, self.col_indices, n_brows, n_bcols, "block row")
+            _check_compressed(
+                "BSR", self.crow_indices, self.col_indices, n_brows, n_bcols, "block row"
+            )
         elif self.crow_indices.numel() != n_brows + 1:
             raise ValueError(
                 f"tritonkit.sparse.BSR: crow_indices must have {n_brows + 1} entries, "

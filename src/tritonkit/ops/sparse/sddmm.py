@@ -101,9 +101,24 @@ def sddmm_fwd(
     if plan.copy_mat2:
         mat2 = mat2.t().contiguous().t()
     sddmm_kernel[(cdiv(nnz, config.BLOCK),)](
-        rows, col, inp, mat1, mat2, out, nnz, k, inp.stride(0),
-        mat1.stride(0), mat1.stride(1), mat2.stride(0), mat2.stride(1), beta, alpha,
-        HAS_INPUT=beta != 0, BLOCK=config.BLOCK, BLOCK_K=config.BLOCK_K,
+        rows,
+        col,
+        inp,
+        mat1,
+        mat2,
+        out,
+        nnz,
+        k,
+        inp.stride(0),
+        mat1.stride(0),
+        mat1.stride(1),
+        mat2.stride(0),
+        mat2.stride(1),
+        beta,
+        alpha,
+        HAS_INPUT=beta != 0,
+        BLOCK=config.BLOCK,
+        BLOCK_K=config.BLOCK_K,
         num_warps=config.num_warps,
     )
     return out

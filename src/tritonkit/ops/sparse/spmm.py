@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops._core.registry import define_op, eager_direct
@@ -28,8 +27,18 @@ from tritonkit.ops.sparse.config import ROWS, SpmmConfig
 
 @triton.jit
 def _row_times_b(
-    col_ptr, val_ptr, b_ptr, lo, hi, rn, nmask, stride_v, stride_bk, stride_bn,
-    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    col_ptr,
+    val_ptr,
+    b_ptr,
+    lo,
+    hi,
+    rn,
+    nmask,
+    stride_v,
+    stride_bk,
+    stride_bn,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """sum over non-zeros lo:hi of val * B[col, rn]: a fp32 (BLOCK_N,) vector."""
     k = tl.arange(0, BLOCK_K)
@@ -70,8 +79,18 @@ def spmm_rows_kernel(
     lo = tl.load(crow_ptr + row).to(tl.int64)
     hi = tl.load(crow_ptr + row + 1).to(tl.int64)
     total = _row_times_b(
-        col_ptr, val_ptr, b_ptr, lo, hi, rn, nmask, stride_v, stride_bk, stride_bn,
-        BLOCK_K, BLOCK_N,
+        col_ptr,
+        val_ptr,
+        b_ptr,
+        lo,
+        hi,
+        rn,
+        nmask,
+        stride_v,
+        stride_bk,
+        stride_bn,
+        BLOCK_K,
+        BLOCK_N,
     )
     tl.store(c_ptr + row * N + rn, total.to(c_ptr.dtype.element_ty), mask=nmask)
 
@@ -107,8 +126,18 @@ def spmm_split_kernel(
         lo = tl.maximum(tl.load(crow_ptr + r).to(tl.int64), s)
         hi = tl.minimum(r_end, e)
         total = _row_times_b(
-            col_ptr, val_ptr, b_ptr, lo, hi, rn, nmask, stride_v, stride_bk, stride_bn,
-            BLOCK_K, BLOCK_N,
+            col_ptr,
+            val_ptr,
+            b_ptr,
+            lo,
+            hi,
+            rn,
+            nmask,
+            stride_v,
+            stride_bk,
+            stride_bn,
+            BLOCK_K,
+            BLOCK_N,
         )
         if r < own0:
             tl.store(part_ptr + (2 * pid).to(tl.int64) * N + rn, total, mask=nmask)
@@ -156,15 +185,13 @@ class SpmmPlan:
     tiles_n: int
 
 
-def spmm_plan(
-    n_rows: int, n_cols: int, n: int, nnz: int, max_row: int, device: torch.device
-) -> SpmmPlan:
-    """The plan for C = A B with A (n_rows, n_cols) holding nnz non-zeros (longest row
-    max_row) and B (n_cols, n)."""
-    key = ("sparse.spmm", n_rows, n_cols, n, nnz, max_row, device)
+def spmm_plan(n_rows: int, n: int, nnz: int, chunk: int, device: torch.device) -> SpmmPlan:
+    """The plan for C = A B with A of n_rows rows holding nnz non-zeros (split in chunks of
+    ``chunk``, 0: the row kernel) and B of n columns."""
+    key = ("sparse.spmm", n_rows, n, nnz, chunk, device)
 
     def build() -> SpmmPlan:
-        cfg = SpmmConfig.heuristic(n_rows, n, nnz, max_row, sm_count(device))
+        cfg = SpmmConfig.heuristic(n_rows, n, nnz, chunk)
         programs = n_rows if cfg.strategy == ROWS else cdiv(nnz, cfg.chunk)
         return SpmmPlan(cfg, programs, cdiv(n, cfg.BLOCK_N))
 
@@ -177,17 +204,17 @@ def spmm_fwd(
     val: torch.Tensor,
     b: torch.Tensor,
     bounds: torch.Tensor,
-    max_row: int,
+    chunk: int,
     config: SpmmConfig | None = None,
 ) -> torch.Tensor:
-    """C = A B; ``bounds`` is ``CSR.partition(chunk)`` of the split strategy (else unused)."""
+    """C = A B; with ``chunk`` > 0 the split kernel over ``bounds = CSR.partition(chunk)``."""
     n_rows, nnz = crow.numel() - 1, col.numel()
     n = b.shape[1]
     c = torch.empty((n_rows, n), dtype=val.dtype, device=val.device)
     if c.numel() == 0:
         return c
     if config is None:
-        config = spmm_plan(n_rows, b.shape[0], n, nnz, max_row, val.device).config
+        config = spmm_plan(n_rows, n, nnz, chunk, val.device).config
     tiles_n = cdiv(n, config.BLOCK_N)
     meta = dict(BLOCK_K=config.BLOCK_K, BLOCK_N=config.BLOCK_N, num_warps=config.num_warps)
     if config.strategy == ROWS or nnz == 0:
@@ -198,13 +225,32 @@ def spmm_fwd(
     programs = cdiv(nnz, config.chunk)
     part = torch.empty((2 * programs, n), dtype=torch.float32, device=val.device)
     spmm_split_kernel[(programs, tiles_n)](
-        crow, col, val, b, c, part, bounds, nnz, config.chunk, n,
-        val.stride(0), b.stride(0), b.stride(1), **meta,
+        crow,
+        col,
+        val,
+        b,
+        c,
+        part,
+        bounds,
+        nnz,
+        config.chunk,
+        n,
+        val.stride(0),
+        b.stride(0),
+        b.stride(1),
+        **meta,
     )
     if programs > 1:
         spmm_fixup_kernel[(programs - 1, tiles_n)](
-            crow, c, part, bounds, programs, config.chunk, n,
-            BLOCK_N=config.BLOCK_N, num_warps=4,
+            crow,
+            c,
+            part,
+            bounds,
+            programs,
+            config.chunk,
+            n,
+            BLOCK_N=config.BLOCK_N,
+            num_warps=4,
         )
     return c
 
@@ -216,13 +262,13 @@ def _spmm_op(
     val: torch.Tensor,
     b: torch.Tensor,
     bounds: torch.Tensor,
-    max_row: int,
+    chunk: int,
 ) -> torch.Tensor:
-    return spmm_fwd(crow, col, val, b, bounds, max_row)
+    return spmm_fwd(crow, col, val, b, bounds, chunk)
 
 
 @_spmm_op.register_fake
-def _(crow, col, val, b, bounds, max_row):
+def _(crow, col, val, b, bounds, chunk):
     return val.new_empty((crow.shape[0] - 1, b.shape[1]))
 
 

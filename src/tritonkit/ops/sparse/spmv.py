@@ -31,7 +31,16 @@ from tritonkit.ops.sparse.config import ROWS, SpmvConfig
 
 @triton.jit
 def _row_tile_sum(
-    crow_ptr, col_ptr, val_ptr, x_ptr, rows, rmask, s, e, stride_v, stride_x,
+    crow_ptr,
+    col_ptr,
+    val_ptr,
+    x_ptr,
+    rows,
+    rmask,
+    s,
+    e,
+    stride_v,
+    stride_x,
     BLOCK: tl.constexpr,
 ):
     """Sum of val * x[col] over each row's non-zeros clipped to [s, e): a fp32 vector."""
@@ -127,9 +136,7 @@ def spmv_split_kernel(
             r_end = tl.load(crow_ptr + rows + 1, mask=rmask, other=0).to(tl.int64)
             carry = rows < own0
             head = (~carry) & (r_end > e)
-            tl.store(
-                y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=rmask & ~carry & ~head
-            )
+            tl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=rmask & ~carry & ~head)
             slot = 2 * pid + tl.where(carry, 0, 1)
             tl.store(part_ptr + slot, total, mask=rmask & (carry | head))
 
@@ -168,20 +175,18 @@ class SpmvPlan:
     programs: int
 
 
-def spmv_plan(
-    n_rows: int, n_cols: int, nnz: int, max_row: int, device: torch.device
-) -> SpmvPlan:
-    """The plan for y = A x with A (n_rows, n_cols), nnz non-zeros, longest row max_row."""
-    key = ("sparse.spmv", n_rows, n_cols, nnz, max_row, device)
-    env = current_env(device.type)
+def spmv_plan(n_rows: int, nnz: int, chunk: int, device: torch.device) -> SpmvPlan:
+    """The plan for y = A x with A of n_rows rows holding nnz non-zeros, split in chunks of
+    ``chunk`` (``config.split_chunk``; 0: the row kernel)."""
+    key = ("sparse.spmv", n_rows, nnz, chunk, device)
 
     def build() -> SpmvPlan:
-        cfg = SpmvConfig.heuristic(n_rows, nnz, max_row, sm_count(device))
+        cfg = SpmvConfig.heuristic(n_rows, nnz, chunk, sm_count(device))
         if cfg.strategy == ROWS:
             return SpmvPlan(cfg, cdiv(n_rows, cfg.ROWS))
         return SpmvPlan(cfg, cdiv(nnz, cfg.chunk))
 
-    return PLANS.get(key, env, build)
+    return PLANS.get(key, current_env(device.type), build)
 
 
 def spmv_fwd(
@@ -190,30 +195,52 @@ def spmv_fwd(
     val: torch.Tensor,
     x: torch.Tensor,
     bounds: torch.Tensor,
-    max_row: int,
+    chunk: int,
     config: SpmvConfig | None = None,
 ) -> torch.Tensor:
-    """y = A x; ``bounds`` is ``CSR.partition(chunk)`` of the split strategy (else unused).
-    ``config`` forces a config (tests, sweeps); its bounds must match its chunk."""
+    """y = A x; with ``chunk`` > 0 the split kernel over ``bounds = CSR.partition(chunk)``.
+    ``config`` forces a config (tests, sweeps) of the same chunk."""
     n_rows, nnz = crow.numel() - 1, col.numel()
     y = torch.empty(n_rows, dtype=val.dtype, device=val.device)
     if n_rows == 0:
         return y
     if config is None:
-        plan = spmv_plan(n_rows, x.shape[0], nnz, max_row, val.device)
+        plan = spmv_plan(n_rows, nnz, chunk, val.device)
         config, programs = plan.config, plan.programs
     else:
         programs = cdiv(n_rows, config.ROWS) if config.strategy == ROWS else cdiv(nnz, config.chunk)
     if config.strategy == ROWS or nnz == 0:
         spmv_rows_kernel[(cdiv(n_rows, config.ROWS),)](
-            crow, col, val, x, y, n_rows, nnz, val.stride(0), x.stride(0),
-            ROWS=config.ROWS, BLOCK=config.BLOCK, num_warps=config.num_warps,
+            crow,
+            col,
+            val,
+            x,
+            y,
+            n_rows,
+            nnz,
+            val.stride(0),
+            x.stride(0),
+            ROWS=config.ROWS,
+            BLOCK=config.BLOCK,
+            num_warps=config.num_warps,
         )
         return y
     part = torch.empty(2 * programs, dtype=torch.float32, device=val.device)
     spmv_split_kernel[(programs,)](
-        crow, col, val, x, y, part, bounds, nnz, config.chunk, val.stride(0), x.stride(0),
-        ROWS=config.ROWS, BLOCK=config.BLOCK, num_warps=config.num_warps,
+        crow,
+        col,
+        val,
+        x,
+        y,
+        part,
+        bounds,
+        nnz,
+        config.chunk,
+        val.stride(0),
+        x.stride(0),
+        ROWS=config.ROWS,
+        BLOCK=config.BLOCK,
+        num_warps=config.num_warps,
     )
     if programs > 1:
         spmv_fixup_kernel[(programs - 1,)](
@@ -229,13 +256,13 @@ def _spmv_op(
     val: torch.Tensor,
     x: torch.Tensor,
     bounds: torch.Tensor,
-    max_row: int,
+    chunk: int,
 ) -> torch.Tensor:
-    return spmv_fwd(crow, col, val, x, bounds, max_row)
+    return spmv_fwd(crow, col, val, x, bounds, chunk)
 
 
 @_spmv_op.register_fake
-def _(crow, col, val, x, bounds, max_row):
+def _(crow, col, val, x, bounds, chunk):
     return val.new_empty((crow.shape[0] - 1,))
 
 
