@@ -3,9 +3,9 @@
 The structure of A + A^T is built on A's device (torch); the breadth-first search runs on the
 host in numpy, each level expanded at once: the neighbours of the whole frontier gathered in
 one indexing, the unvisited ones ordered by (position of their first parent in the frontier,
-degree), which is the order the node-by-node Cuthill-McKee queue gives them. The start of each
-connected component is a pseudo-peripheral node (George and Liu's first step: the least-degree
-move to a least-degree node of the last BFS level while the eccentricity grows).
+degree), which is the order the node-by-node Cuthill-McKee queue gives them. Each connected
+component is ordered from a node of least degree and from a least-degree node of that search's
+last level (George and Liu's pseudo-peripheral step); the narrower order is kept.
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ def _gather(indptr: np.ndarray, degree: np.ndarray, indices: np.ndarray, frontie
     return indices[offsets]
 
 
-def _bfs(indptr, degree, indices, start, visited, scratch, out=None, pos=0):
-    """Breadth-first search from ``start`` over adjacency lists sorted by degree. With
-    ``out``, the Cuthill-McKee order is written to ``out[pos:]`` and the new ``pos``
-    returned; without it, the last level (``visited`` restored afterwards).
+def _cuthill_mckee(indptr, degree, indices, start, visited, scratch, out, pos):
+    """Cuthill-McKee from ``start`` over adjacency lists sorted by degree, written to
+    ``out[pos:]``; returns the new ``pos`` and the last BFS level.
 
     A level's unvisited neighbours, gathered node after node of the frontier (each list in
     degree order) and kept at their first occurrence, come in the order of the node-by-node
@@ -64,38 +63,51 @@ def _bfs(indptr, degree, indices, start, visited, scratch, out=None, pos=0):
     """
     frontier = np.array([start])
     visited[start] = True
-    seen = [frontier]
-    if out is not None:
-        out[pos] = start
-        pos += 1
+    out[pos] = start
+    pos += 1
     while True:
         nb = _gather(indptr, degree, indices, frontier)
         nb = nb[~visited[nb]]
         if nb.size == 0:
-            break
+            return pos, frontier
         rank = np.arange(nb.size)
         scratch[nb[::-1]] = rank[::-1]  # the last write wins: each node's first occurrence
         nb = nb[scratch[nb] == rank]
         visited[nb] = True
-        if out is not None:
-            out[pos : pos + nb.size] = nb
-            pos += nb.size
-        else:
-            seen.append(nb)
+        out[pos : pos + nb.size] = nb
+        pos += nb.size
         frontier = nb
-    if out is not None:
-        return pos
-    for level in seen:
-        visited[level] = False
-    return frontier
 
 
-def _pseudo_peripheral(indptr, degree, indices, start, visited, scratch) -> int:
-    """George and Liu's first step: the least-degree node of the last BFS level from a node of
-    least degree (a further sweep rarely moves it on the matrices RCM is for, and each sweep
-    costs a full search)."""
-    last = _bfs(indptr, degree, indices, start, visited, scratch)
-    return int(last[np.argmin(degree[last])])
+def _bandwidth_of(indptr, degree, indices, nodes: np.ndarray, scratch) -> int:
+    """The bandwidth of one component laid out in the order ``nodes``."""
+    scratch[nodes] = np.arange(nodes.size)
+    nb = _gather(indptr, degree, indices, nodes)
+    if nb.size == 0:
+        return 0
+    here = np.repeat(np.arange(nodes.size), degree[nodes])
+    return int(np.abs(scratch[nb] - here).max())
+
+
+def _component(indptr, degree, indices, start, visited, scratch, out, pos) -> int:
+    """Order the component of ``start`` into ``out[pos:]``; returns the new ``pos``.
+
+    Two Cuthill-McKee orders are tried, the narrower kept: from ``start`` (a node of least
+    degree, as the original method and scipy start), and from a least-degree node of that
+    search's last level (George and Liu's pseudo-peripheral step), which is usually narrower
+    on meshes and bands.
+    """
+    end, last = _cuthill_mckee(indptr, degree, indices, start, visited, scratch, out, pos)
+    other = int(last[np.argmin(degree[last])])
+    if other == start or end - pos < 3:
+        return end
+    first = out[pos:end].copy()
+    width = _bandwidth_of(indptr, degree, indices, first, scratch)
+    visited[first] = False
+    end2, _ = _cuthill_mckee(indptr, degree, indices, other, visited, scratch, out, pos)
+    if _bandwidth_of(indptr, degree, indices, out[pos:end2], scratch) > width:
+        out[pos:end] = first
+    return end
 
 
 def rcm(A) -> tuple[torch.Tensor, CSR]:
@@ -121,14 +133,14 @@ def rcm(A) -> tuple[torch.Tensor, CSR]:
     isolated = np.flatnonzero(degree == 0)
     visited[isolated] = True
     pos = 0
-    # Components, each from the least-degree node not yet placed; nodes by ascending degree.
-    by_degree = np.argsort(degree, kind="stable")
+    # Components, each from the least-degree node not yet placed (ties as scipy breaks them:
+    # numpy's default sort of int32 degrees).
+    by_degree = np.argsort(degree.astype(np.int32))
     cursor = 0
     while pos < n - isolated.size:
         while visited[by_degree[cursor]]:
             cursor += 1
-        start = _pseudo_peripheral(indptr, degree, indices, by_degree[cursor], visited, scratch)
-        pos = _bfs(indptr, degree, indices, start, visited, scratch, out, pos)
+        pos = _component(indptr, degree, indices, by_degree[cursor], visited, scratch, out, pos)
     out[pos:] = isolated
     perm = torch.from_numpy(out[::-1].copy()).to(a.device)
     return perm, permute(a, perm)
