@@ -160,7 +160,7 @@ def test_spmv_matches_dense(kind, dtype, device):
 @pytest.mark.parametrize(
     "config",
     [SpmvConfig(ROWS, 4, 8, 0, 4), SpmvConfig(ROWS, 1, 4, 0, 1)]
-    + [SpmvConfig(SPLIT, r, b, c, 4) for r, b in [(1, 4), (4, 8)] for c in (3, 16, 40, 1000)],
+    + [SpmvConfig(SPLIT, 1, t, c, 4) for t in (4, 32) for c in (3, 16, 40, 1000)],
     ids=str,
 )
 def test_spmv_every_path_and_chunk(config, device):

@@ -64,8 +64,9 @@ def split_chunk(op: str, n_rows: int, nnz: int, max_row: int, sms: int) -> int:
 
 @dataclass(frozen=True)
 class SpmvConfig:
-    """y = A x over CSR. ``ROWS`` x ``BLOCK`` is one program's tile: ROWS rows, BLOCK non-zeros
-    of each per step; ``chunk`` is a split program's share of non-zeros (0 with ``ROWS``)."""
+    """y = A x over CSR. Row kernel: ``ROWS`` x ``BLOCK`` is one program's tile (ROWS rows,
+    BLOCK non-zeros of each per step). Split kernel: ``chunk`` non-zeros per program, taken
+    ``ROWS * BLOCK`` at a time (ROWS = 1)."""
 
     strategy: str
     ROWS: int
@@ -76,12 +77,9 @@ class SpmvConfig:
     @classmethod
     def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
         """The config for a matrix whose split chunk (``split_chunk``) is ``chunk``."""
-        mean = nnz / max(n_rows, 1)
         if chunk:
-            # Most rows of a skewed matrix are shorter than its mean: half the mean per load.
-            block = _clamp(next_power_of_2(max(1, round(mean))) // 2, 4, 32)
-            return cls(SPLIT, 1024 // block, block, chunk, 4)
-        block = _spmv_block(mean)
+            return cls(SPLIT, 1, 1024, chunk, 8)
+        block = _spmv_block(nnz / max(n_rows, 1))
         rows = _clamp(2048 // block, 1, 256)
         rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
         return cls(ROWS, rows, block, 0, 4 if rows * block <= 1024 else 8)
@@ -89,11 +87,13 @@ class SpmvConfig:
     def space(self) -> list[SpmvConfig]:
         """The configs a sweep tries for this problem (this one first; same chunk)."""
         out = [self]
-        for block in (8, 16, 32, 64):
-            for tile in (1024, 2048):
-                rows = max(1, tile // block)
-                for warps in (4, 8):
-                    out.append(SpmvConfig(self.strategy, rows, block, self.chunk, warps))
+        for warps in (4, 8):
+            if self.strategy == SPLIT:
+                out += [SpmvConfig(SPLIT, 1, tile, self.chunk, warps) for tile in (512, 1024, 2048)]
+                continue
+            for block in (8, 16, 32, 64):
+                for tile in (1024, 2048):
+                    out.append(SpmvConfig(ROWS, max(1, tile // block), block, 0, warps))
         return list(dict.fromkeys(out))
 
 

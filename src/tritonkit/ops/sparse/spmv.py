@@ -4,13 +4,14 @@ Row kernel: a program takes ROWS consecutive rows and walks their non-zeros BLOC
 ROWS x BLOCK tile (columns and values read contiguously, x gathered), as many steps as its
 longest row needs.
 
-Split kernel: program ``p`` takes non-zeros ``[p * chunk, (p + 1) * chunk)``, whatever rows
-they belong to (``CSR.partition``: the rows starting in each chunk, found by a device search
-over the row pointers). It walks the row it starts inside of (its carry) and the rows it owns
-as the row kernel does, clipped to its chunk; a chunk inside one long row takes the whole
-ROWS x BLOCK width for that row. A row cut by chunk boundaries leaves float32 partial sums (its
-owner's head and each later program's carry); the fixup kernel adds them in program order, so
-the result is the same bits on every run (no atomics).
+Split kernel (merge-path style): program ``p`` takes non-zeros ``[p * chunk, (p + 1) *
+chunk)``, whatever rows they belong to (``CSR.partition``: the rows starting in each chunk,
+found once by a device search over the row pointers), TILE at a time: every lane a non-zero,
+its row found by a binary search over the chunk's few row pointers, the products summed per
+row by a segmented scan, each row's sum stored by its last lane. Short and long rows cost the
+same per non-zero. A row cut by chunk boundaries leaves float32 partial sums (its owner's head
+and each later program's carry); the fixup kernel adds them in program order, so the result
+is the same bits on every run (no atomics).
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def _row_tile_sum(
     for i in range(steps):
         offs = lo[:, None] + i * BLOCK + k[None, :]
         m = offs < hi[:, None]
-        c = tl.load(col_ptr + offs, mask=m, other=0).to(tl.int64)
-        v = tl.load(val_ptr + offs * stride_v, mask=m, other=0.0).to(tl.float32)
-        xv = tl.load(x_ptr + c * stride_x, mask=m, other=0.0).to(tl.float32)
-        acc += v * xv
+        # The matrix streams through once; x is gathered again and again: kept in L2.
+        c = tl.load(col_ptr + offs, mask=m, other=0, eviction_policy="evict_first").to(tl.int64)
+        v = tl.load(val_ptr + offs * stride_v, mask=m, other=0.0, eviction_policy="evict_first")
+        xv = tl.load(x_ptr + c * stride_x, mask=m, other=0.0, eviction_policy="evict_last")
+        acc += v.to(tl.float32) * xv.to(tl.float32)
     return tl.sum(acc, axis=1)
 
 
@@ -82,6 +84,12 @@ def spmv_rows_kernel(
     tl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=rmask)
 
 
+@triton.jit
+def _segmented_add(v1, f1, v2, f2):
+    """Combine of a segmented inclusive sum: f marks the first element of a segment."""
+    return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
+
+
 @kernel
 def spmv_split_kernel(
     crow_ptr,  # (n_rows + 1,) row pointers
@@ -95,8 +103,7 @@ def spmv_split_kernel(
     chunk,  # non-zeros per program
     stride_v,
     stride_x,
-    ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,  # non-zeros per step
 ):
     pid = tl.program_id(0)
     s = pid.to(tl.int64) * chunk
@@ -104,41 +111,62 @@ def spmv_split_kernel(
     own0 = tl.load(bounds_ptr + pid).to(tl.int64)
     own1 = tl.load(bounds_ptr + pid + 1).to(tl.int64)
     first = own0 - (pid > 0).to(tl.int64)  # the row carried in from the previous chunk
-    n_rows_here = own1 - first
-    if n_rows_here == 1:
-        # One row: the whole tile width on it (a chunk inside a long row).
-        r = first
-        lo = tl.maximum(tl.load(crow_ptr + r).to(tl.int64), s)
-        r_end = tl.load(crow_ptr + r + 1).to(tl.int64)
-        hi = tl.minimum(r_end, e)
-        k = tl.arange(0, ROWS * BLOCK)
-        acc = tl.zeros((ROWS * BLOCK,), dtype=tl.float32)
-        for start in range(lo, hi, ROWS * BLOCK):
-            offs = start + k
-            m = offs < hi
-            c = tl.load(col_ptr + offs, mask=m, other=0).to(tl.int64)
-            v = tl.load(val_ptr + offs * stride_v, mask=m, other=0.0).to(tl.float32)
-            acc += v * tl.load(x_ptr + c * stride_x, mask=m, other=0.0).to(tl.float32)
-        total = tl.sum(acc, axis=0)
-        if r < own0:
-            tl.store(part_ptr + 2 * pid, total)
-        elif r_end > e:
-            tl.store(part_ptr + 2 * pid + 1, total)
-        else:
-            tl.store(y_ptr + r, total.to(y_ptr.dtype.element_ty))
-    else:
-        for g in range(0, n_rows_here, ROWS):
-            rows = first + g + tl.arange(0, ROWS)
-            rmask = rows < own1
-            total = _row_tile_sum(
-                crow_ptr, col_ptr, val_ptr, x_ptr, rows, rmask, s, e, stride_v, stride_x, BLOCK
-            )
-            r_end = tl.load(crow_ptr + rows + 1, mask=rmask, other=0).to(tl.int64)
-            carry = rows < own0
-            head = (~carry) & (r_end > e)
-            tl.store(y_ptr + rows, total.to(y_ptr.dtype.element_ty), mask=rmask & ~carry & ~head)
-            slot = 2 * pid + tl.where(carry, 0, 1)
-            tl.store(part_ptr + slot, total, mask=rmask & (carry | head))
+    lane = tl.arange(0, TILE)
+    # Empty rows own no non-zero: written here.
+    for g in range(own0, own1, TILE):
+        rows = g + lane
+        rm = rows < own1
+        start = tl.load(crow_ptr + rows, mask=rm, other=0)
+        end = tl.load(crow_ptr + rows + 1, mask=rm, other=0)
+        tl.store(y_ptr + rows, tl.zeros((TILE,), y_ptr.dtype.element_ty), mask=rm & (start == end))
+    # Binary search steps over the chunk's rows first..own1 (crow[own1] >= e).
+    steps = 0
+    width = own1 - first
+    while width > 1:
+        width = (width + 1) // 2
+        steps += 1
+    carry_val = tl.zeros((), tl.float32)  # a row running on from the previous tile
+    carry_row = tl.full((), -1, tl.int64)
+    carried = tl.zeros((), tl.float32)  # the carry-in row's sum over this chunk
+    head = tl.zeros((), tl.float32)  # the sum of a last row that runs past the chunk
+    for t in range(s, e, TILE):
+        j = t + lane
+        m = j < e
+        c = tl.load(col_ptr + j, mask=m, other=0, eviction_policy="evict_first").to(tl.int64)
+        v = tl.load(val_ptr + j * stride_v, mask=m, other=0.0, eviction_policy="evict_first")
+        xv = tl.load(x_ptr + c * stride_x, mask=m, other=0.0, eviction_policy="evict_last")
+        prod = v.to(tl.float32) * xv.to(tl.float32)
+        # Each lane's row: the last row starting at or before it.
+        lo = tl.full((TILE,), 0, tl.int64) + first
+        hi = tl.full((TILE,), 0, tl.int64) + own1
+        for _ in range(steps):
+            open_ = hi - lo > 1
+            mid = (lo + hi) // 2
+            at_or_before = tl.load(crow_ptr + mid, mask=m & open_, other=0).to(tl.int64) <= j
+            lo = tl.where(open_ & at_or_before, mid, lo)
+            hi = tl.where(open_ & ~at_or_before, mid, hi)
+        r_start = tl.load(crow_ptr + lo, mask=m, other=0).to(tl.int64)
+        r_end = tl.load(crow_ptr + lo + 1, mask=m, other=0).to(tl.int64)
+        starts = (j == tl.maximum(r_start, t)).to(tl.int32)
+        total, _ = tl.associative_scan((prod, starts), 0, _segmented_add)
+        total += tl.where(lo == carry_row, carry_val, 0.0)
+        ends_here = m & (j == tl.minimum(r_end, e) - 1)  # the row's last non-zero here
+        is_carry = lo < own0
+        is_head = (~is_carry) & (r_end > e)
+        tl.store(
+            y_ptr + lo,
+            total.to(y_ptr.dtype.element_ty),
+            mask=ends_here & ~is_carry & ~is_head,
+        )
+        carried += tl.sum(tl.where(ends_here & is_carry, total, 0.0), axis=0)
+        head += tl.sum(tl.where(ends_here & is_head, total, 0.0), axis=0)
+        # The tile's last lane, if its row goes on: carried into the next tile.
+        last = m & (lane == TILE - 1) & ~ends_here
+        carry_val = tl.sum(tl.where(last, total, 0.0), axis=0)
+        carry_row = tl.max(tl.where(last, lo, -1), axis=0)
+    if pid > 0:
+        tl.store(part_ptr + 2 * pid, carried)
+    tl.store(part_ptr + 2 * pid + 1, head)
 
 
 @kernel
@@ -238,8 +266,7 @@ def spmv_fwd(
         config.chunk,
         val.stride(0),
         x.stride(0),
-        ROWS=config.ROWS,
-        BLOCK=config.BLOCK,
+        TILE=config.ROWS * config.BLOCK,
         num_warps=config.num_warps,
     )
     if programs > 1:
