@@ -110,7 +110,9 @@ class SpmmConfig:
 
     @classmethod
     def heuristic(cls, n_rows: int, n: int, nnz: int, chunk: int) -> SpmmConfig:
-        block_n = _clamp(next_power_of_2(n), 16, 128)
+        # One program covers up to 256 columns of B: a gathered row of B is read as one
+        # contiguous run, and the row's columns and values are read once, not once per tile.
+        block_n = _clamp(next_power_of_2(n), 16, 256)
         block_k = _spmm_block_k(nnz / max(n_rows, 1))
         warps = 4 if block_n * block_k <= 2048 else 8
         return cls(SPLIT if chunk else ROWS, block_k, block_n, chunk, warps)
