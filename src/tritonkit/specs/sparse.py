@@ -16,7 +16,7 @@ import torch
 
 from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, Unavailable, register
 from tritonkit.sparse import BSR, CSR, bsr_mm, generate, sddmm, spmm, spmv
-from tritonkit.specs._common import generator, randn
+from tritonkit.specs._common import generator, randn, torch_baselines
 
 FAMILY = "sparse"
 
@@ -135,6 +135,7 @@ register(
         tolerance=_TOL,
         bench_dtypes=(torch.float32,),
         baselines={
+            **torch_baselines(_spmv_ref),
             "torch sparse": Baseline(
                 "torch sparse",
                 _cusparse(
@@ -144,7 +145,7 @@ register(
                 ),
                 backward=False,
                 description="torch.sparse_csr_tensor @ x (cuSPARSE)",
-            )
+            ),
         },
         description="y = A x over CSR: row groups, or an nnz-split for skewed rows",
     )
@@ -201,6 +202,7 @@ register(
         tolerance=_TOL,
         bench_dtypes=(torch.float32,),
         baselines={
+            **torch_baselines(_spmm_ref),
             "torch sparse": Baseline(
                 "torch sparse",
                 _cusparse(
@@ -210,7 +212,7 @@ register(
                 ),
                 backward=False,
                 description="torch.sparse.mm on a CSR tensor (cuSPARSE)",
-            )
+            ),
         },
         description="C = A B over CSR (gradients: A^T g and SDDMM)",
     )
@@ -272,6 +274,7 @@ register(
         backward=False,
         bench_dtypes=(torch.float32,),
         baselines={
+            **torch_baselines(_sddmm_ref),
             "torch sparse": Baseline(
                 "torch sparse",
                 _cusparse(
@@ -287,7 +290,7 @@ register(
                 ),
                 backward=False,
                 description="torch.sparse.sampled_addmm (cuSPARSE SDDMM)",
-            )
+            ),
         },
         description="sampled dense-dense product at a CSR pattern (torch.sparse.sampled_addmm)",
     )
@@ -344,6 +347,7 @@ register(
         compute="tensor",
         bench_dtypes=(torch.bfloat16,),
         baselines={
+            **torch_baselines(_bsr_ref),
             "torch sparse": Baseline(
                 "torch sparse",
                 _cusparse(
@@ -360,7 +364,7 @@ register(
                 ),
                 backward=False,
                 description="torch sparse BSR @ dense",
-            )
+            ),
         },
         description="block-sparse (BSR) x dense on the tensor cores",
     )
