@@ -34,7 +34,7 @@ def bsr_mm_kernel(
     R: tl.constexpr,
     C: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,  # tl.dot's input_precision for float32 ("ieee" or "tf32")
+    PRECISION: tl.constexpr,  # float32 blocks: "ieee" or "tf32"; 16-bit: None
     UPCAST: tl.constexpr,  # operands to fp32 first (the interpreter's bf16 dot is wrong)
 ):
     pid_m = tl.program_id(0)
@@ -67,7 +67,7 @@ class BsrPlan:
     """bsr_mm's decisions: the config, tl.dot's precision, the interpreter's upcast."""
 
     config: BsrConfig
-    precision: str
+    precision: str | None
     upcast: bool
 
 
@@ -78,7 +78,9 @@ def bsr_plan(m: int, n: int, blocksize: tuple, dtype: torch.dtype, device: torch
     def build() -> BsrPlan:
         cfg = BsrConfig.heuristic(m // blocksize[0], blocksize[0], n, sm_count(device))
         # float32 follows PyTorch's switch for its own float32 products.
-        precision = "tf32" if env.tf32 and device.type == "cuda" else "ieee"
+        precision = None  # 16-bit operands: the tensor cores' own product
+        if dtype == torch.float32:
+            precision = "tf32" if env.tf32 and device.type == "cuda" else "ieee"
         return BsrPlan(cfg, precision, interpreter_enabled() and dtype == torch.bfloat16)
 
     return PLANS.get(key, env, build)
