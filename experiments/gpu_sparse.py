@@ -220,11 +220,11 @@ def spmv_case(name: str, a: sp.CSR, copy_gbps: float, sweep_max: int) -> dict:
 def spmv_section(tiny: bool, copy_gbps: float):
     n, per_row, scale = (2048, 8, 11) if tiny else (1 << 20, 50, 20)
     uni = sp.generate.uniform(n, n, per_row, device=DEV, seed=1)
-    u = spmv_case("spmv uniform", uni, copy_gbps, 2 if tiny else 16)
+    u = spmv_case("spmv uniform", uni, copy_gbps, 2 if tiny else 12)
     RESULTS["cases"]["spmv_uniform"] = u
     del uni
     rm = sp.generate.rmat(scale, u["nnz"], device=DEV, seed=2)
-    r = spmv_case("spmv rmat", rm, copy_gbps, 2 if tiny else 16)
+    r = spmv_case("spmv rmat", rm, copy_gbps, 2 if tiny else 12)
     r["fraction_of_uniform_GBps"] = r["ours_GBps"] / u["ours_GBps"]
     RESULTS["cases"]["spmv_rmat"] = r
     log("spmv rmat", "throughput / uniform's", f"{r['fraction_of_uniform_GBps']:.2f}")
@@ -309,10 +309,10 @@ def spmm_case(name: str, a: sp.CSR, n_cols_b: int, sweep_max: int) -> dict:
 def spmm_section(tiny: bool):
     n, per_row, ncols, scale = (256, 6, 16, 8) if tiny else (16384, 164, 256, 14)
     uni = sp.generate.uniform(n, n, per_row, device=DEV, seed=3)
-    u = spmm_case("spmm uniform", uni, ncols, 2 if tiny else 18)
+    u = spmm_case("spmm uniform", uni, ncols, 2 if tiny else 12)
     RESULTS["cases"]["spmm_uniform"] = u
     rm = sp.generate.rmat(scale, uni.nnz, device=DEV, seed=4)
-    r = spmm_case("spmm rmat", rm, ncols, 2 if tiny else 18)
+    r = spmm_case("spmm rmat", rm, ncols, 2 if tiny else 12)
     RESULTS["cases"]["spmm_rmat"] = r
     RESULTS["acceptance_2"] = {
         "uniform_vs_cusparse>=1.5": u["speedup_vs_cusparse"] >= 1.5,
@@ -360,7 +360,7 @@ def bsr_section(tiny: bool):
     cfg0 = BsrConfig.heuristic(m // bs, bs, n, SMS)
     res["sweep"] = sweep(
         "bsr",
-        cfg0.space()[: 2 if tiny else 19],
+        cfg0.space()[: 2 if tiny else 12],
         lambda c: bsr_mm_fwd(a.crow_indices, a.col_indices, a.values, b, m, c),
     )
     RESULTS["cases"]["bsr"] = res
@@ -406,7 +406,7 @@ def sddmm_section(tiny: bool):
     cfg0 = SddmmConfig.heuristic(a.nnz, k)
     res["sweep"] = sweep(
         "sddmm",
-        cfg0.space()[: 2 if tiny else 20],
+        cfg0.space()[: 2 if tiny else 12],
         lambda c: sddmm_fwd(rows, a.col_indices, a.values, m1, m2t, 1.0, 1.0, c),
     )
     RESULTS["cases"]["sddmm"] = res
