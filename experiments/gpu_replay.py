@@ -189,7 +189,7 @@ def wall_bench() -> list[dict]:
 def main() -> None:
     t0 = time.time()
     print(torch.cuda.get_device_name(), flush=True)
-    ext = replay.extension()
+    ext = replay.extension(wait=True)
     print("replay module:", ext, replay.STATS.disabled, f"{time.time() - t0:.1f}s", flush=True)
     doc = {"gpu": torch.cuda.get_device_name()}
     doc["host"] = host_table()

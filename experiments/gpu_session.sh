@@ -22,7 +22,7 @@ for s in "$@"; do
   case $s in
     build)
       step build
-      python3 -c "from tritonkit.ops._core import replay; print(replay.extension(), replay.STATS.disabled)" > "$RES/build.log" 2>&1 ;;
+      python3 -c "from tritonkit.ops._core import replay; print(replay.extension(wait=True), replay.STATS.disabled)" > "$RES/build.log" 2>&1 ;;
     bench:*)
       fam=${s#bench:}  # a family or a comma list of operators
       step "bench $fam"

@@ -77,7 +77,7 @@ H100_SMEM = 232448  # shared_memory_per_block_optin on H100 and H200 (227 KiB)
 _DEVICE_CHECKS = (
     "tritonkit.ops._core.validate",
     "tritonkit.optim._base",
-    "tritonkit.ops.attention.function",
+    "tritonkit.ops.attention.validate",
 )
 
 

@@ -20,6 +20,7 @@ from tritonkit.ops import matmul as mm
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.gemm import NO_EPILOGUE, layout_flags, size_class, tf32_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops.matmul import (
     GEMM_OPTIONS,
     VARIANTS,
@@ -932,9 +933,9 @@ def test_tuning_key_classes():
 def test_chosen_configs_are_remembered_per_problem_and_tuning_setting(
     monkeypatch, tmp_path, device
 ):
-    """plan.tuned asks the tuner once per problem class and setting, then answers from memory
-    (_tuning.remembered, which also keeps the plans); a forced retune is never remembered."""
-    monkeypatch.setattr(_tuning, "_CHOSEN", {})
+    """plan.tuned asks the tuner once per problem class and setting, then answers from the one
+    plan cache (which also keeps the plans); a forced retune is never kept."""
+    PLANS.reset()
     asked = []
     real_tune = _tuning.tune
 

@@ -10,16 +10,18 @@ end to end without a GPU: results, gradients, which tensors the launches read an
 from __future__ import annotations
 
 import ctypes
+import gc
 import struct
+import threading
 
 import numpy as np
 import pytest
 import torch
 
 from tritonkit.ops._core import launch, replay
-from tritonkit.ops._core.registry import _NoGradContext
+from tritonkit.ops._core.replay import NoGradContext
 
-ext = replay.extension()
+ext = replay.extension(wait=True)
 pytestmark = pytest.mark.skipif(ext is None, reason=f"replay not built: {replay.STATS.disabled}")
 
 
@@ -35,8 +37,8 @@ class _Entry:
 
 def _scale(x: torch.Tensor, y: torch.Tensor, alpha: float) -> None:
     """The stand-in kernel, launched as the launch path launches: reported, then run."""
-    if launch.RECORDER is not None:
-        launch.RECORDER.launch(_Entry, (3, 1, 1), (x, y, x.numel(), alpha, 1024))
+    if launch.RECORDER.rec is not None:
+        launch.RECORDER.rec.launch(_Entry, (3, 1, 1), (x, y, x.numel(), alpha, 1024))
     with torch.no_grad():
         y.numpy()[...] = x.numpy() * np.float32(alpha)
 
@@ -52,8 +54,8 @@ class _AxpyEntry:
 
 
 def _axpy(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: float) -> None:
-    if launch.RECORDER is not None:
-        launch.RECORDER.launch(_AxpyEntry, (1, 1, 1), (x, y, out, x.numel(), alpha))
+    if launch.RECORDER.rec is not None:
+        launch.RECORDER.rec.launch(_AxpyEntry, (1, 1, 1), (x, y, out, x.numel(), alpha))
     with torch.no_grad():
         out.numpy()[...] = x.numpy() * np.float32(alpha) + y.numpy()
 
@@ -98,7 +100,7 @@ def _python(x, alpha, _grad=None):
     def run(grad):
         if grad:
             return ScaleFunction.apply(x, alpha)
-        return ScaleFunction.forward(_NoGradContext(2), x, alpha)
+        return ScaleFunction.forward(NoGradContext(2), x, alpha)
 
     return run
 
@@ -172,7 +174,7 @@ def test_a_computing_aten_op_is_not_replayed():
         y = replay.call(
             ComputesFunction,
             (x, 3.0),
-            lambda g: ComputesFunction.forward(_NoGradContext(2), x, 3.0),
+            lambda g: ComputesFunction.forward(NoGradContext(2), x, 3.0),
         )
         torch.testing.assert_close(y, x * 3.0)
     assert replay.STATS.replays == 0 and replay.STATS.recordings == 0
@@ -195,7 +197,7 @@ def test_outputs_that_are_views_of_buffers():
         y = replay.call(
             ViewOutputFunction,
             (x, 0.5),
-            lambda g, x=x: ViewOutputFunction.forward(_NoGradContext(2), x, 0.5),
+            lambda g, x=x: ViewOutputFunction.forward(NoGradContext(2), x, 0.5),
         )
         torch.testing.assert_close(y, x * 0.5, rtol=0, atol=0)
         assert y.storage_offset() == 30 and y.untyped_storage().nbytes() == 60 * 4
@@ -235,3 +237,81 @@ def test_backward_with_saved_tensors_and_new_buffers():
         (dx,) = torch.autograd.grad(y, x, g)
         torch.testing.assert_close(dx, 3 * g, rtol=0, atol=0)
     assert replay.STATS.replays == 2 and replay.STATS.recordings == 1, replay.STATS
+
+
+def test_a_recording_is_this_threads_alone():
+    """Another thread's launches, during this thread's recording, reach no recording."""
+    x = _fresh_tensor(0, (37, 5)).requires_grad_(False)
+    seen = []
+
+    class Spy(ScaleFunction):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            seen.append(launch.RECORDER.rec is not None)  # this thread: recording
+            other = threading.Thread(target=lambda: seen.append(launch.RECORDER.rec is None))
+            other.start()
+            other.join()
+            return ScaleFunction.forward(ctx, x, alpha)
+
+    for _ in range(2):
+        replay.call(Spy, (x, 2.0), _python(x, 2.0))
+    assert seen[-2:] == [True, True] and replay.STATS.recordings == 1
+
+
+def test_reset_while_a_backward_is_pending():
+    """The autograd node owns its plan: forgetting every plan (reset, eviction) before the
+    backward runs leaves the backward correct."""
+    for i in range(2):  # the second call and its backward are recorded
+        x = _fresh_tensor(i, (37, 5)).requires_grad_(True)
+        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+        torch.autograd.grad(y, x, torch.randn_like(y))
+    x = _fresh_tensor(2, (37, 5)).requires_grad_(True)
+    y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+    assert replay.STATS.replays == 1  # the third call ran from C++ and waits for its backward
+    replay.reset()
+    gc.collect()
+    g = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, g)
+    torch.testing.assert_close(dx, g * 2.5, rtol=0, atol=0)
+
+
+def test_backward_run_twice_while_recording():
+    """A recorded call whose backward runs twice (retain_graph, as triton.testing.do_bench
+    times a backward) records the first and runs the second as usual."""
+    for i in range(3):
+        x = _fresh_tensor(i, (37, 5)).requires_grad_(True)
+        y = replay.call(ScaleFunction, (x, 2.5), _python(x, 2.5))
+        g = torch.randn_like(y)
+        for _ in range(3):
+            (dx,) = torch.autograd.grad(y, x, g, retain_graph=True)
+            torch.testing.assert_close(dx, g * 2.5, rtol=0, atol=0)
+    assert replay.STATS.recordings == 1 and not replay.STATS.failures
+
+
+def test_tuning_during_a_recording_is_not_kept(monkeypatch):
+    """Launches made while a choice is timed are the tuner's: the recording that saw them is
+    dropped and the key recorded again at a later call (the cause of a replayed call running
+    every candidate's timing launches forever)."""
+    from tritonkit import _tuning
+
+    tuned = {"left": 1}
+
+    class Tuning(ScaleFunction):
+        @staticmethod
+        def forward(ctx, x, alpha):
+            if tuned["left"] and launch.RECORDER.rec is not None:
+                tuned["left"] -= 1
+                monkeypatch.setattr(_tuning._SEARCHING, "on", True)
+                _scale(x, torch.empty_like(x), 1.0)  # a timing run
+                monkeypatch.setattr(_tuning._SEARCHING, "on", False)
+            return ScaleFunction.forward(ctx, x, alpha)
+
+    for i in range(5):
+        x = _fresh_tensor(i, (37, 5))
+        y = replay.call(Tuning, (x, 2.5), _python(x, 2.5))
+        torch.testing.assert_close(y, x * 2.5, rtol=0, atol=0)
+    assert replay.STATS.failures == {replay._TUNED: 1}
+    assert replay.STATS.recordings == 1  # recorded again, without the timing launch
+    assert replay.STATS.replays >= 1
+    steps = [e for _, e in replay.PLANS.items() if type(e) is replay._Ready]
+    assert len(steps) == 1

@@ -151,29 +151,3 @@ def test_interpreter_uses_the_default_without_timing(monkeypatch):
     monkeypatch.setattr(_tuning, "_time_config", boom)
     cands = _configs(64, 128)
     assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) is cands[0]
-
-
-def test_remembered_choices_per_key_and_setting(cache, monkeypatch):
-    """remembered() works a choice out once per (kernel, key, tuning settings); a forced
-    retune is never remembered; with tuning on, a remembered answer counts as a cache hit."""
-    monkeypatch.setattr(_tuning, "_CHOSEN", {})
-    monkeypatch.setattr(_tuning, "STATS", _tuning.Stats())
-    monkeypatch.setattr(_tuning, "enabled", lambda: False)  # as under the interpreter
-    calls = []
-
-    def choose(value):
-        return lambda: calls.append(value) or value
-
-    assert _tuning.remembered("kern", ("n", 1), choose(1)) == 1
-    assert _tuning.remembered("kern", ("n", 1), choose(2)) == 1  # remembered
-    assert _tuning.remembered("kern", ("n", 2), choose(3)) == 3  # another key
-    assert _tuning.remembered("other", ("n", 1), choose(4)) == 4  # another kernel
-    assert calls == [1, 3, 4] and _tuning.STATS.hits == 0  # tuning off here: no hit counted
-    monkeypatch.setattr(_tuning, "enabled", lambda: True)  # another setting
-    assert _tuning.remembered("kern", ("n", 1), choose(5)) == 5
-    assert _tuning.remembered("kern", ("n", 1), choose(6)) == 5
-    assert _tuning.STATS.hits == 1
-    monkeypatch.setenv(_tuning.FORCE_ENV, "1")
-    assert _tuning.remembered("kern", ("n", 1), choose(7)) == 7
-    assert _tuning.remembered("kern", ("n", 1), choose(8)) == 8
-    assert calls == [1, 3, 4, 5, 7, 8]

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -243,6 +244,20 @@ def _time_config(run: Callable[[Config], Any], config: Config) -> float | None:
         return None
 
 
+class _Searching(threading.local):
+    on = False
+
+
+_SEARCHING = _Searching()
+
+
+def searching() -> bool:
+    """Whether this thread is timing candidate configs now: a replay recording that sees
+    launches or allocations while it is must not keep them (they are the tuner's, not the
+    call's)."""
+    return _SEARCHING.on
+
+
 def search(
     candidates: Sequence[Config],
     run: Callable[[Config], Any],
@@ -255,7 +270,14 @@ def search(
     A coarse grid followed by hill climbing over neighbours (hierarchical search) times far
     fewer configs than the full grid in a large space. Returns (best, every config tried).
     """
-    timer = timer or _time_config
+    was, _SEARCHING.on = _SEARCHING.on, True
+    try:
+        return _search(candidates, run, neighbours, prune, timer or _time_config)
+    finally:
+        _SEARCHING.on = was
+
+
+def _search(candidates, run, neighbours, prune, timer):
     allowed = [c for c in candidates if prune is None or prune(c)]
     if not allowed:
         raise ValueError("autotune: every candidate config was pruned by the hardware profile")
@@ -314,40 +336,6 @@ def tune(
     STATS.log.append(Tuning(kernel, dict(key), best, tried, time.perf_counter() - t0))
     store(kernel, key, best, tried)
     return best
-
-
-# Choices made in this process (``remembered``), by kernel, the caller's key and ``_settings``.
-_CHOSEN: dict[tuple, Any] = {}
-
-
-def _settings() -> tuple:
-    """What a tuned choice depends on besides its key: tuning on or off, the cache directory,
-    the hardware profile."""
-    from tritonkit import _hardware
-
-    profile = _hardware.active()
-    return enabled(), os.environ.get(CACHE_ENV), profile.name if profile else None
-
-
-def remembered(kernel: str, key: Any, choose: Callable[[], Any]) -> Any:
-    """``choose()``'s answer for (kernel, key), worked out once per process and tuning setting.
-
-    A launcher's ``choose`` lists its candidates and calls ``tune``: with the cache's key as
-    JSON and the device's name looked up, about 0.1 ms of host time per call, more than a small
-    kernel takes on the GPU. ``key`` (hashable) must hold everything the choice depends on
-    besides the tuning settings. A forced retune (FORCE_ENV) is never remembered; a remembered
-    answer counts as a cache hit when tuning is on.
-    """
-    if os.environ.get(FORCE_ENV) == "1":
-        return choose()
-    settings = _settings()
-    memo = (kernel, key, settings)
-    if memo in _CHOSEN:
-        if settings[0]:
-            STATS.hits += 1
-        return _CHOSEN[memo]
-    _CHOSEN[memo] = choice = choose()
-    return choice
 
 
 def fits_shared_memory(bytes_needed: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.validate import check_operand, check_tensor
 from tritonkit.ops.optim import adam as adam_ops
 from tritonkit.ops.optim import muon as muon_ops
@@ -24,15 +25,13 @@ from tritonkit.ops.optim.newton_schulz import (
 )
 from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, TensorTable
 
-_TABLES: dict[tuple, TensorTable] = {}
-
 
 def _table(n_rows: int, numels: tuple[int, ...], device: torch.device) -> TensorTable:
-    key = (n_rows, numels, device)
-    table = _TABLES.get(key)
-    if table is None:
-        table = _TABLES[key] = TensorTable(n_rows, numels, device, DEFAULT_CHUNKS.block)
-    return table
+    return cached(
+        "optim.table",
+        (n_rows, numels, device),
+        lambda: TensorTable(n_rows, numels, device, DEFAULT_CHUNKS.block),
+    )
 
 
 def _same_layout(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -13,9 +13,9 @@ import math
 import torch
 
 from tritonkit.ops._core.device import sm_count
-from tritonkit.ops._core.launch import PlanCache
 from tritonkit.ops._core.layout import Rows, as_rows, cdiv, elementwise_output, elementwise_rows
 from tritonkit.ops._core.math import ACTIVATIONS
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.pointwise import (
     bias_act_bwd_kernel,
     bias_act_fwd_kernel,
@@ -73,9 +73,6 @@ class _FwdPlan:
     __slots__ = ("copy_b", "copy_x", "like", "mask_shape", "run")
 
 
-_FWD_PLANS = PlanCache()
-
-
 def bias_act_fwd(
     x: torch.Tensor,
     bias: torch.Tensor | None,
@@ -89,9 +86,9 @@ def bias_act_fwd(
     of ``x + bias > 0`` in logical row-major order, rows of ``_logical_cols``; else it is empty.
     """
     key = (_signature(x), _signature(bias), activation, save_mask, config)
-    plan = _FWD_PLANS.get(key)
-    if plan is None:
-        plan = _FWD_PLANS[key] = _fwd_plan(x, bias, activation, save_mask, config)
+    plan = cached(
+        "bias_act.forward", key, lambda: _fwd_plan(x, bias, activation, save_mask, config)
+    )
     if plan.copy_x:
         x = x.contiguous()
     if plan.copy_b:
@@ -170,9 +167,6 @@ class _BwdPlan:
     __slots__ = ("copies", "dbias", "dx", "mode", "partial", "reads", "run", "sums")
 
 
-_BWD_PLANS = PlanCache()
-
-
 def bias_act_bwd(
     grad: torch.Tensor,
     x: torch.Tensor | None,
@@ -196,11 +190,11 @@ def bias_act_bwd(
         _signature(grad), _signature(x), _signature(bias), _signature(mask), activation,
         need_dx, need_dbias, bias_added, config,
     )  # fmt: skip
-    plan = _BWD_PLANS.get(key)
-    if plan is None:
-        plan = _BWD_PLANS[key] = _bwd_plan(
-            grad, x, bias, mask, activation, need_dx, need_dbias, bias_added, config
-        )
+    plan = cached(
+        "bias_act.backward",
+        key,
+        lambda: _bwd_plan(grad, x, bias, mask, activation, need_dx, need_dbias, bias_added, config),
+    )
     empty = grad.new_empty(0)
     if plan.mode == "none":
         return empty, empty

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.math import act
+from tritonkit.ops._core.plan import current_env
 
 FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -491,10 +492,9 @@ def layout_flags(p: Problem) -> tuple[bool, bool]:
 
 
 def tf32_enabled() -> bool:
-    """Whether PyTorch would use TF32 for a float32 matmul right now (the C getter: reading
-    ``torch.backends.cuda.matmul.allow_tf32`` warns in recent PyTorch, and catching that
-    warning cost 2 us a call)."""
-    return torch.get_float32_matmul_precision() != "highest" or torch._C._get_cublas_allow_tf32()
+    """Whether PyTorch would use TF32 for a float32 matmul right now: the plan layer's
+    snapshot of it (``Env.tf32``), read the same way for every family."""
+    return current_env().tf32
 
 
 def size_class(x: int, step: int = 256, fine_limit: int = 8192) -> int:

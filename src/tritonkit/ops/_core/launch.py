@@ -4,9 +4,9 @@ direct call of the compiled launcher.
 ``kernel[grid](*args, **meta)`` on a ``triton.jit`` function runs Triton's generic launcher
 on every call: it binds the arguments, builds a specialization key as a string, looks it up,
 checks the kernel's globals, wraps launch metadata for hooks and calls a Python shim around the
-C launcher: 14 us for an empty 4-argument kernel and 28 us for a 30-argument one on the H100
-host (docs/performance.md, "Host time per launch, and replay from C++"), more than most row
-kernels take on the GPU, and the autograd engine's device thread runs that Python slower again.
+C launcher: tens of microseconds for an empty kernel, more than most row kernels take on the
+GPU (docs/performance.md), and the autograd engine's device thread runs that Python slower
+again.
 
 ``@kernel`` wraps a ``triton.jit`` function so that the same ``k[grid](*args, **meta)`` call
 does less: Triton's own generated binder (C code per argument) gives the specialization
@@ -36,12 +36,14 @@ same metadata can be replayed from C++ without Python.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import triton
-from triton.runtime import _allocation
+
+from tritonkit.ops._core import internals
 
 try:  # host-side TMA descriptors (triton >= 3.3): bound like tensors (see Bound)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -122,7 +124,7 @@ def _torch_allocator(size: int, alignment: int, stream: int | None) -> torch.Ten
 def _ensure_allocator() -> None:
     """Give Triton's launcher an allocator for global scratch if nobody has set one: it is a
     context variable, unset on every new thread (the autograd engine's among them)."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if internals.triton_allocator_unset():
         triton.set_allocator(_torch_allocator)
 
 
@@ -132,8 +134,15 @@ _SLOW = object()  # cached for a specialization that must keep Triton's launcher
 # time (measurements compare the two paths in one process).
 _DIRECT = os.environ.get("TRITONKIT_DIRECT_LAUNCH", "1") != "0"
 
-# A recording in progress (replay.py sets it while it records), or None.
-RECORDER: Any = None
+
+class _Recorder(threading.local):
+    """The recording this thread's launches go to (replay.py sets it while it records), or
+    None: per thread, so that another thread's launches never land in a recording."""
+
+    rec: Any = None
+
+
+RECORDER = _Recorder()
 
 
 def direct_launch(enabled: bool | None = None) -> bool:
@@ -169,8 +178,9 @@ class Kernel:
 
     def _triton(self, grid: Grid, args: tuple, meta: dict) -> Any:
         self.stats["triton"] += 1
-        if RECORDER is not None:
-            RECORDER.fail(f"{self.__name__} launched through Triton's launcher")
+        rec = RECORDER.rec
+        if rec is not None:
+            rec.fail(f"{self.__name__} launched through Triton's launcher")
         if not self._interpret:
             _ensure_allocator()
         return self.fn[grid](*args, **meta)
@@ -203,7 +213,7 @@ class Kernel:
         per_device = self._devices.get(device)
         if per_device is None:
             # Triton's generated binder for this device's backend (built now if Triton has not).
-            per_device = self._devices[device] = (self.fn.device_caches[device][4], {})
+            per_device = self._devices[device] = (internals.triton_binder(self.fn, device), {})
         binder, entries = per_device
         bound, spec, options = binder(*args, **meta)
         key = (*spec, *options.items())
@@ -213,7 +223,7 @@ class Kernel:
             self._triton(grid, args, meta)
             return None, None
         if entry is None:
-            recording = RECORDER is not None
+            recording = RECORDER.rec is not None
             if recording:  # compile without launching; the direct launch below is recorded
                 compiled = self.fn.warmup(*args, grid=grid, **meta)
             else:
@@ -239,9 +249,10 @@ def _direct(entry: _Entry, grid: Sequence[int], device: int, values: list) -> No
     """One call of the compiled launcher (the C launcher that Triton's own launcher ends in)."""
     n = len(grid)
     g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
-    if RECORDER is not None:
-        RECORDER.launch(entry, (g0, g1, g2), values)
-    stream = torch._C._cuda_getCurrentRawStream(device)
+    rec = RECORDER.rec
+    if rec is not None:
+        rec.launch(entry, (g0, g1, g2), values)
+    stream = internals.cuda_raw_stream(device)
     entry.launch(
         g0,
         g1,
@@ -336,18 +347,3 @@ def kernel(fn: Callable | None = None, **jit_options: Any) -> Any:
         return Kernel(triton.jit(f, **jit_options) if jit_options else triton.jit(f))
 
     return wrap(fn) if fn is not None else wrap
-
-
-class PlanCache(dict):
-    """Launch plans by input signature (shapes, strides, dtypes, alignment, options): a dict
-    that forgets everything once it holds ``limit`` plans, so that a stream of ever new shapes
-    cannot grow it without bound (a plan costs one planning call to rebuild)."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if len(self) >= self.limit:
-            self.clear()
-        super().__setitem__(key, value)

@@ -11,8 +11,9 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.device import sm_count
-from tritonkit.ops._core.launch import PlanCache, kernel
+from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import next_power_of_2
+from tritonkit.ops._core.plan import cached
 
 
 @kernel
@@ -77,9 +78,6 @@ class PartialSumConfig:
 PARTIAL_SUMS = PartialSumConfig()
 
 
-_PLANS = PlanCache()
-
-
 def sum_partials(
     partial: torch.Tensor,
     out: torch.Tensor,
@@ -95,11 +93,11 @@ def sum_partials(
     config = config or PARTIAL_SUMS
     second = partial2 is not None
     key = (partial.shape, out.dtype, out.stride(), out.device, second, config)
-    launch = _PLANS.get(key)
-    if launch is None:
+
+    def build():
         n_rows, n_cols = partial.shape
         block_m, block_n, warps = config.launch(n_rows, n_cols, sm_count(out.device))
-        launch = _PLANS[key] = colsum_kernel.bind(
+        return colsum_kernel.bind(
             (triton.cdiv(n_cols, block_n),),
             partial,
             out,
@@ -112,6 +110,8 @@ def sum_partials(
             BLOCK_N=block_n,
             num_warps=warps,
         )
+
+    launch = cached("sum_partials", key, build)
     if second:
         launch(partial, out, partial2, out2)
     else:

@@ -9,20 +9,23 @@ from collections.abc import Callable
 
 import torch
 
-from tritonkit.ops._core import replay
+from tritonkit.ops._core import internals, replay
+from tritonkit.ops._core import launch as _launch
 
-# True while replay.py records a call: its dispatch mode watches the ops, and the call must take
-# the path a plain eager call takes.
-_RECORDING = False
+
+def _recording() -> bool:
+    """Whether this thread is recording a call (replay.py): its dispatch mode watches the ops,
+    and the call must take the path a plain eager call takes."""
+    return _launch.RECORDER.rec is not None
 
 
 def _plain_eager() -> bool:
     """Eager mode with nothing watching the ops: not torch.compile's tracing (Dynamo, make_fx),
     no dispatch mode (FakeTensorMode, FlopCounterMode, ...), no functorch transform."""
-    return _RECORDING or not (
+    return _recording() or not (
         torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._functorch.peek_interpreter_stack() is not None
+        or internals.dispatch_stack_len()
+        or internals.functorch_stack() is not None
     )
 
 
@@ -38,7 +41,7 @@ def direct_call_allowed(args: tuple) -> bool:
     grad mode (the op's Autograd kernel then says it has no derivative; the derivatives live in
     each op's autograd.Function).
     """
-    if not _plain_eager() or torch.autograd._profiler_enabled():
+    if not _plain_eager() or internals.profiler_enabled():
         return False
     grad = torch.is_grad_enabled()
     for a in args:
@@ -60,7 +63,7 @@ class Op:
     ``torch.library.custom_op`` wraps an implementation in Python layers (its Autograd kernel,
     Dynamo's disable wrappers, an alias check) that cost tens of microseconds on every call
     from a torch.compile'd graph, where small tritonkit ops then cost twice their eager time
-    (docs/performance.md, "ops registered without custom_op"). Here the schema is inferred
+    (docs/performance.md). Here the schema is inferred
     from the launcher's annotations as custom_op infers it, the launcher is the op's
     CompositeExplicitAutograd kernel (every device), and the Autograd kernel only refuses an
     input that needs a gradient under grad mode, since the derivatives live in each op's
@@ -77,7 +80,7 @@ class Op:
         lib.impl(name, launcher, "CompositeExplicitAutograd")
         self.qualname, self.launcher, self._lib = qualname, launcher, lib
         self.overload = overload = getattr(getattr(torch.ops, namespace), name).default
-        below_autograd = torch._C._after_autograd_keyset
+        below_autograd = internals.after_autograd_keyset
 
         def autograd_kernel(keyset, *args):
             if torch.is_grad_enabled() and any(
@@ -124,19 +127,6 @@ def eager_direct(op: Op) -> Callable:
     return call
 
 
-class _NoGradContext:
-    """An autograd.Function's ctx for a forward run without autograd: nothing to keep."""
-
-    def __init__(self, n_inputs: int) -> None:
-        self.needs_input_grad = (False,) * n_inputs
-
-    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
-        pass
-
-    def set_materialize_grads(self, value: bool) -> None:
-        pass
-
-
 def apply(function: type[torch.autograd.Function], *args):
     """``function.apply(*args)``; in plain eager calls, replayed from C++ where the call's
     metadata was seen before (replay.py), and where no input needs a gradient (grad mode off,
@@ -149,7 +139,7 @@ def apply(function: type[torch.autograd.Function], *args):
     """
     if not _plain_eager():
         return function.apply(*args)
-    if _REPLAY and not _RECORDING and not torch.autograd._profiler_enabled():
+    if _REPLAY and _launch.RECORDER.rec is None and not internals.profiler_enabled():
         return replay.call(function, args, lambda grad: _run(function, args, grad))
     grad = torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
@@ -160,7 +150,7 @@ def apply(function: type[torch.autograd.Function], *args):
 def _run(function: type[torch.autograd.Function], args: tuple, grad: bool):
     if grad:
         return function.apply(*args)
-    return function.forward(_NoGradContext(len(args)), *args)
+    return function.forward(replay.NoGradContext(len(args)), *args)
 
 
 _REPLAY = replay.enabled()

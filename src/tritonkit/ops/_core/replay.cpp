@@ -196,9 +196,17 @@ std::vector<at::Tensor> gather(const std::vector<at::Tensor>& slots,
   return out;
 }
 
+// The autograd node's own reference to its plan: the plan cache may forget or evict the plan
+// (plan.PLANS.reset, an eviction, another thread) while this node's backward is still to run.
+struct PlanRef : torch::CustomClassHolder {
+  explicit PlanRef(std::shared_ptr<Plan> p) : plan(std::move(p)) {}
+  std::shared_ptr<Plan> plan;
+};
+
 struct PlanFunction : public torch::autograd::Function<PlanFunction> {
-  static variable_list forward(AutogradContext* ctx, int64_t handle, at::TensorList inputs) {
-    auto* plan = reinterpret_cast<Plan*>(handle);
+  static variable_list forward(AutogradContext* ctx, std::shared_ptr<Plan> owned,
+                               at::TensorList inputs) {
+    Plan* plan = owned.get();
     std::vector<at::Tensor> slots(inputs.begin(), inputs.end());
     c10::Device device = device_of(slots);
     run(plan->fwd, slots, device);
@@ -218,12 +226,13 @@ struct PlanFunction : public torch::autograd::Function<PlanFunction> {
       }
     }
     ctx->save_for_backward(saved);
-    ctx->saved_data["plan"] = handle;
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(c10::make_intrusive<PlanRef>(owned));
     return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* plan = reinterpret_cast<Plan*>(ctx->saved_data["plan"].toInt());
+    auto ref = c10::static_intrusive_pointer_cast<PlanRef>(ctx->saved_data["plan"].toCapsule());
+    Plan* plan = ref->plan.get();
     std::vector<at::Tensor> slots = ctx->get_saved_variables();
     c10::Device device = slots.empty() ? device_of(grads) : device_of(slots);
     size_t n_saved = plan->saved.size();
@@ -240,7 +249,7 @@ struct PlanFunction : public torch::autograd::Function<PlanFunction> {
       slots.push_back(g);
     }
     run(plan->bwd, slots, device);
-    variable_list result(1 + plan->n_inputs);  // the handle's gradient first: none
+    variable_list result(1 + plan->n_inputs);  // the plan argument's gradient first: none
     for (int32_t i = 0; i < plan->n_inputs; ++i) {
       int32_t s = plan->grad_slots[i];
       if (s >= 0) result[1 + i] = slots[s];
@@ -332,8 +341,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run", [](const std::shared_ptr<Plan>& plan, std::vector<at::Tensor> inputs, bool grad) {
     plan->runs += 1;
     if (grad) {
-      auto handle = reinterpret_cast<int64_t>(plan.get());
-      return PlanFunction::apply(handle, at::TensorList(inputs));
+      return PlanFunction::apply(plan, at::TensorList(inputs));
     }
     std::vector<at::Tensor> slots(std::move(inputs));
     c10::Device device = device_of(slots);

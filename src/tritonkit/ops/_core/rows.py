@@ -12,7 +12,6 @@ and per call only allocate and launch."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
@@ -24,6 +23,7 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, is_dense, next_power_of_2
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops._core.registry import direct_call_allowed
 
 _INT32_LIMIT = 2**31
@@ -172,9 +172,10 @@ def _layout(
     return RowLayout(n_outer, n_cols, n_inner, strides)
 
 
-# A layout is a pure function of shapes and strides; a model calls the same few many times, and
-# working one out again costs more host time than a small kernel's launch.
-_cached_layout = functools.lru_cache(maxsize=4096)(_layout)
+def _cached_layout(*key: Any) -> RowLayout | None:
+    # A layout is a pure function of shapes and strides; a model calls the same few many times,
+    # and working one out again costs more host time than a small kernel's launch.
+    return PLANS.get(("rows.layout", key), None, lambda: _layout(*key))
 
 
 def new_like(t: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 from tritonkit import _tuning
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.plan import cached
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def _choose(name: str, p: Problem, cands: list[Tile], run, kernel: str) -> Tile:
         tuned = [c for c in tuned if prune(c)] or tuned
         return Tile.from_tuning(_tuning.tune(name, p.key(), tuned, run, prune=prune))
 
-    return _tuning.remembered(name, tuple(p.key().items()), choose)
+    return cached(name, tuple(p.key().items()), choose)
 
 
 def forward_config(p: Problem, run) -> Tile:
@@ -281,7 +282,7 @@ def decode_config(p: Problem, run) -> DecodeConfig:
             )
         )
 
-    return _tuning.remembered("attention_decode", tuple(p.key().items()), choose)
+    return cached("attention_decode", tuple(p.key().items()), choose)
 
 
 def replace(config, **changes):

@@ -23,6 +23,7 @@ import triton.language as tl
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.plan import current_env
 from tritonkit.ops.attention.config import Problem, Tile, forward_config
 from tritonkit.ops.attention.tiles import LOG2E, band_blocks, dropout_keep, mma, scores
 
@@ -275,7 +276,7 @@ def precision(dtype: torch.dtype) -> str | None:
     """tl.dot's input precision: fp32 inputs in IEEE fp32 unless PyTorch allows TF32 matmuls."""
     if dtype != torch.float32:
         return None
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    return "tf32" if current_env().tf32 else "ieee"
 
 
 def common_meta(p: Problem, device: torch.device) -> dict:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, policy
+from tritonkit.ops._core.plan import validated
 from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import arg_facts, launches_directly, remember
+from tritonkit.ops._core.rows import arg_facts, launches_directly
 from tritonkit.ops._core.validate import (
     check_choice,
     check_operand,
@@ -136,9 +137,6 @@ class CrossEntropyFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
-_VALIDATED: dict = {}  # arg_facts of calls validated before
-
-
 def _validate(input, target, weight, ignore_index, reduction, label_smoothing) -> None:
     op = "tritonkit.cross_entropy"
     check_tensor(op, "input", input)
@@ -185,11 +183,11 @@ def cross_entropy_loss(
     """``cross_entropy``, validated, with autograd: what the public function runs, with
     ``config`` (None: the default; another runs in plain eager mode only)."""
     float32_loss = autocast_dtype("cross_entropy", input) == torch.float32
-    key = arg_facts(input, target, weight, ignore_index, reduction, label_smoothing)
-    if key is None or key not in _VALIDATED:
-        _validate(input, target, weight, ignore_index, reduction, label_smoothing)
-        if key is not None:
-            remember(_VALIDATED, key, True)
+    validated(
+        "tritonkit.cross_entropy",
+        arg_facts(input, target, weight, ignore_index, reduction, label_smoothing),
+        lambda: _validate(input, target, weight, ignore_index, reduction, label_smoothing) or True,
+    )
     need_grad = input.requires_grad and torch.is_grad_enabled()
     args = (weight, ignore_index, reduction, float(label_smoothing), need_grad, float32_loss)
     if input.dim() == 1:

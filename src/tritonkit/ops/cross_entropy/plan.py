@@ -4,11 +4,12 @@ backward's plans by grad_output's layout, for the autograd engine's device threa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from tritonkit.ops._core.rows import Launch, remember
+from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.rows import Launch
 from tritonkit.ops.cross_entropy.config import (
     CROSS_ENTROPY,
     CrossEntropyConfig,
@@ -71,7 +72,6 @@ class ForwardPlan:
     float32_loss: bool
     host_check: bool  # the CPU: targets checked on the host (see CrossEntropyConfig)
     config: CrossEntropyConfig | None
-    backward: dict = field(default_factory=dict)
 
     def __call__(self, logits, target, weight):
         loss, lse, stats = outputs(logits, self.reduction, self.need_grad, self.float32_loss)
@@ -96,19 +96,10 @@ class ForwardPlan:
 
     def backward_for(self, grad_output, logits, target, weight) -> BackwardPlan:
         """The backward's plan for ``grad_output`` (a scalar, or (N,) for reduction "none")."""
-        key = grad_output.stride()
-        plan = self.backward.get(key)
-        if plan is None:
-            plan = _backward(
-                grad_output, logits, target, weight, self.ignore_index, self.reduction,
-                self.label_smoothing, self.config,
-            )  # fmt: skip
-            remember(self.backward, key, plan)
-        return plan
-
-
-_FORWARD: dict = {}
-_BACKWARD: dict = {}
+        return backward_plan(
+            grad_output, logits, target, weight, self.ignore_index, self.reduction,
+            self.label_smoothing, self.config,
+        )  # fmt: skip
 
 
 def _weight_key(weight: torch.Tensor | None) -> tuple | None:
@@ -125,8 +116,8 @@ def forward_plan(
         target.stride(), _weight_key(weight), ignore_index, reduction, label_smoothing,
         need_grad, float32_loss, config,
     )  # fmt: skip
-    plan = _FORWARD.get(key)
-    if plan is None:
+
+    def build() -> ForwardPlan:
         cfg = config or CROSS_ENTROPY
         launches = None
         if logits.shape[0] > 0:
@@ -134,12 +125,12 @@ def forward_plan(
                 logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, cfg
             )
         host_check = cfg.check_targets and logits.device.type != "cuda"
-        plan = ForwardPlan(
+        return ForwardPlan(
             launches, ignore_index, reduction, label_smoothing, need_grad, float32_loss,
             host_check, config,
         )  # fmt: skip
-        remember(_FORWARD, key, plan)
-    return plan
+
+    return cached("cross_entropy.forward", key, build)
 
 
 def backward_plan(
@@ -151,13 +142,13 @@ def backward_plan(
         logits.data_ptr() % 16 == 0, target.stride(), _weight_key(weight), ignore_index,
         reduction, label_smoothing, config,
     )  # fmt: skip
-    plan = _BACKWARD.get(key)
-    if plan is None:
-        plan = _backward(
+    return cached(
+        "cross_entropy.backward",
+        key,
+        lambda: _backward(
             grad_output, logits, target, weight, ignore_index, reduction, label_smoothing, config
-        )
-        remember(_BACKWARD, key, plan)
-    return plan
+        ),
+    )
 
 
 def _backward(

@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from tritonkit.ops._core.launch import PlanCache, kernel
+from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import elementwise_output, elementwise_rows
 from tritonkit.ops._core.math import ACTIVATIONS, act, act_grad
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.pointwise import tile
 from tritonkit.ops._core.pointwise_config import (
     POINTWISE,
@@ -108,18 +109,12 @@ class _Plan:
         return torch.empty(first.shape, dtype=first.dtype, device=first.device)
 
 
-_FWD_PLANS = PlanCache()
-_BWD_PLANS = PlanCache()
-
-
 def glu_fwd(
     gate: torch.Tensor, up: torch.Tensor, activation: str, config: PointwiseConfig = POINTWISE
 ) -> torch.Tensor:
     """``act(gate) * up``."""
     key = (_signature(gate), _signature(up), activation, config)
-    plan = _FWD_PLANS.get(key)
-    if plan is None:
-        plan = _FWD_PLANS[key] = _fwd_plan(gate, up, activation, config)
+    plan = cached("glu.forward", key, lambda: _fwd_plan(gate, up, activation, config))
     gate, up = plan.prepare([gate, up])
     y = plan.output(gate)
     if plan.run is not None:
@@ -164,9 +159,7 @@ def glu_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of ``act(gate) * up``: (dgate, dup)."""
     key = (_signature(grad), _signature(gate), _signature(up), activation, config)
-    plan = _BWD_PLANS.get(key)
-    if plan is None:
-        plan = _BWD_PLANS[key] = _bwd_plan(grad, gate, up, activation, config)
+    plan = cached("glu.backward", key, lambda: _bwd_plan(grad, gate, up, activation, config))
     grad, gate, up = plan.prepare([grad, gate, up])
     dgate, dup = plan.output(grad), plan.output(grad)
     if plan.run is not None:

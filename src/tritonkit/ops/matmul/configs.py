@@ -36,8 +36,13 @@ class MatmulConfig:
     tma: bool = False
     subtile: bool = False
     warp_specialize: bool = False
-    dot: bool = True
     promote_k: int = 0  # FP8: K elements per fp32 promotion (see promotion); 0: BLOCK_K
+
+    @property
+    def dot(self) -> bool:
+        """Whether the tile multiplies with tl.dot (the tensor cores): it needs K blocks of at
+        least 16; narrower ones (the evolution's naive step) multiply-add on the CUDA cores."""
+        return self.BLOCK_K >= 16
 
     def tuning(self) -> _tuning.Config:
         """As a ``_tuning.Config`` (JSON-friendly ints) for the autotune cache."""
@@ -52,7 +57,9 @@ class MatmulConfig:
     def from_tuning(cfg: _tuning.Config) -> MatmulConfig:
         kinds = {f.name: f.type for f in dataclasses.fields(MatmulConfig)}
         params = {
-            k: (bool(v) if kinds[k] in (bool, "bool") else int(v)) for k, v in cfg.params.items()
+            k: (bool(v) if kinds[k] in (bool, "bool") else int(v))
+            for k, v in cfg.params.items()
+            if k in kinds  # an entry written before a field became derived ("dot")
         }
         return MatmulConfig(**params, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -108,7 +115,7 @@ def promotion(cfg: MatmulConfig) -> tuple[int | None, int]:
 
 
 # The evolution's fixed steps (16-bit operands). Each is the previous one plus one idea.
-NAIVE = tile(32, 32, 8, 4, 1, dot=False)
+NAIVE = tile(32, 32, 8, 4, 1)  # BLOCK_K 8: no tl.dot
 TILED = tile(128, 128, 64, 4, 1)
 PIPELINED = tile(128, 128, 64, 4, 3)
 VARIANTS: tuple[str, ...] = ("naive", "tiled", "pipelined", "autotuned", "persistent")

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from tritonkit import _tuning
 from tritonkit.ops._core.gemm import NO_EPILOGUE, Epilogue, Operand, Problem, coalesce_batch, matrix
 from tritonkit.ops._core.layout import LAYOUT_COPIES
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops.matmul.configs import GEMM_OPTIONS, GemmOptions, MatmulConfig
 from tritonkit.ops.matmul.plan import GemmPlan, Prep, as_is, build_plan, fp32_mode, signature
 
@@ -160,7 +160,7 @@ def matmul_plan(
         )  # fmt: skip
         return MatmulPlan(c_shape, out_shape, gemm)
 
-    return _tuning.remembered("matmul.plan", key, build)
+    return cached("matmul.plan", key, build)
 
 
 def _c_shape(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
@@ -238,7 +238,7 @@ def linear_plan(
         gemm = build_plan(p, epi, "best", config, options, b2d=_weight_t)
         return LinearPlan(m, n, save_z, gemm)
 
-    return _tuning.remembered("linear.plan", key, build)
+    return cached("linear.plan", key, build)
 
 
 def _weight_t(w: torch.Tensor) -> torch.Tensor:

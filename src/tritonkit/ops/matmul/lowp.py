@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from tritonkit import _tuning
 from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.gemm import Epilogue, Problem, matrix, tma_orientation
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops.matmul.configs import GEMM_OPTIONS, GemmOptions, MatmulConfig
 from tritonkit.ops.matmul.plan import as_is, build_plan, signature, tma_device
 from tritonkit.ops.matmul.splitk import split_k_for
@@ -155,7 +155,7 @@ def scaled_matmul_plan(
         )  # fmt: skip
         return ScaledPlan((m, n), gemm)
 
-    return _tuning.remembered("scaled_matmul.plan", key, build)
+    return cached("scaled_matmul.plan", key, build)
 
 
 def scaled_matmul_fwd(

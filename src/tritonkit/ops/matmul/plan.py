@@ -5,11 +5,10 @@ inputs are in ``launchers.py`` and ``lowp.py``).
 Every decision a call makes depends only on its inputs' shapes, strides, dtypes, 16-byte
 alignment and device, the epilogue's, the config and the options: which path and tile, the
 copies, TMA or pointer loads, 64-bit offsets, the grid, the constexprs. ``GemmPlan`` holds them
-all, cached per those (``_tuning.remembered``, so a change of tuning settings plans anew), with
-each kernel bound once (``launch.Bound``): a repeated call allocates its outputs, makes the
-copies the plan says and launches. The host cost of ``matmul`` at 4096^3 bf16 on the H200 was
-295 us a call before (issue 29), with the config's tuning key rebuilt, the TMA descriptors
-encoded and Triton's binder run over 80 arguments every time.
+all, cached per those in the one plan cache (``plan.cached``: a change of tuning settings
+plans anew), with each kernel bound once (``launch.Bound``): a repeated call allocates its
+outputs, makes the copies the plan says and launches, instead of rebuilding the config's
+tuning key, encoding TMA descriptors and binding every argument again.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from tritonkit.ops._core.gemm import (
 from tritonkit.ops._core.launch import TensorDescriptor
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
 from tritonkit.ops._core.math import ACTIVATIONS
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops.matmul.configs import (
     FIXED,
     GEMM_OPTIONS,
@@ -271,7 +271,7 @@ def tuned(
     # The exact M as well as its class: the split-K candidates depend on it; and the options'
     # tile space and split-K rule, which the candidates come from.
     memo = (tuple(key.items()), p.m, sizes, options.space, options.splitk)
-    return _tuning.remembered("matmul", memo, choose)
+    return cached("matmul", memo, choose)
 
 
 def _dtype_key(dtype: torch.dtype) -> str:
@@ -294,13 +294,6 @@ def resolve_config(
     if split > 1:
         return tuned(p, epi, "splitk", split, options)
     return tuned(p, epi, "persistent", options=options)
-
-
-def launch_problem(
-    p: Problem, epi: Epilogue, config: MatmulConfig, options: GemmOptions = GEMM_OPTIONS
-) -> None:
-    """Run ``p`` once with ``config``, unplanned (tuning's timed runs)."""
-    GemmLaunch(p, epi, config, options)(p.a.tensor, p.b.tensor, p.c.tensor, epi.tensors())
 
 
 def signature(t: torch.Tensor | None) -> tuple | None:

@@ -17,6 +17,7 @@ import triton.language as tl
 from tritonkit import _tuning
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.registry import define_op, eager_direct
 
 
@@ -123,7 +124,7 @@ def tiled_config(
         )
         return _from_tuning(best)
 
-    return _tuning.remembered("transpose", tuple(key.items()), choose)
+    return cached("transpose", tuple(key.items()), choose)
 
 
 def _bind(x3: torch.Tensor, y: torch.Tensor, config: TransposeConfig):
@@ -164,7 +165,7 @@ def transpose_fwd(
     if x.numel() == 0:
         return y
     key = (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0, config, tuning)
-    plan = _tuning.remembered("transpose.plan", key, lambda: _plan(x, y, config, tuning))
+    plan = cached("transpose.plan", key, lambda: _plan(x, y, config, tuning))
     if plan.copy:
         LAYOUT_COPIES.count += 1
         x = x.contiguous()

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, cast, policy
+from tritonkit.ops._core.plan import validated
 from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows, remember
+from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows
 from tritonkit.ops._core.validate import (
     check_operand,
     check_same_dtype,
@@ -249,9 +250,6 @@ def _rms_eps(eps: float | None) -> float:
     return torch.finfo(torch.float32).eps if eps is None else eps
 
 
-_VALIDATED: dict = {}  # arg_facts of calls validated before -> (n_dims, eps)
-
-
 def _validate_norm(op, x, normalized_shape, weight, bias, eps, rms) -> tuple[int, float]:
     shape = _normalized_shape(op, normalized_shape)
     _check_norm_args(op, x, shape, weight=weight, bias=bias)
@@ -276,14 +274,12 @@ def norm(
     mode only)."""
     if not rms:
         x, weight, bias = cast(autocast_dtype("layer_norm", x), x, weight, bias)
-    key = arg_facts(x, normalized_shape, weight, bias, eps, rms)
-    valid = _VALIDATED.get(key) if key is not None else None
-    if valid is None:
-        op = "tritonkit.rms_norm" if rms else "tritonkit.layer_norm"
-        valid = _validate_norm(op, x, normalized_shape, weight, bias, eps, rms)
-        if key is not None:
-            remember(_VALIDATED, key, valid)
-    n_dims, eps = valid
+    op = "tritonkit.rms_norm" if rms else "tritonkit.layer_norm"
+    n_dims, eps = validated(
+        op,
+        arg_facts(x, normalized_shape, weight, bias, eps, rms),
+        lambda: _validate_norm(op, x, normalized_shape, weight, bias, eps, rms),
+    )
     return apply(NormFunction, x, weight, bias, n_dims, eps, rms, config)
 
 
@@ -312,14 +308,12 @@ def add_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """add_layer_norm (``rms`` False) or add_rms_norm (``bias`` None), validated, with autograd,
     with ``config`` (as :func:`norm`)."""
-    key = arg_facts(x, residual, weight, bias, eps, rms, "add")
-    valid = _VALIDATED.get(key) if key is not None else None
-    if valid is None:
-        op = "tritonkit.add_rms_norm" if rms else "tritonkit.add_layer_norm"
-        valid = _validate_add_norm(op, x, residual, weight, bias, eps, rms)
-        if key is not None:
-            remember(_VALIDATED, key, valid)
-    n_dims, eps = valid
+    op = "tritonkit.add_rms_norm" if rms else "tritonkit.add_layer_norm"
+    n_dims, eps = validated(
+        op,
+        arg_facts(x, residual, weight, bias, eps, rms),
+        lambda: _validate_add_norm(op, x, residual, weight, bias, eps, rms),
+    )
     return apply(AddNormFunction, x, residual, weight, bias, n_dims, eps, rms, config)
 
 

@@ -7,13 +7,14 @@ device thread) does one dict lookup and no planning."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from tritonkit.ops._core.device import shared_memory_per_block, sm_count
 from tritonkit.ops._core.layout import LAYOUT_COPIES
-from tritonkit.ops._core.rows import Launch, RowPlan, remember, row_plan
+from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.rows import Launch, RowPlan, row_plan
 from tritonkit.ops.norm.config import NORM, NormConfig
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.launches import BackwardLaunches, backward_launches, forward_launch
@@ -112,7 +113,7 @@ class BackwardPlan:
 @dataclass(frozen=True, eq=False)
 class ForwardPlan:
     """(y, h, mean, rstd) of one layout of (x, [residual]); h None without a residual, mean None
-    for RMSNorm. ``backward`` holds its backward's plans."""
+    for RMSNorm."""
 
     rows: RowPlan
     launch: Launch | None  # None: empty tensors
@@ -124,7 +125,6 @@ class ForwardPlan:
     b_mode: int
     param_dtype: torch.dtype
     config: NormConfig | None
-    backward: dict = field(default_factory=dict)
 
     def __call__(self, x, residual, weight, bias):
         rows = self.rows
@@ -156,19 +156,10 @@ class ForwardPlan:
 
     def backward_plan(self, grad, dres, xh, weight, mean, rstd, need_dw, need_db):
         """The backward's plan for upstream gradients grad (and dres) of this plan's outputs."""
-        key = (grad.stride(), grad.dtype, None if dres is None else dres.stride(), need_dw, need_db)
-        plan = self.backward.get(key)
-        if plan is None:
-            plan = _backward(
-                grad, dres, xh, weight, mean, rstd, self.n_dims, self.rms, need_dw, need_db,
-                self.param_dtype, self.config,
-            )  # fmt: skip
-            remember(self.backward, key, plan)
-        return plan
-
-
-_FORWARD: dict = {}
-_BACKWARD: dict = {}
+        return backward_plan(
+            grad, dres, xh, weight, mean, rstd, self.n_dims, self.rms, need_dw, need_db,
+            self.param_dtype, self.config,
+        )  # fmt: skip
 
 
 def _tensor_key(t: torch.Tensor | None) -> tuple | None:
@@ -200,12 +191,9 @@ def forward_plan(
         None if residual is None else residual.stride(),
         _tensor_key(weight), _tensor_key(bias), n_dims, eps, rms, config,
     )  # fmt: skip
-    plan = _FORWARD.get(key)
-    if plan is None:
-        plan = remember(
-            _FORWARD, key, _forward(x, residual, weight, bias, n_dims, eps, rms, config)
-        )
-    return plan
+    return cached(
+        "norm.forward", key, lambda: _forward(x, residual, weight, bias, n_dims, eps, rms, config)
+    )
 
 
 def _forward(x, residual, weight, bias, n_dims, eps, rms, config) -> ForwardPlan:
@@ -241,17 +229,14 @@ def backward_plan(
         xh.stride(), xh.dtype, _tensor_key(weight), rstd.stride(), n_dims, rms, need_dweight,
         need_dbias, dtype, config,
     )  # fmt: skip
-    plan = _BACKWARD.get(key)
-    if plan is None:
-        plan = remember(
-            _BACKWARD,
-            key,
-            _backward(
-                grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias, dtype,
-                config,
-            ),
-        )  # fmt: skip
-    return plan
+    return cached(
+        "norm.backward",
+        key,
+        lambda: _backward(
+            grad, dres, xh, weight, mean, rstd, n_dims, rms, need_dweight, need_dbias, dtype,
+            config,
+        ),
+    )  # fmt: skip
 
 
 def _backward(

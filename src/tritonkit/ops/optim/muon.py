@@ -15,8 +15,6 @@ A Muon step is ``torch.optim.Muon``'s (torch/optim/_muon.py), per matrix paramet
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -200,7 +198,6 @@ def launch_momentum(
     )
 
 
-@functools.lru_cache(maxsize=16)
 def _as_bfloat16(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.bfloat16))
 

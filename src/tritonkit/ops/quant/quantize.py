@@ -17,7 +17,6 @@ alone, which can return the amax of what it cast (``quantize_with_scale``).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ import torch
 
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.registry import define_op, eager_direct
 from tritonkit.ops.quant import twopass
 from tritonkit.ops.quant.dequant import dequantize_2d
@@ -69,9 +69,12 @@ def block_error(shape: tuple[int, ...], block: tuple[int, ...]) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
 def plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:
     """The path for ``shape`` with ``block`` (validated by ``block_error`` first)."""
+    return cached("quantize.plan", (shape, block), lambda: _plan(shape, block))
+
+
+def _plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:
     if not shape:
         return Plan("tensor", 1, 0, 1, 1, 1, 1, ())
     n = len(shape)

@@ -14,6 +14,7 @@ from tritonkit import _tuning
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.reduce import sum_partials
 from tritonkit.ops._core.registry import define_op, eager_direct
 
@@ -174,7 +175,7 @@ def _config(x2, w, scale, bias, out) -> WeightOnlyConfig:
         )  # fmt: skip
         return WeightOnlyConfig.from_tuning(best)
 
-    return _tuning.remembered("int8_weight_only", tuple(key.items()), choose)
+    return cached("int8_weight_only", tuple(key.items()), choose)
 
 
 def weight_only_fwd(

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from tritonkit._autocast import FP32, autocast_dtype, cast, policy
+from tritonkit.ops._core.plan import validated
 from tritonkit.ops._core.registry import apply, define_op
-from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows, remember
+from tritonkit.ops._core.rows import arg_facts, launches_directly, plan_rows
 from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.softmax.config import SoftmaxConfig
 from tritonkit.ops.softmax.plan import backward_plan, forward_plan
@@ -101,9 +102,6 @@ def normalize_dim(op: str, name: str, dim: object, ndim: int) -> int:
     return dim % rank
 
 
-_VALIDATED: dict = {}  # arg_facts of calls validated before -> the normalized dim
-
-
 def softmax_along(
     x: torch.Tensor, dim: int, log: bool, config: SoftmaxConfig | None = None
 ) -> torch.Tensor:
@@ -112,14 +110,13 @@ def softmax_along(
     mode only)."""
     name = "log_softmax" if log else "softmax"
     (x,) = cast(autocast_dtype(name, x), x)
-    key = arg_facts(x, dim, log)
-    d = _VALIDATED.get(key) if key is not None else None
-    if d is None:
-        op = "tritonkit." + name
+    op = "tritonkit." + name
+
+    def validate() -> int:
         check_tensor(op, "x", x)
-        d = normalize_dim(op, "dim", dim, x.dim())
-        if key is not None:
-            remember(_VALIDATED, key, d)
+        return normalize_dim(op, "dim", dim, x.dim())
+
+    d = validated(op, arg_facts(x, dim, log), validate)
     if x.dim() == 0:
         return apply(SoftmaxFunction, x.reshape(1), 0, log, config).reshape(())
     return apply(SoftmaxFunction, x, d, log, config)

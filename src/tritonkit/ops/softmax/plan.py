@@ -6,12 +6,13 @@ thread) does one dict lookup."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from tritonkit.ops._core.device import sm_count
-from tritonkit.ops._core.rows import Launch, RowPlan, remember, row_plan
+from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.rows import Launch, RowPlan, row_plan
 from tritonkit.ops.softmax.config import SOFTMAX, SoftmaxConfig, backward_launch, forward_launch
 
 
@@ -34,14 +35,13 @@ class BackwardPlan:
 
 @dataclass(frozen=True, eq=False)
 class ForwardPlan:
-    """softmax (log_softmax) of inputs of one layout; ``backward`` holds its backward's plans."""
+    """softmax (log_softmax) of inputs of one layout."""
 
     rows: RowPlan
     launch: Launch | None
     dim: int
     log: bool
     config: SoftmaxConfig | None
-    backward: dict = field(default_factory=dict)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.rows
@@ -52,15 +52,7 @@ class ForwardPlan:
 
     def backward_for(self, dy: torch.Tensor, y: torch.Tensor) -> BackwardPlan:
         """The backward's plan for upstream gradient dy and this plan's output y."""
-        key = (dy.stride(), dy.dtype, dy.data_ptr() % 16 == 0)
-        plan = self.backward.get(key)
-        if plan is None:
-            plan = remember(self.backward, key, _backward(dy, y, self.dim, self.log, self.config))
-        return plan
-
-
-_FORWARD: dict = {}
-_BACKWARD: dict = {}
+        return backward_plan(dy, y, self.dim, self.log, self.config)
 
 
 def _sms(config: SoftmaxConfig, device: torch.device) -> int:
@@ -71,10 +63,7 @@ def forward_plan(x: torch.Tensor, dim: int, log: bool, config: SoftmaxConfig | N
     """The plan of softmax (``log``: log_softmax) of x along ``dim`` (0 <= dim < x.dim());
     ``config`` None: the default."""
     key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, dim, log, config)
-    plan = _FORWARD.get(key)
-    if plan is None:
-        plan = remember(_FORWARD, key, _forward(x, dim, log, config))
-    return plan
+    return cached("softmax.forward", key, lambda: _forward(x, dim, log, config))
 
 
 def _forward(x: torch.Tensor, dim: int, log: bool, config: SoftmaxConfig | None) -> ForwardPlan:
@@ -96,10 +85,7 @@ def backward_plan(
         dy.shape, dy.stride(), y.stride(), dy.dtype, y.dtype, dy.device,
         dy.data_ptr() % 16 == 0, y.data_ptr() % 16 == 0, dim, log, config,
     )  # fmt: skip
-    plan = _BACKWARD.get(key)
-    if plan is None:
-        plan = remember(_BACKWARD, key, _backward(dy, y, dim, log, config))
-    return plan
+    return cached("softmax.backward", key, lambda: _backward(dy, y, dim, log, config))
 
 
 def _backward(

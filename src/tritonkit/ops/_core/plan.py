@@ -1,0 +1,188 @@
+"""The plan layer: what a call depends on, and the one cache of what was decided for it.
+
+A tritonkit call is decided by two things:
+
+- ``meta``: what its arguments say (shapes, strides, dtypes, devices, 16-byte alignment, which
+  tensors require gradients, the non-tensor arguments), and
+- ``env``: everything outside the arguments that changes the kernel or the answer, read once
+  per call into an :class:`Env` (TF32 and reduced-precision flags, deterministic mode, the
+  autocast state, the tuning setting, the device and its hardware profile).
+
+A family's ``plan(meta, env)`` is pure: it validates, picks configs, grids and allocations for
+the forward and the backward, and returns a Plan. :data:`PLANS` is the one cache of Plans,
+keyed by ``(what, meta, env)``; the Python path and replay (``replay.py``) both take their Plan
+from it, so a fast path can never run a decision that the Python path would not make for the
+same key. Whoever may still run a Plan (an autograd node waiting for its backward) holds a
+reference to it: ``PLANS.reset()`` or an eviction forgets the entry, never frees what a pending
+backward needs.
+
+Private PyTorch interfaces are read through ``internals.py``, the one place that names them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple, TypeVar
+
+import torch
+
+from tritonkit import _hardware
+from tritonkit._tuning import AUTOTUNE_ENV, CACHE_ENV, FORCE_ENV
+from tritonkit.ops._core import internals
+
+T = TypeVar("T")
+
+
+_tf32 = internals.cublas_allow_tf32
+_fp16_reduced = internals.cublas_allow_fp16_reduced
+_bf16_reduced = internals.cublas_allow_bf16_reduced
+_cudnn_tf32 = internals.cudnn_allow_tf32
+_precision = torch.get_float32_matmul_precision
+_deterministic = torch.are_deterministic_algorithms_enabled
+_autocast_on = torch.is_autocast_enabled
+_autocast_dtype = torch.get_autocast_dtype
+
+
+class Env(NamedTuple):
+    """Everything outside a call's arguments that changes its kernel or its answer."""
+
+    tf32: bool  # float32 matrix products may use TF32 (either PyTorch spelling of it)
+    cudnn_tf32: bool
+    fp16_reduced: bool  # cuBLAS's reduced-precision reductions for fp16 / bf16 products
+    bf16_reduced: bool
+    deterministic: bool
+    autocast: tuple  # (device type, dtype) for each device type autocast is on for
+    autotune: str  # "off", "on" or "force" (TRITONKIT_AUTOTUNE, _FORCE, the interpreter)
+    tuning_cache: str | None  # TRITONKIT_CACHE_DIR: where tuned choices are looked up
+    device: int  # the current CUDA device (-1 without CUDA)
+    profile: str | None  # the hardware profile's name (tritonkit --profile simulates others)
+
+
+_cuda_device = internals.cuda_device if torch.cuda.is_available() else (lambda: -1)
+
+
+def _profile_name() -> str | None:
+    profile = _hardware.active()
+    return profile.name if profile is not None else None
+
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, at import: fixed for the process.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+_environ = internals.environ_get
+_new_env = tuple.__new__
+_compiling = torch.compiler.is_compiling
+
+
+def _autotune() -> str:
+    if _environ(FORCE_ENV) == "1":  # tritonkit tune: decide again at every call
+        return "force"
+    return "off" if _INTERPRETING or _environ(AUTOTUNE_ENV) == "0" else "on"
+
+
+def current_env() -> Env:
+    """The snapshot for a call: read once per call, part of every key."""
+    autocast = ()
+    if _autocast_on("cuda"):
+        autocast = ("cuda", _autocast_dtype("cuda"))
+    if _autocast_on("cpu"):
+        autocast += ("cpu", _autocast_dtype("cpu"))
+    return _new_env(  # tuple.__new__: a third of the NamedTuple constructor's cost
+        Env,
+        (
+            _tf32() or _precision() != "highest",
+            _cudnn_tf32(),
+            _fp16_reduced(),
+            _bf16_reduced(),
+            _deterministic(),
+            autocast,
+            _autotune(),
+            _environ(CACHE_ENV),
+            _cuda_device(),
+            _profile_name(),
+        ),
+    )
+
+
+def tensor_meta(t: torch.Tensor) -> tuple:
+    """What a plan may read of a tensor: shape, strides, dtype, device, gradient flag, and the
+    pointer's residue mod 256 (launchers pick paths by 16-byte alignment and finer residues;
+    the caching allocator aligns to 512)."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad, t.data_ptr() & 255)
+
+
+class PlanCache:
+    """The one cache of plans, keyed by ``(what, meta, env)``; least recently built first out.
+
+    ``get`` builds a missing plan outside the lock (building compiles and may tune: a thread
+    must not wait for another's compile of an unrelated key) and keeps the first plan stored
+    for a key, so two threads racing on one key end with one plan. Entries are evicted when
+    ``limit`` are held: a model calls a few shapes, a shape sweep must not grow it forever.
+    """
+
+    def __init__(self, limit: int = 8192) -> None:
+        self.limit = limit
+        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, env: Env | None, build: Callable[[], T]) -> T:
+        if _compiling():  # torch.compile traces the decision itself, once per graph
+            return build()
+        full = (key, env)
+        plan = self._plans.get(full)
+        if plan is not None:
+            return plan
+        plan = build()
+        with self._lock:
+            kept = self._plans.setdefault(full, plan)
+            if len(self._plans) > self.limit:
+                self._plans.popitem(last=False)
+        return kept
+
+    def peek(self, key: Hashable, env: Env | None) -> Any:
+        return self._plans.get((key, env))
+
+    def put(self, key: Hashable, env: Env | None, plan: Any) -> None:
+        with self._lock:
+            self._plans[(key, env)] = plan
+            if len(self._plans) > self.limit:
+                self._plans.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def items(self) -> list[tuple[Hashable, Any]]:
+        with self._lock:
+            return list(self._plans.items())
+
+    def reset(self) -> None:
+        """Forget every plan (tests; a changed setting). Plans in use stay alive with their
+        users: an autograd node keeps its own reference."""
+        with self._lock:
+            self._plans.clear()
+
+
+PLANS = PlanCache()
+
+
+def validated(op: str, facts: Hashable | None, validate: Callable[[], T]) -> T:
+    """``validate()``'s verdict on a call whose argument facts are ``facts`` (what validation
+    reads: ``rows.arg_facts``), from the one cache; None facts (an unhashable argument, a
+    trace) validate every time. Validation raises on a bad call, so only verdicts are kept."""
+    if facts is None:
+        return validate()
+    return PLANS.get(("validated", op, facts), None, validate)
+
+
+def cached(what: str, key: Hashable, build: Callable[[], T]) -> T:
+    """``build()``'s plan for ``key`` under the current Env, from the one cache: the Python
+    path's lookup (``what`` names the decision: "norm.forward", "matmul.config", ...). While a
+    retune is forced (``tritonkit tune``), nothing is kept: every call decides again."""
+    if _compiling():
+        return build()
+    env = current_env()
+    if env.autotune == "force":
+        return build()
+    return PLANS.get((what, key), env, build)
