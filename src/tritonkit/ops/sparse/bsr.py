@@ -16,8 +16,8 @@ from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.gemm import mac
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.sparse._plan_stub import PLANS, current_env
 from tritonkit.ops.sparse.config import BsrConfig
 
 
@@ -72,7 +72,7 @@ class BsrPlan:
 
 
 def bsr_plan(m: int, n: int, blocksize: tuple, dtype: torch.dtype, device: torch.device):
-    env = current_env(device.type)
+    env = current_env()
     key = ("sparse.bsr_mm", m, n, blocksize, dtype, device)
 
     def build() -> BsrPlan:

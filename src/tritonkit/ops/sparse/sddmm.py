@@ -17,8 +17,8 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.sparse._plan_stub import PLANS, current_env
 from tritonkit.ops.sparse.config import SddmmConfig
 
 
@@ -78,7 +78,7 @@ def sddmm_plan(nnz: int, k: int, n: int, mat2_stride: tuple, device: torch.devic
         copy = k > 1 and mat2_stride[0] != 1 and nnz * k > 4 * k * n
         return SddmmPlan(SddmmConfig.heuristic(nnz, k), copy)
 
-    return PLANS.get(key, current_env(device.type), build)
+    return PLANS.get(key, current_env(), build)
 
 
 def sddmm_fwd(

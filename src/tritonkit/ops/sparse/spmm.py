@@ -20,8 +20,8 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.sparse._plan_stub import PLANS, current_env
 from tritonkit.ops.sparse.config import ROWS, SpmmConfig
 
 
@@ -195,7 +195,7 @@ def spmm_plan(n_rows: int, n: int, nnz: int, chunk: int, device: torch.device) -
         programs = n_rows if cfg.strategy == ROWS else cdiv(nnz, cfg.chunk)
         return SpmmPlan(cfg, programs, cdiv(n, cfg.BLOCK_N))
 
-    return PLANS.get(key, current_env(device.type), build)
+    return PLANS.get(key, current_env(), build)
 
 
 def spmm_fwd(

@@ -25,8 +25,8 @@ import triton.language as tl
 from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.sparse._plan_stub import PLANS, current_env
 from tritonkit.ops.sparse.config import ROWS, SpmvConfig
 
 
@@ -214,7 +214,7 @@ def spmv_plan(n_rows: int, nnz: int, chunk: int, device: torch.device) -> SpmvPl
             return SpmvPlan(cfg, cdiv(n_rows, cfg.ROWS))
         return SpmvPlan(cfg, cdiv(nnz, cfg.chunk))
 
-    return PLANS.get(key, current_env(device.type), build)
+    return PLANS.get(key, current_env(), build)
 
 
 def spmv_fwd(
