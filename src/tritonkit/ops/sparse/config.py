@@ -77,22 +77,24 @@ class SpmvConfig:
     @classmethod
     def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
         """The config for a matrix whose split chunk (``split_chunk``) is ``chunk``."""
+        # Four (row kernel) or two (split: the scan's state) non-zeros per thread: about 60
+        # registers, four 8-warp programs per SM (sm_90 ptxas; docs/sparse.md).
         if chunk:
-            return cls(SPLIT, 1, 1024, chunk, 8)
+            return cls(SPLIT, 1, 512, chunk, 8)
         block = _spmv_block(nnz / max(n_rows, 1))
-        rows = _clamp(2048 // block, 1, 256)
+        rows = _clamp(1024 // block, 1, 256)
         rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
-        return cls(ROWS, rows, block, 0, 4 if rows * block <= 1024 else 8)
+        return cls(ROWS, rows, block, 0, 8 if rows * block >= 1024 else 4)
 
     def space(self) -> list[SpmvConfig]:
         """The configs a sweep tries for this problem (this one first; same chunk)."""
         out = [self]
         for warps in (4, 8):
             if self.strategy == SPLIT:
-                out += [SpmvConfig(SPLIT, 1, tile, self.chunk, warps) for tile in (512, 1024, 2048)]
+                out += [SpmvConfig(SPLIT, 1, t, self.chunk, warps) for t in (256, 512, 1024, 2048)]
                 continue
-            for block in (8, 16, 32, 64):
-                for tile in (1024, 2048):
+            for block in (16, 32, 64):
+                for tile in (512, 1024, 2048):
                     out.append(SpmvConfig(ROWS, max(1, tile // block), block, 0, warps))
         return list(dict.fromkeys(out))
 

@@ -120,7 +120,7 @@ def spmv_split_kernel(
         end = tl.load(crow_ptr + rows + 1, mask=rm, other=0)
         tl.store(y_ptr + rows, tl.zeros((TILE,), y_ptr.dtype.element_ty), mask=rm & (start == end))
     # Binary search steps over the chunk's rows first..own1 (crow[own1] >= e).
-    steps = 0
+    steps = tl.zeros((), tl.int32)  # a tensor: loop-carried through the while below
     width = own1 - first
     while width > 1:
         width = (width + 1) // 2
