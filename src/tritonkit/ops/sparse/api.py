@@ -4,14 +4,14 @@
 Gradients: for y = A x (and C = A B), the gradient of the dense operand is A^T g, a product
 with the transpose's structure (``CSR.transpose_structure``: kept on the matrix); the gradient
 of the values is g sampled at A's pattern against x (against B: SDDMM). Everything the backward
-launches is decided in the forward.
+launches is decided in the forward. torch.autocast casts nothing here: the products run in
+the matrix's dtype, and the dense operands must match it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tritonkit._autocast import policy
 from tritonkit.ops._core.device import sm_count
 from tritonkit.ops._core.registry import apply
 from tritonkit.ops._core.validate import check_operand, check_tensor
@@ -121,7 +121,6 @@ def _backward_structure(a: CSR, need_val: bool, need_dense: bool, n: int | None)
     return rows, t_crow, t_col, t_perm, _bounds(a.t(), chunk), chunk
 
 
-@policy(cuda=None, cpu=None)
 def spmv(A, x: torch.Tensor) -> torch.Tensor:
     """Sparse matrix times dense vector, ``y = A @ x``, with autograd for A's values and x.
 
@@ -155,7 +154,6 @@ def spmv(A, x: torch.Tensor) -> torch.Tensor:
     )
 
 
-@policy(cuda=None, cpu=None)
 def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
     """Sparse matrix times dense matrix, ``C = A @ B`` (``A.T @ B`` with ``transpose_a``), as
     ``torch.sparse.mm``, with autograd for A's values and B.
@@ -195,7 +193,6 @@ def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
     )
 
 
-@policy(cuda=None, cpu=None)
 def sddmm(
     A, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1.0, alpha: float = 1.0
 ) -> CSR:
@@ -235,7 +232,6 @@ def sddmm(
     return a.with_values(values)
 
 
-@policy(cuda=None, cpu=None)
 def bsr_mm(A, B: torch.Tensor) -> torch.Tensor:
     """Block-sparse matrix times dense matrix on the tensor cores, ``C = A @ B``.
 
