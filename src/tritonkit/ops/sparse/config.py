@@ -1,0 +1,178 @@
+"""Configs of the sparse kernels: frozen dataclasses, each with a heuristic constructor from the
+problem (rows, columns, non-zeros, longest row) and the device, and the space a sweep tries.
+
+The load-balancing rule (``strategy``) lives here too: docs/sparse.md says why it is what it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+
+ROWS = "rows"  # a program per group of rows: every row's non-zeros in one program
+SPLIT = "split"  # a program per chunk of non-zeros: long rows cut across programs
+
+# A row this many times longer than the mean (and longer than two loads of the row kernel)
+# stalls the program that holds it while the others are done: the rows are split instead.
+SKEW_RATIO = 8.0
+
+
+def strategy(n_rows: int, nnz: int, max_row: int, block: int) -> str:
+    """The load-balancing strategy for a matrix whose longest row has ``max_row`` non-zeros:
+    ``SPLIT`` when that row is over ``SKEW_RATIO`` times the mean and over two ``block`` loads
+    long, else ``ROWS``."""
+    mean = nnz / max(n_rows, 1)
+    if max_row > SKEW_RATIO * max(mean, 1.0) and max_row > 2 * block:
+        return SPLIT
+    return ROWS
+
+
+def _clamp(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))
+
+
+def _chunk(nnz: int, programs_wanted: int, quantum: int, cap: int) -> int:
+    """Non-zeros per program of a split launch: enough programs to fill the device, a multiple
+    of ``quantum`` (one full tile), at most ``cap``."""
+    per = cdiv(max(nnz, 1), max(programs_wanted, 1))
+    return _clamp(cdiv(per, quantum) * quantum, quantum, cap)
+
+
+def _spmv_block(mean: float) -> int:
+    return _clamp(next_power_of_2(max(1, round(mean))), 4, 64)
+
+
+def _spmm_block_k(mean: float) -> int:
+    return _clamp(next_power_of_2(max(1, round(mean))), 4, 16)
+
+
+def split_chunk(op: str, n_rows: int, nnz: int, max_row: int, sms: int) -> int:
+    """Non-zeros per program of ``op``'s ("spmv" or "spmm") split launch, or 0 where its rows
+    are balanced enough for the row kernel (``strategy``). A function of the matrix alone (not
+    of the dense operand), so that the partition can be computed once and kept on the matrix."""
+    mean = nnz / max(n_rows, 1)
+    if op == "spmv":
+        if strategy(n_rows, nnz, max_row, _spmv_block(mean)) != SPLIT:
+            return 0
+        return _chunk(nnz, 16 * sms, 1024, 8192)
+    block_k = _spmm_block_k(mean)
+    if strategy(n_rows, nnz, max_row, block_k) != SPLIT:
+        return 0
+    return _chunk(nnz, 8 * sms, block_k, 2048)
+
+
+@dataclass(frozen=True)
+class SpmvConfig:
+    """y = A x over CSR. Row kernel: ``ROWS`` x ``BLOCK`` is one program's tile (ROWS rows,
+    BLOCK non-zeros of each per step). Split kernel: ``chunk`` non-zeros per program, taken
+    ``ROWS * BLOCK`` at a time (ROWS = 1)."""
+
+    strategy: str
+    ROWS: int
+    BLOCK: int
+    chunk: int
+    num_warps: int
+
+    @classmethod
+    def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
+        """The config for a matrix whose split chunk (``split_chunk``) is ``chunk``."""
+        # Four (row kernel) or two (split: the scan's state) non-zeros per thread: about 60
+        # registers, four 8-warp programs per SM (sm_90 ptxas; docs/sparse.md).
+        if chunk:
+            return cls(SPLIT, 1, 512, chunk, 8)
+        block = _spmv_block(nnz / max(n_rows, 1))
+        rows = _clamp(1024 // block, 1, 256)
+        rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
+        return cls(ROWS, rows, block, 0, 8 if rows * block >= 1024 else 4)
+
+    def space(self) -> list[SpmvConfig]:
+        """The configs a sweep tries for this problem (this one first; same chunk)."""
+        out = [self]
+        for warps in (4, 8):
+            if self.strategy == SPLIT:
+                out += [SpmvConfig(SPLIT, 1, t, self.chunk, warps) for t in (256, 512, 1024, 2048)]
+                continue
+            for block in (16, 32, 64):
+                for tile in (512, 1024, 2048):
+                    out.append(SpmvConfig(ROWS, max(1, tile // block), block, 0, warps))
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class SpmmConfig:
+    """C = A B over CSR. A program holds one row (or a chunk's rows, one at a time) and
+    ``BLOCK_N`` columns of B; ``BLOCK_K`` non-zeros (rows of B gathered) per step."""
+
+    strategy: str
+    BLOCK_K: int
+    BLOCK_N: int
+    chunk: int
+    num_warps: int
+
+    @classmethod
+    def heuristic(cls, n_rows: int, n: int, nnz: int, chunk: int) -> SpmmConfig:
+        # One program covers up to 256 columns of B: a gathered row of B is read as one
+        # contiguous run, and the row's columns and values are read once, not once per tile.
+        block_n = _clamp(next_power_of_2(n), 16, 256)
+        block_k = _spmm_block_k(nnz / max(n_rows, 1))
+        warps = 4 if block_n * block_k <= 2048 else 8
+        return cls(SPLIT if chunk else ROWS, block_k, block_n, chunk, warps)
+
+    def space(self) -> list[SpmmConfig]:
+        out = [self]
+        for block_n in (64, 128, 256):
+            for block_k in (8, 16, 32):
+                for warps in (4, 8):
+                    out.append(SpmmConfig(self.strategy, block_k, block_n, self.chunk, warps))
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class SddmmConfig:
+    """Sampled product at a pattern: ``BLOCK`` non-zeros per program, ``BLOCK_K`` of the inner
+    dimension per step (a BLOCK x BLOCK_K gather from each dense operand)."""
+
+    BLOCK: int
+    BLOCK_K: int
+    num_warps: int
+
+    @classmethod
+    def heuristic(cls, nnz: int, k: int) -> SddmmConfig:
+        block_k = _clamp(next_power_of_2(k), 16, 64)
+        return cls(64 if block_k <= 32 else 32, block_k, 4)
+
+    def space(self) -> list[SddmmConfig]:
+        out = [self]
+        for block in (16, 32, 64, 128):
+            for block_k in (16, 32, 64):
+                for warps in (2, 4, 8):
+                    out.append(SddmmConfig(block, block_k, warps))
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class BsrConfig:
+    """Block-sparse (BSR) times dense on the tensor cores: a program per (block row, BLOCK_N
+    columns), one ``tl.dot`` per stored block."""
+
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+    @classmethod
+    def heuristic(cls, block_rows: int, block_m: int, n: int, sms: int) -> BsrConfig:
+        block_n = _clamp(next_power_of_2(n), 16, 128)
+        # Fewer, wider tiles waste nothing while there are programs for every SM.
+        if block_rows * cdiv(n, 256) >= 2 * sms and block_m <= 64:
+            block_n = min(256, _clamp(next_power_of_2(n), 16, 256))
+        warps = 8 if block_m * block_n >= 128 * 128 else 4
+        return cls(block_n, warps, 3)
+
+    def space(self) -> list[BsrConfig]:
+        out = [self]
+        for block_n in (64, 128, 256):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    out.append(BsrConfig(block_n, warps, stages))
+        return list(dict.fromkeys(out))
