@@ -93,6 +93,11 @@ ERRORS = {
         ["'nvidia-h9'", "known GPUs:", "NVIDIA H200", "bandwidth=0.7"],
     ),
     "bad profile factor": (["--profile", "bandwidth=fast", "doctor"], ["bandwidth", "'fast'"]),
+    # Every command checks --profile, also those that do not use it.
+    "unknown profile, list": (
+        ["--profile", "no_such_gpu", "list"],
+        ["'no_such_gpu'", "known GPUs:", "NVIDIA H100 SXM", "NVIDIA H200"],
+    ),
     "tune dtype": (["tune", "relu", "--dtypes", "fp64"], ["unknown dtype 'fp64'", "float32"]),
     "tune shape": (["tune", "relu", "--shapes", "big"], ["--shapes", "'big'"]),
     "threshold": (
@@ -321,10 +326,24 @@ def test_package_and_functional_export_the_same_functions():
         n for f in FAMILIES for n in importlib.import_module(f"tritonkit.ops.{f}").__all__
     )
     assert functional.__all__ == family_names
-    assert tritonkit.__all__ == [*family_names, "functional", "nn"]
+    assert tritonkit.__all__ == [*family_names, "functional", "nn", "optim", "quant"]
     for name in functional.__all__:
         assert getattr(tritonkit, name) is getattr(functional, name)
         assert callable(getattr(tritonkit, name)) and getattr(tritonkit, name).__doc__
+
+
+def test_public_subpackages_are_attributes_of_the_package():
+    """``import tritonkit as tk; tk.optim.AdamW`` works, and importing tritonkit stays lazy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tritonkit as tk; "
+        "assert 'tritonkit.optim' not in sys.modules and 'triton' not in sys.modules; "
+        "assert tk.optim.AdamW and tk.optim.Muon and tk.quant.quantize and tk.nn.RMSNorm; "
+        "assert tk.functional.gelu is tk.gelu"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_import_tritonkit_is_lazy():

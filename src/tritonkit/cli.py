@@ -255,6 +255,25 @@ def _resolve_profile(text: str | None, measured: dict[str, Any] | None = None):
         raise UsageError(f"{exc} (known GPUs: {known})") from None
 
 
+def _check_profile(text: str) -> None:
+    """--profile is checked before any command runs (``list`` too): a known GPU name, a JSON
+    profile that loads, or scale factors; anything else is refused, naming the known GPUs."""
+    from tritonkit import _hardware
+    from tritonkit.harness import hardware
+
+    spec = _profile_spec(text)
+    if spec in _hardware.KNOWN:
+        return
+    try:
+        if spec.endswith(".json") or Path(spec).exists():
+            _hardware.load(spec)
+        else:
+            hardware.scale_factors(spec)
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        known = ", ".join(_hardware.KNOWN)
+        raise UsageError(f"{exc} (known GPUs: {known})") from None
+
+
 def _confirm(what: str, seconds: float, yes: bool) -> None:
     """Ask before a run the interpreter makes long; a script passes --yes."""
     from tritonkit.harness.progress import duration
@@ -874,6 +893,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _quiet(debug):
             args = build_parser().parse_args(argv)
+            if args.profile is not None:
+                _check_profile(args.profile)
             return args.func(args)
     except UsageError as exc:
         if debug:
