@@ -50,7 +50,7 @@ def round_to_bfloat16(data: np.ndarray, toward_zero: bool = False) -> np.ndarray
 def _quiet_numpy(interpreter) -> None:
     """Interpreted kernels run with NumPy's floating-point warnings off (see the module doc)."""
     executor = getattr(interpreter, "GridExecutor", None)
-    call = getattr(executor, "__call__", None)
+    call = vars(executor).get("__call__") if isinstance(executor, type) else None
     if call is None or getattr(call, "_tritonkit_quiet", False):
         return
 
