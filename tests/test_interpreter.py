@@ -83,6 +83,7 @@ def test_numpy_warnings_stay_inside_interpreted_kernels():
 
     x = torch.randn(4, 37)
     x[0, 3], x[1, 2], x[2, 0] = float("inf"), float("nan"), -float("inf")
+    x[3] = float("nan")  # a whole row: np.nanmax warns "All-NaN slice encountered"
     q = torch.randn(1, 2, 5, 16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -245,6 +245,24 @@ def environment_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+CHECK_LEGEND = (
+    "Each check runs the operator on fresh random inputs (and on re-laid-out inputs, NaN/inf, "
+    "empty tensors, gradients: the `case`) and compares every output with a float64 reference "
+    "computed on the same inputs upcast. Columns: `checks passed`, the checks that met the "
+    "spec's bound out of those run; `worst rel. L2 error`, the largest ||out - ref|| / ||ref|| "
+    "over the operator's checks in that dtype; `worst ratio to PyTorch's error`, the largest "
+    "ratio of that error to PyTorch's own in the same dtype against the same reference (below "
+    "1: closer than PyTorch; n/a where PyTorch's error is 0 or too few elements were compared)."
+)
+EXCUSED_RULE = (
+    "Passed on PyTorch's own error. The rule: an output passes when every element is within "
+    "the spec's `atol + rtol * |ref|`; where a spec allows it (`Tolerance.torch_factor`, for "
+    "outputs whose error follows the inputs' conditioning), an output that misses that bound "
+    "still passes when its largest error is no more than the stated multiple of PyTorch's own "
+    "largest error on the same inputs. These checks passed that way:"
+)
+
+
 def render_checks(checks: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for c in checks:
@@ -270,19 +288,23 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
                 _fmt(max(ratios)) if ratios else "n/a",
             ]
         )
-    out = _table(
-        [
-            "operator",
-            "dtype",
-            "checks passed",
-            "worst rel. L2 error",
-            "worst ratio to PyTorch's error",
-        ],
-        rows,
+    out = (
+        CHECK_LEGEND
+        + "\n\n"
+        + _table(
+            [
+                "operator",
+                "dtype",
+                "checks passed",
+                "worst rel. L2 error",
+                "worst ratio to PyTorch's error",
+            ],
+            rows,
+        )
     )
     excused = [c for c in checks if c["passed"] and c.get("detail")]
     if excused:
-        out += "\n\nPassed on PyTorch's own same-dtype error (Tolerance.torch_factor):\n\n"
+        out += "\n\n" + EXCUSED_RULE + "\n\n"
         out += "\n".join(
             f"- {c['op']} {c['params']} {c['shape']} {c['dtype']} {c['case']}: {c['detail']}"
             for c in excused

@@ -21,10 +21,13 @@ error again.
 warns (``RuntimeWarning: overflow encountered in exp2``, ``invalid value encountered in
 subtract``) where the GPU's IEEE arithmetic quietly gives the inf or NaN the kernel means
 (``exp2(-inf)`` of a masked score, ``inf - inf`` of a row holding inf); those warnings describe
-the interpreter, not the user's program, and would reach the user from every such call.
+the interpreter, not the user's program, and would reach the user from every such call (NumPy's
+own ``RuntimeWarning``s inside a kernel, such as ``All-NaN slice encountered``, are ignored too).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -55,7 +58,10 @@ def _quiet_numpy(interpreter) -> None:
         return
 
     def quiet_call(self, *args, **kwargs):
-        with np.errstate(all="ignore"):
+        # errstate for the ufuncs' floating-point flags; the filter for the warnings NumPy
+        # raises itself (np.nanmax's "All-NaN slice encountered").
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             return call(self, *args, **kwargs)
 
     quiet_call._tritonkit_quiet = True
