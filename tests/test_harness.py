@@ -199,6 +199,13 @@ def test_readme_section_is_regenerated(tmp_path):
     text = readme.read_text()
     assert "stale" not in text and "2.00x torch" in text and text.endswith("outro\n")
     assert not report.update_readme(readme, synthetic_results(), "x.json")
+    # the README's summary: one line per operator
+    readme.write_text(f"{report.README_SUMMARY_BEGIN}\nstale\n{report.README_SUMMARY_END}\n")
+    assert report.update_readme(readme, synthetic_results(), "x.json")
+    assert "stale" not in readme.read_text() and "| operator | shape |" in readme.read_text()
+    readme.write_text("no section")
+    with pytest.raises(ValueError, match="no generated section"):
+        report.update_readme(readme, synthetic_results(), "x.json")
 
 
 def test_load_json_rejects_other_documents(tmp_path):
@@ -266,8 +273,17 @@ def test_readme_table_is_generated_from_the_committed_results():
     root = Path(__file__).resolve().parents[1]
     source = "benchmarks/results/nvidia-h100.json"
     results = report.load_json(root / source)
-    expected = report.render_readme_table(results, source).strip()
-    assert report.readme_section(root / "README.md") == expected
+    summary = report.render_summary_table(results, source).strip()
+    begin, end = report.README_SUMMARY_BEGIN, report.README_SUMMARY_END
+    assert report.readme_section(root / "README.md", begin, end) == summary
+    # every (operator, shape, dtype) and the host times: docs/results.md
+    assert report.readme_section(root / "docs/results.md") == (
+        report.render_readme_table(results, source).strip()
+    )
+    host = report.readme_section(
+        root / "docs/results.md", report.README_HOST_BEGIN, report.README_HOST_END
+    )
+    assert host == report.render_host_table(results, source).strip()
 
 
 def test_interpreter_skip_is_reported_never_passed(monkeypatch):
