@@ -183,6 +183,16 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def _threshold(text: str) -> float:
     try:
         value = float(text)
@@ -288,41 +298,6 @@ def _confirm(what: str, seconds: float, yes: bool) -> None:
         raise UsageError("not run (pass --yes to run without asking)")
 
 
-# The interpreter's cost of one check case, for the estimate shown before a long run: a fixed
-# part, and a part per element of the shape (per multiply-add for a GEMM). On a 2-core CPU
-# machine shared with other jobs, one case took 5 us per element for relu's forward and 16 us
-# for its gradient, 2-58 us for the norms, softmax and cross-entropy, up to 125 us for
-# bias_act's gradient, and 20-80 ns per multiply-add for a float32 GEMM: the estimate gives
-# the order of magnitude, not a promise.
-_CASE_SECONDS = 0.05
-_SECONDS_PER_ELEMENT = 1e-5
-_SECONDS_PER_MAC = 5e-8
-
-
-def _estimate_check_seconds(specs, dtypes, shapes_of) -> float:
-    from tritonkit.harness.check import planned_cases
-
-    total = 0.0
-    for spec in specs:
-        per_unit = _SECONDS_PER_MAC if spec.compute == "tensor" else _SECONDS_PER_ELEMENT
-        for shape in shapes_of(spec):
-            n = planned_cases(spec, dtypes=dtypes, shapes=[shape])
-            total += n * (_CASE_SECONDS + per_unit * _work(shape, spec.compute == "tensor"))
-    return total
-
-
-def _work(shape: Any, gemm: bool) -> int:
-    """Elements of a shape (summed over the operands' shapes when it lists several), or for a
-    GEMM the product of its sizes (M * N * K, batch dimensions included)."""
-    if isinstance(shape, int) and not isinstance(shape, bool):
-        return shape
-    if not isinstance(shape, (tuple, list)):
-        return 1
-    if not gemm and any(isinstance(s, (tuple, list)) for s in shape):
-        return sum(_work(s, gemm) for s in shape)
-    return math.prod(_work(s, gemm) for s in shape)
-
-
 # ---- commands ---------------------------------------------------------------------------------
 
 
@@ -367,29 +342,6 @@ def _plan_checks(specs, dtypes, shapes_of) -> dict[str, int]:
     return plan
 
 
-def _run_checks(specs, dtypes, seed, shapes_of, plan) -> list[dict[str, Any]]:
-    from tritonkit.harness.check import check_spec
-    from tritonkit.harness.progress import Progress
-
-    progress = Progress(sum(plan.values()), "check")
-    results = []
-    for spec in specs:
-        if not plan[spec.name]:
-            continue
-
-        def on_case(res, progress=progress) -> None:
-            progress.step(f"{res.op} {res.dtype} {res.shape} {res.case}")
-
-        out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=shapes_of(spec), on_case=on_case)
-        results += [r.as_dict() for r in out]
-        ran = [r for r in out if not r.skipped]
-        failed = sum(not r.passed for r in ran)
-        skipped = f", {len(out) - len(ran)} skipped" if len(ran) < len(out) else ""
-        progress.log(f"{spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
-    progress.close()
-    return results
-
-
 def _print_check_summary(checks: list[dict[str, Any]]) -> int:
     from tritonkit.harness.report import render_checks
 
@@ -416,27 +368,36 @@ def cmd_check(args: argparse.Namespace) -> int:
     json_path = _writable_file(args.json, "--json")
     shapes_of = _check_shapes(args.shapes)
     plan = _plan_checks(specs, dtypes, shapes_of)
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import CASES
+    from tritonkit.harness.progress import Progress, duration
+
+    items = [
+        selection.Item(s, tuple(dtypes or s.dtypes), tuple(shapes_of(s)), CASES, (), (), False)
+        for s in specs
+    ]
+    gpu = not interpreted
+    seconds = sum(
+        selection.expected_check_seconds(it.spec, it.check_dtypes, it.check_shapes, CASES, gpu=gpu)
+        for it in items
+    )
     if interpreted and args.shapes == "bench":
-        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
         _confirm(f"{sum(plan.values())} checks at the bench shapes", seconds, args.yes)
     seed = _seed(args)
     where = "Triton interpreter (CPU)" if interpreted else torch.cuda.get_device_name()
-    print(f"checking {len(specs)} operators on {where}, seed {seed}", file=sys.stderr)
-    checks = _run_checks(specs, dtypes, seed, shapes_of, plan)
+    print(
+        f"checking {len(specs)} operators on {where}, seed {seed}: {sum(plan.values())} "
+        f"checks, about {duration(seconds)}",
+        file=sys.stderr,
+    )
+    progress = Progress(sum(plan.values()), "check", expected=seconds)
+    checks = _run_item_checks(items, seed, plan, progress, gpu)
+    progress.close()
     if json_path is not None:
         import json
 
         json_path.write_text(json.dumps(checks, indent=1, default=str))
     return _print_check_summary(checks)
-
-
-def _bench_cases(specs, dtypes, shapes, modes, small: bool = False) -> int:
-    return sum(
-        len(_shape_list(s, shapes, small))
-        * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
-        * len(modes)
-        for s in specs
-    )
 
 
 def _check_baselines(specs, names: list[str] | None) -> list[str] | None:
@@ -452,17 +413,60 @@ def _check_baselines(specs, names: list[str] | None) -> list[str] | None:
     return names
 
 
+def _run_item_checks(items, seed, plan, progress, gpu: bool) -> list[dict[str, Any]]:
+    """The accuracy checks of a bench run, each case's expected cost fed to the progress."""
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import check_spec
+
+    results: list[dict[str, Any]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for it in items:
+        if not plan.get(it.spec.name):
+            continue
+
+        def on_case(res, spec=it.spec) -> None:
+            first = (spec.name, res.params, res.dtype) not in seen
+            seen.add((spec.name, res.params, res.dtype))
+            shape = selection.shape_of(res.shape)
+            cost = (
+                0.0
+                if res.skipped
+                else selection.case_seconds(spec, shape, res.case, gpu=gpu, first=first)
+            )
+            progress.step(f"{res.op} {res.dtype} {res.shape} {res.case}", cost)
+
+        out = check_spec(
+            it.spec,
+            dtypes=it.check_dtypes,
+            shapes=it.check_shapes,
+            cases=it.cases,
+            seed=seed,
+            on_case=on_case,
+        )
+        results += [r.as_dict() for r in out]
+        ran = [r for r in out if not r.skipped]
+        failed = sum(not r.passed for r in ran)
+        skipped = f", {len(out) - len(ran)} skipped" if len(ran) < len(out) else ""
+        progress.log(f"{it.spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
+    return results
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    import time
+
+    interpreted = _enable_interpreter_without_gpu()  # before any kernel is defined
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import planned_cases
     from tritonkit.harness.device import fingerprint
+    from tritonkit.harness.progress import Progress, duration
     from tritonkit.harness.report import make_results, write_report
 
-    interpreted = _enable_interpreter_without_gpu()
     gpu = torch.cuda.is_available() and not interpreted
     specs = _select(_split(args.ops))
     dtypes = _dtypes(args.dtypes)
     modes = _modes(args.mode)
     baselines = _check_baselines(specs, _split(args.baselines))
-    shapes = _shapes(args.shapes) or ("bench" if gpu else "test")
+    shapes = _shapes(args.shapes)
     if args.profile is not None:
         _resolve_profile(args.profile)  # checked now; applied to measured ceilings on a GPU
     if not gpu and args.no_check:
@@ -470,45 +474,98 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "nothing to run: without a GPU, bench runs only the accuracy checks, and --no-check "
             "leaves none"
         )
-    # Without a GPU the checks run at the shapes asked for; with one, at the test shapes (the
-    # bench itself compares each output at its bench shape with the float64 reference).
-    shapes_of = _check_shapes(shapes if not gpu else "test")
-    plan = {} if args.no_check else _plan_checks(specs, dtypes, shapes_of)
-    if gpu and not _bench_cases(specs, dtypes, shapes, modes):
+    if args.autotune:
+        from tritonkit import _tuning
+
+        os.environ[_tuning.AUTOTUNE_ENV] = "1"
+    items = selection.choose(
+        specs,
+        full=args.full,
+        dtypes=dtypes,
+        shapes=shapes,
+        named=bool(args.ops),
+        small=args.small,
+        gpu=gpu,
+    )
+    plan = {}
+    if not args.no_check:
+        plan = {
+            it.spec.name: planned_cases(
+                it.spec, dtypes=it.check_dtypes, shapes=it.check_shapes, cases=it.cases
+            )
+            if it.check_dtypes
+            else 0
+            for it in items
+        }
+        if not sum(plan.values()):
+            _plan_checks(specs, dtypes, lambda spec: [])  # raises, saying what was asked
+    steps = [
+        (it, shape, dtype, mode)
+        for it in items
+        for shape in it.bench_shapes
+        for dtype in it.bench_dtypes
+        for mode in modes
+    ]
+    if gpu and not steps:
         raise UsageError("nothing to time: no selected operator takes the dtypes asked for")
-    if not gpu and shapes != "test":
-        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
+    check_s = sum(
+        selection.expected_check_seconds(
+            it.spec, it.check_dtypes, it.check_shapes, it.cases, gpu=gpu
+        )
+        for it in items
+        if plan.get(it.spec.name)
+    )
+    bench_s = sum(selection.mode_seconds(it.spec, it.variants) for it, *_ in steps) if gpu else 0
+    if not gpu and shapes not in (None, "test"):
         what = "bench shapes" if shapes == "bench" else "those shapes"
-        _confirm(f"{sum(plan.values())} checks at the {what}", seconds, args.yes)
+        _confirm(f"{sum(plan.values())} checks at the {what}", check_s, args.yes)
     out_dir = _fresh_out_dir(Path(args.out), args.force)
     seed = _seed(args)
-    checks = [] if args.no_check else _run_checks(specs, dtypes, seed, shapes_of, plan)
+    what = "every dtype, shape and case" if args.full else "each at its main dtype and one shape"
+    timed = f" and {len(steps)} timings" if gpu else ""
+    more = "" if args.full or dtypes or shapes else "; --full runs every dtype and shape"
+    print(
+        f"bench: {sum(plan.values())} checks{timed} of {len(specs)} operators ({what}), about "
+        f"{duration(check_s + bench_s)}{more}",
+        file=sys.stderr,
+    )
+    t0 = time.perf_counter()
+    if gpu and args.full:
+        from tritonkit.harness import warm
+
+        warm.compile_ahead(items, modes, baselines, seed, jobs=args.jobs)
+    progress = Progress(len(steps) * gpu + sum(plan.values()), "bench", expected=check_s + bench_s)
+    checks = [] if args.no_check else _run_item_checks(items, seed, plan, progress, gpu)
     bench: list[dict[str, Any]] = []
     ceilings = None
     if gpu:
         from tritonkit.harness.bench import bench_spec
-        from tritonkit.harness.progress import Progress
 
         profile = _gpu_profile(args)
         ceilings = _ceilings(profile)
-        print(
+        progress.log(
             f"ceilings ({profile.name}): copy {profile.dram_GBps:,.0f} GB/s, "
-            f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s",
-            file=sys.stderr,
+            f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s"
         )
-        progress = Progress(_bench_cases(specs, dtypes, shapes, modes, args.small), "bench")
-        for spec in specs:
+        for it in items:
+            cost = selection.mode_seconds(it.spec, it.variants)
             bench += bench_spec(
-                spec,
+                it.spec,
                 profile=profile,
                 modes=modes,
-                dtypes=dtypes,
+                dtypes=it.bench_dtypes,
                 baselines=baselines,
-                shapes=_shape_list(spec, shapes, args.small),
+                shapes=list(it.bench_shapes),
                 seed=seed,
-                on_step=progress.running,
+                on_step=lambda desc, cost=cost: progress.running(desc, cost),
+                variants=it.variants,
             )
-        progress.close()
+    progress.close()
+    print(
+        f"bench: took {duration(time.perf_counter() - t0)} (estimated "
+        f"{duration(check_s + bench_s)} at the start)",
+        file=sys.stderr,
+    )
     results = make_results(
         kind="gpu" if gpu else "interpreter",
         fingerprint=fingerprint(),
@@ -814,6 +871,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--small",
         action="store_true",
         help="also time each operator's small shapes, where host time sets the pace",
+    )
+    s.add_argument(
+        "--full",
+        action="store_true",
+        help="every dtype, shape and check case (default: each operator at its main dtype and "
+        "one shape); on a GPU its kernels compile first, in parallel",
+    )
+    s.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="processes compiling in parallel for --full (default: the CPU cores, at most 8)",
+    )
+    s.add_argument(
+        "--autotune",
+        action="store_true",
+        help="time launch configs on this GPU even where the package ships a table",
     )
     s.set_defaults(func=cmd_bench)
 

@@ -252,10 +252,10 @@ def environment_lines(results: dict[str, Any]) -> list[str]:
 
 
 CHECK_LEGEND = (
-    "Each check runs the operator on fresh random inputs (and on re-laid-out inputs, NaN/inf, "
-    "empty tensors, gradients: the `case`) and compares every output with a float64 reference "
-    "computed on the same inputs upcast. Columns: `checks passed`, the checks that met the "
-    "spec's bound out of those run; `worst rel. L2 error`, the largest ||out - ref|| / ||ref|| "
+    "Each check runs the operator on fresh random inputs (and on re-laid-out inputs, NaN and "
+    "infinities, empty tensors, gradients: the `case`) and compares every output with a float64 "
+    "reference computed on the same inputs upcast. Columns: `checks passed`, the checks that met "
+    "the spec's bound out of those run; `worst rel. L2 error`, the largest ||out - ref|| / ||ref|| "
     "over the operator's checks in that dtype; `worst ratio to PyTorch's error`, the largest "
     "ratio of that error to PyTorch's own in the same dtype against the same reference (below "
     "1: closer than PyTorch; n/a where PyTorch's error is 0 or too few elements were compared)."
