@@ -731,35 +731,60 @@ def _print_profile(profile, datasheet=None) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     _enable_interpreter_without_gpu()
     from tritonkit import _tuning
+    from tritonkit.harness.bench import _mode_callable
     from tritonkit.harness.progress import Progress
 
-    specs = _select([args.op])
-    shapes = _shapes(args.shapes) or "bench"
+    if not args.ops and not args.all:
+        raise UsageError("tune: name the operators to tune, or pass --all")
+    specs = _select(None if args.all else args.ops)
+    shapes = _shapes(args.shapes)
     dtypes = _dtypes(args.dtypes)
     if args.profile is not None:
         _resolve_profile(args.profile)
     if not torch.cuda.is_available():
         raise UsageError("tune needs a CUDA GPU (it times kernels); none is visible here")
     _gpu_profile(args)
-    if args.force:
+    # Tuned here, whatever a shipped table says; --force and --ship time every key afresh.
+    os.environ[_tuning.AUTOTUNE_ENV] = "1"
+    if args.force or args.ship:
         os.environ[_tuning.FORCE_ENV] = "1"
+
+    def shapes_of(spec):
+        if shapes is not None:
+            return _shape_list(spec, shapes)
+        # --ship: every shape class the specs name (bench, small, test).
+        extra = (*spec.shapes.small, *spec.shapes.test) if args.ship else ()
+        return list(dict.fromkeys([*spec.shapes.bench, *extra]))
+
     cases = [
         (spec, shape, dtype)
         for spec in specs
-        for shape in _shape_list(spec, shapes)
+        if spec.distributed is None
+        for shape in shapes_of(spec)
         for dtype in (dtypes or spec.bench_dtypes)
         if dtype in spec.dtypes
     ]
     if not cases:
-        raise UsageError(f"nothing to tune: {args.op} takes none of the dtypes asked for")
+        raise UsageError(f"nothing to tune: {', '.join(s.name for s in specs)} take none of the "
+                         "dtypes asked for")  # fmt: skip
     progress = Progress(len(cases), "tune")
+    by_family: dict[str, list] = {}
     for spec, shape, dtype in cases:
         progress.running(f"{spec.name} {shape} {dtype}")
-        inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
         before = (_tuning.STATS.hits, len(_tuning.STATS.log))
-        spec.impl(*inputs, **spec.params[0])
-        torch.cuda.synchronize()
+        try:
+            inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
+            mode = "fwd+bwd" if spec.backward else "fwd"
+            grad_idx = spec.grad_indices(inputs)
+            _mode_callable(spec.impl, inputs, dict(spec.params[0]), mode, grad_idx, 0)()
+            torch.cuda.synchronize()
+        except Exception as exc:  # one case that cannot run (memory) leaves the others
+            progress.log(f"{spec.name} {shape} {dtype}: not tuned ({type(exc).__name__}: {exc})")
+            continue
+        finally:
+            torch.cuda.empty_cache()
         new = _tuning.STATS.log[before[1] :]
+        by_family.setdefault(spec.family, []).extend(new)
         hits = _tuning.STATS.hits - before[0]
         lines = [f"{spec.name} {shape} {dtype}: {len(new)} tuned, {hits} from the cache"]
         for t in new:
@@ -772,6 +797,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print("\n".join(lines))
     progress.close()
     print(f"cache: {_tuning.cache_path()}")
+    if args.ship:
+        for family, tunings in by_family.items():
+            if tunings:
+                path = _tuning.write_shipped(family, tunings)
+                print(f"shipped table: {path} ({len(tunings)} entries)")
     return 0
 
 
@@ -908,13 +938,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measure", action="store_true", help="measure (and cache) the ceilings")
     s.set_defaults(func=cmd_doctor)
 
-    s = command("tune", "pre-tune an operator's kernels; print every config tried")
-    s.add_argument("op", help="operator name")
+    s = command("tune", "tune operators' launch configs on this GPU; print every config tried")
+    s.add_argument("ops", nargs="*", help="operators or families")
+    s.add_argument("--all", action="store_true", help="every operator")
     s.add_argument(
-        "--shapes", nargs="+", help="test, bench (the default), or shapes such as '(8192, 8192)'"
+        "--shapes",
+        nargs="+",
+        help="test, bench, or shapes such as '(8192, 8192)' (default: bench; with --ship also "
+        "the small and test shapes)",
     )
     s.add_argument("--dtypes", action="append", help="e.g. bf16 (default: bench dtypes)")
     s.add_argument("--force", action="store_true", help="time again even if cached")
+    s.add_argument(
+        "--ship",
+        action="store_true",
+        help="write the winners into the package's shipped tables for this GPU "
+        "(src/tritonkit/tuned/<gpu>/<family>.json); implies --force",
+    )
     s.set_defaults(func=cmd_tune)
 
     s = command("regress", "fail when an operator got slower or less accurate")
