@@ -11,8 +11,8 @@ or shapes asked for on the command line replace the selection's.
 The estimate is a cost model in seconds per case, a prior the progress display corrects by
 the time the run's own cases took (``Progress`` with ``expected``). Under the interpreter a
 check costs a fixed part plus a part per element it computes (per multiply-add for a GEMM):
-the constants are fitted to the whole check phase on a 2-core machine (docs/performance.md,
-"The main job's estimate"). On a GPU compilation dominates a cold run: the first case of each
+the constants come from the per-case times of the whole check phase on a 2-core machine
+(docs/performance.md, "The main job's estimate"). On a GPU compilation dominates a cold run: the first case of each
 (operator, parameters, dtype) compiles its kernels, and each timed mode compiles the
 baselines' (``torch.compile``'s among them).
 """
@@ -33,12 +33,17 @@ from tritonkit.ops._core.device import interpreter_enabled
 # The accuracy cases of the representative selection (CASES has every one).
 QUICK_CASES = ("random", "mixed", "specials", "grad", "empty")
 
-# Interpreter: seconds per check case, per element (per multiply-add for a GEMM), and the
-# factor of a gradient case over a forward one.
-CPU_CASE_S = 0.03
-CPU_ELEMENT_S = 4e-6
-CPU_MAC_S = 2e-8
-CPU_GRAD_FACTOR = 2.5
+# Interpreter: seconds per check case at the test shapes (a vector operator, a GEMM), per
+# element (per multiply-add) beyond them, and the factor of a gradient case over a forward one;
+# times the spec's ``check_cost``. At the test shapes a case's cost is mostly fixed (the
+# reference in float64, PyTorch's own run, the comparison, the interpreter's launch of each
+# program), so the element terms matter only at larger shapes (``--shapes bench``).
+CPU_CASE_S = 0.06
+CPU_GEMM_CASE_S = 0.25
+CPU_ELEMENT_S = 2e-6
+CPU_MAC_S = 5e-9
+CPU_GRAD_FACTOR = 1.7
+CPU_EMPTY_S = 0.02
 # GPU, cold caches: the first check case of an (operator, params, dtype) compiles its forward
 # and backward kernels; later cases mostly hit them. A timed mode compiles every candidate
 # (torch.compile's graphs too) and times each about 30 times, interleaved.
@@ -138,14 +143,14 @@ def case_seconds(spec: OpSpec, shape: Any, case: str, *, gpu: bool, first: bool)
     """The prior cost of one check case."""
     if gpu:
         return GPU_FIRST_CASE_S if first else GPU_CASE_S
+    if case == "empty":
+        return CPU_EMPTY_S
     gemm = spec.compute == "tensor"
     per_unit = CPU_MAC_S if gemm else CPU_ELEMENT_S
-    cost = CPU_CASE_S + per_unit * work(shape, gemm)
+    cost = (CPU_GEMM_CASE_S if gemm else CPU_CASE_S) + per_unit * work(shape, gemm)
     if case.startswith("grad"):
         cost *= CPU_GRAD_FACTOR
-    if case == "empty":
-        cost = CPU_CASE_S
-    return cost
+    return cost * spec.check_cost
 
 
 def mode_seconds(spec: OpSpec, named_variants: bool) -> float:
@@ -186,7 +191,7 @@ def expected_check_seconds(
             total += len(spec.params) * (GPU_FIRST_CASE_S - GPU_CASE_S)
         if "empty" in cases:
             n_empty = len(spec.shapes.empty) * len(spec.params)
-            total += n_empty * (GPU_CASE_S if gpu else CPU_CASE_S)
+            total += n_empty * (GPU_CASE_S if gpu else CPU_EMPTY_S)
     return total
 
 

@@ -306,6 +306,7 @@ def _f8_ref(x, w, b, scaling="tensorwise"):
 register(
     OpSpec(
         name="float8_linear",
+        check_cost=3.0,  # three GEMMs and their quantization per case (the run's estimate)
         family=FAMILY,
         impl=lambda x, w, b, scaling="tensorwise": float8_linear(x, w, b, scaling),
         reference=_f8_ref,
