@@ -358,3 +358,46 @@ def test_import_tritonkit_is_lazy():
         "tritonkit.gelu; assert 'tritonkit.ops.elementwise' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_with_a_cost_model_estimates_from_the_start():
+    """With the run's expected seconds, the estimate is the model's before any case is done,
+    then the model's for what is left scaled by how the cases done compared with it."""
+    now = [0.0]
+    progress = Progress(3, "bench", stream=io.StringIO(), clock=lambda: now[0], expected=100.0)
+    assert progress.estimate_left() == pytest.approx(100.0)
+    assert "~1m40s left" in progress.status()
+    now[0] = 100.0  # the first case, expected to take 50 s, took 100: twice the model
+    progress.step("a", 50.0)
+    # 50 s of the model left, scaled by (100 + 25) / (50 + 25)
+    assert progress.estimate_left() == pytest.approx(50.0 * 125 / 75)
+
+
+def test_bench_selection_default_full_and_named():
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import CASES
+    from tritonkit.harness.spec import get_spec
+
+    relu, matmul = get_spec("relu"), get_spec("matmul")
+    default = selection.choose([relu, matmul], full=False)
+    for it in default:
+        assert len(it.check_dtypes) == 1 and it.bench_dtypes == it.check_dtypes
+        assert len(it.check_shapes) == 1 and len(it.bench_shapes) == 1
+        assert it.cases == selection.QUICK_CASES and not it.variants
+    assert default[0].check_dtypes == (selection.main_dtype(relu),)
+    full = selection.choose([relu, matmul], full=True, gpu=True)
+    assert full[0].check_dtypes == tuple(relu.dtypes) and full[0].cases == CASES
+    assert full[1].bench_shapes == tuple(matmul.shapes.bench) and full[1].variants
+    assert selection.choose([matmul], full=False, named=True)[0].variants
+    # dtypes and shapes asked for replace the selection's
+    (it,) = selection.choose([relu], full=False, dtypes=[torch.float32], shapes=[(5, 7)])
+    assert it.check_dtypes == (torch.float32,) and it.check_shapes == ((5, 7),)
+
+
+def test_bench_says_its_estimate_before_it_starts(capsys, tmp_path):
+    code = main(["bench", "relu", "--out", str(tmp_path / "r"), "--dtypes", "fp32"])
+    err = capsys.readouterr().err
+    assert code == 0
+    first = err.splitlines()[0]
+    assert first.startswith("bench: ") and "checks of 1 operators" in first and "about" in first
+    assert "(estimated" in err
