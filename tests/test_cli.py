@@ -401,3 +401,18 @@ def test_bench_says_its_estimate_before_it_starts(capsys, tmp_path):
     first = err.splitlines()[0]
     assert first.startswith("bench: ") and "checks of 1 operators" in first and "about" in first
     assert "(estimated" in err
+
+
+def test_full_runs_warm_tasks_cover_the_run_and_run_here():
+    """bench --full's compile-ahead tasks: one per (operator, bench shape, dtype) and per
+    (operator, check dtype); each runs in a worker as the run would call it (here in-process,
+    under the interpreter, at test shapes)."""
+    from tritonkit.harness import selection, warm
+    from tritonkit.harness.spec import get_spec
+
+    spec = get_spec("relu")
+    (item,) = selection.choose([spec], full=False, dtypes=[torch.float32], shapes=[(5, 7)])
+    tasks = warm.tasks([item], ("fwd", "fwd+bwd"), ["torch"], seed=0)
+    assert [t[0] for t in tasks].count("bench") == len(item.bench_shapes)
+    assert [t[0] for t in tasks].count("check") == 1
+    assert warm.run_task(tasks[0]) is None and warm.run_task(tasks[-1]) is None

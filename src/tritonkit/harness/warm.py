@@ -88,11 +88,13 @@ def run_task(task: tuple) -> str | None:
         else:
             _, _, shape, dtype, modes, baselines, variants, seed = task
             _call_candidates(spec, shape, getattr(torch, dtype), modes, baselines, variants, seed)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
     except Exception as exc:  # the run itself reports what fails
         return f"{type(exc).__name__}: {exc}"[:200]
     finally:
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return None
 
 
@@ -104,7 +106,8 @@ def _call_candidates(spec, shape, dtype, modes, baselines, variants, seed) -> No
     from tritonkit.harness.check import with_own_state
     from tritonkit.harness.spec import Unavailable
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     inputs = spec.make_inputs(shape, dtype, device, seed)
     params = dict(spec.params[0])
     fns: dict[str, tuple[Any, bool]] = {"tritonkit": (spec.impl, spec.backward)}
