@@ -66,7 +66,7 @@ class Progress:
         elapsed = self.clock() - self.t0
         if self.expected is not None:
             left = max(self.expected - self.cost_done, 0.0)
-            prior = 0.25 * self.expected  # the model's weight while few cases are done
+            prior = 0.02 * self.expected  # the model's weight while few cases are done
             return left * (elapsed + prior) / (self.cost_done + prior) if prior > 0 else 0.0
         if self.done == 0:
             return None
