@@ -413,7 +413,9 @@ def _check_baselines(specs, names: list[str] | None) -> list[str] | None:
     return names
 
 
-def _run_item_checks(items, seed, plan, progress, gpu: bool) -> list[dict[str, Any]]:
+def _run_item_checks(
+    items, seed, plan, progress, gpu: bool, warmed: bool = False
+) -> list[dict[str, Any]]:
     """The accuracy checks of a bench run, each case's expected cost fed to the progress."""
     from tritonkit.harness import selection
     from tritonkit.harness.check import check_spec
@@ -431,7 +433,9 @@ def _run_item_checks(items, seed, plan, progress, gpu: bool) -> list[dict[str, A
             cost = (
                 0.0
                 if res.skipped
-                else selection.case_seconds(spec, shape, res.case, gpu=gpu, first=first)
+                else selection.case_seconds(
+                    spec, shape, res.case, gpu=gpu, first=first, warmed=warmed
+                )
             )
             progress.step(f"{res.op} {res.dtype} {res.shape} {res.case}", cost)
 
@@ -464,7 +468,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     gpu = torch.cuda.is_available() and not interpreted
     specs = _select(_split(args.ops))
     dtypes = _dtypes(args.dtypes)
-    modes = _modes(args.mode)
+    # The default run times forward and forward+backward (the backward alone is their
+    # difference); --full and --mode all add it.
+    modes = _modes(args.mode) if args.mode else _modes("all" if args.full else "fwd,fwd+bwd")
     baselines = _check_baselines(specs, _split(args.baselines))
     shapes = _shapes(args.shapes)
     if args.profile is not None:
@@ -508,14 +514,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ]
     if gpu and not steps:
         raise UsageError("nothing to time: no selected operator takes the dtypes asked for")
+    from tritonkit.harness import warm
+
+    # On a GPU the kernels compile first, in parallel (--jobs 1: not): the run then loads them.
+    jobs = (args.jobs or warm.default_jobs()) if gpu else 1
+    warmed = jobs > 1
     check_s = sum(
         selection.expected_check_seconds(
-            it.spec, it.check_dtypes, it.check_shapes, it.cases, gpu=gpu
+            it.spec, it.check_dtypes, it.check_shapes, it.cases, gpu=gpu, warmed=warmed
         )
         for it in items
         if plan.get(it.spec.name)
     )
-    bench_s = sum(selection.mode_seconds(it.spec, it.variants) for it, *_ in steps) if gpu else 0
+    bench_s = sum(selection.mode_seconds(it.spec, it.variants, warmed) for it, *_ in steps)
+    bench_s = bench_s if gpu else 0.0
+    warm_s = 0.0
+    if warmed:
+        compile_s = selection.compile_seconds(items, len(steps))
+        warm_s = selection.GPU_WORKERS_START_S + compile_s / jobs
     if not gpu and shapes not in (None, "test"):
         what = "bench shapes" if shapes == "bench" else "those shapes"
         _confirm(f"{sum(plan.values())} checks at the {what}", check_s, args.yes)
@@ -526,16 +542,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     more = "" if args.full or dtypes or shapes else "; --full runs every dtype and shape"
     print(
         f"bench: {sum(plan.values())} checks{timed} of {len(specs)} operators ({what}), about "
-        f"{duration(check_s + bench_s)}{more}",
+        f"{duration(warm_s + check_s + bench_s)}{more}",
         file=sys.stderr,
     )
     t0 = time.perf_counter()
-    if gpu and args.full:
-        from tritonkit.harness import warm
-
-        warm.compile_ahead(items, modes, baselines, seed, jobs=args.jobs)
+    if warmed:
+        warm.compile_ahead(items, modes, baselines, seed, jobs=jobs, checks=not args.no_check)
     progress = Progress(len(steps) * gpu + sum(plan.values()), "bench", expected=check_s + bench_s)
-    checks = [] if args.no_check else _run_item_checks(items, seed, plan, progress, gpu)
+    checks = [] if args.no_check else _run_item_checks(items, seed, plan, progress, gpu, warmed)
     bench: list[dict[str, Any]] = []
     ceilings = None
     if gpu:
@@ -548,7 +562,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s"
         )
         for it in items:
-            cost = selection.mode_seconds(it.spec, it.variants)
+            cost = selection.mode_seconds(it.spec, it.variants, warmed)
             bench += bench_spec(
                 it.spec,
                 profile=profile,
@@ -563,7 +577,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     progress.close()
     print(
         f"bench: took {duration(time.perf_counter() - t0)} (estimated "
-        f"{duration(check_s + bench_s)} at the start)",
+        f"{duration(warm_s + check_s + bench_s)} at the start)",
         file=sys.stderr,
     )
     results = make_results(
@@ -878,14 +892,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("bench", "check, time against baselines and write a report")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
-    s.add_argument("--mode", default="all", help="fwd, bwd, fwd+bwd, a comma list, or all")
+    s.add_argument(
+        "--mode",
+        help="fwd, bwd, fwd+bwd, a comma list, or all (default: fwd,fwd+bwd; --full: all)",
+    )
     s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
-    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
+    s.add_argument(
+        "--dtypes", action="append", help="e.g. bf16,fp32 (default: each operator's main dtype)"
+    )
     s.add_argument(
         "--shapes",
         nargs="+",
-        help="test, bench (the default on a GPU), or shapes such as '(64, 64)'; without a GPU "
-        "the checks run at these (default: test)",
+        help="test, bench, or shapes such as '(64, 64)' (default: one bench shape per operator, "
+        "its first test shape for the checks); without a GPU the checks run at these",
     )
     s.add_argument(
         "--out",
@@ -905,13 +924,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--full",
         action="store_true",
-        help="every dtype, shape and check case (default: each operator at its main dtype and "
-        "one shape); on a GPU its kernels compile first, in parallel",
+        help="every dtype, shape, mode and check case (default: each operator at its main "
+        "dtype and one shape)",
     )
     s.add_argument(
         "--jobs",
         type=_positive_int,
-        help="processes compiling in parallel for --full (default: the CPU cores, at most 8)",
+        help="on a GPU, processes compiling the run's kernels first, in parallel (default: the "
+        "CPU cores, at most 8; 1: none)",
     )
     s.add_argument(
         "--autotune",

@@ -51,6 +51,10 @@ GPU_FIRST_CASE_S = 2.5
 GPU_CASE_S = 0.25
 GPU_MODE_S = 6.0
 GPU_VARIANT_S = 3.0
+# Of a cold timed mode, the compilation (which compile-ahead workers take off the run), and
+# the start of the workers (each imports torch and tritonkit).
+GPU_MODE_COMPILE_S = 4.0
+GPU_WORKERS_START_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,12 @@ def work(shape: Any, gemm: bool) -> int:
     return math.prod(work(s, gemm) for s in shape)
 
 
-def case_seconds(spec: OpSpec, shape: Any, case: str, *, gpu: bool, first: bool) -> float:
-    """The prior cost of one check case."""
+def case_seconds(
+    spec: OpSpec, shape: Any, case: str, *, gpu: bool, first: bool, warmed: bool = False
+) -> float:
+    """The prior cost of one check case (``warmed``: its kernels compiled ahead)."""
     if gpu:
-        return GPU_FIRST_CASE_S if first else GPU_CASE_S
+        return GPU_FIRST_CASE_S if first and not warmed else GPU_CASE_S
     if case == "empty":
         return CPU_EMPTY_S
     gemm = spec.compute == "tensor"
@@ -153,9 +159,11 @@ def case_seconds(spec: OpSpec, shape: Any, case: str, *, gpu: bool, first: bool)
     return cost * spec.check_cost
 
 
-def mode_seconds(spec: OpSpec, named_variants: bool) -> float:
-    """The prior cost of one timed (shape, dtype, mode) on a GPU."""
-    return GPU_MODE_S + (GPU_VARIANT_S * len(spec.variants) if named_variants else 0.0)
+def mode_seconds(spec: OpSpec, named_variants: bool, warmed: bool = False) -> float:
+    """The prior cost of one timed (shape, dtype, mode) on a GPU (``warmed``: its kernels
+    compiled ahead)."""
+    base = GPU_MODE_S - (GPU_MODE_COMPILE_S if warmed else 0.0)
+    return base + (GPU_VARIANT_S * len(spec.variants) if named_variants else 0.0)
 
 
 def expected_check_seconds(
@@ -165,6 +173,7 @@ def expected_check_seconds(
     cases: Sequence[str],
     *,
     gpu: bool,
+    warmed: bool = False,
 ) -> float:
     """The prior cost of ``check_spec`` with these arguments (the cases ``planned_cases``
     counts, each at its ``case_seconds``)."""
@@ -187,7 +196,7 @@ def expected_check_seconds(
             for _ in spec.params:
                 total += fwd * case_seconds(spec, shape, "random", gpu=gpu, first=False)
                 total += grads * case_seconds(spec, shape, "grad", gpu=gpu, first=False)
-        if gpu:  # the first case of each (params, dtype) compiles
+        if gpu and not warmed:  # the first case of each (params, dtype) compiles
             total += len(spec.params) * (GPU_FIRST_CASE_S - GPU_CASE_S)
         if "empty" in cases:
             n_empty = len(spec.shapes.empty) * len(spec.params)
@@ -203,3 +212,10 @@ def shape_of(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return None
+
+
+def compile_seconds(items: Sequence[Item], n_steps: int) -> float:
+    """Of a cold GPU run's expected time, the compilation: the first check case of each
+    (operator, params, dtype) beyond a warm one, and each timed mode's share."""
+    firsts = sum(len(it.spec.params) * len(it.check_dtypes) for it in items)
+    return firsts * (GPU_FIRST_CASE_S - GPU_CASE_S) + n_steps * GPU_MODE_COMPILE_S

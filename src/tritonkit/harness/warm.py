@@ -1,5 +1,4 @@
-"""``tritonkit bench --full`` on a GPU: every kernel the run will need, compiled first, in
-parallel.
+"""``tritonkit bench`` on a GPU: every kernel the run will need, compiled first, in parallel.
 
 A cold run spends most of its time compiling (Triton's front end, LLVM and ptxas for each
 kernel specialization; inductor for each ``torch.compile`` baseline), one kernel at a time on
@@ -29,8 +28,11 @@ def default_jobs() -> int:
     return max(1, min(MAX_JOBS, os.cpu_count() or 1))
 
 
-def tasks(items, modes: Sequence[str], baselines: Sequence[str] | None, seed: int) -> list[tuple]:
-    """The calls of a run, as picklable task tuples, the costliest kinds first."""
+def tasks(
+    items, modes: Sequence[str], baselines: Sequence[str] | None, seed: int, checks: bool = True
+) -> list[tuple]:
+    """The calls of a run, as picklable task tuples, the costliest kinds first (the checks'
+    only with ``checks``)."""
     from tritonkit.harness.spec import dtype_name
 
     out: list[tuple] = []
@@ -51,7 +53,7 @@ def tasks(items, modes: Sequence[str], baselines: Sequence[str] | None, seed: in
                         seed,
                     )
                 )
-    for it in items:
+    for it in items if checks else ():
         if it.spec.distributed is not None:
             continue
         for dtype in it.check_dtypes:
@@ -133,17 +135,19 @@ def _call_candidates(spec, shape, dtype, modes, baselines, variants, seed) -> No
                 continue
 
 
-def compile_ahead(items, modes, baselines, seed: int, jobs: int | None = None) -> int:
+def compile_ahead(
+    items, modes, baselines, seed: int, jobs: int | None = None, checks: bool = True
+) -> int:
     """Run the calls of a bench run once in ``jobs`` worker processes; returns how many
     failed there (they run again, and are reported, in the run)."""
     from tritonkit.harness.progress import Progress
 
-    work = tasks(items, modes, baselines, seed)
+    work = tasks(items, modes, baselines, seed, checks)
     jobs = min(jobs or default_jobs(), len(work)) if work else 0
     if jobs <= 1:
         return 0
     print(
-        f"bench --full: compiling the run's kernels first, in {jobs} processes ({len(work)} tasks)",
+        f"bench: compiling the run's kernels first, in {jobs} processes ({len(work)} tasks)",
         file=sys.stderr,
     )
     progress = Progress(len(work), "compile")
