@@ -18,7 +18,8 @@ after) are recorded. A call after the third is flagged when its host time exceed
 times the median host time of that variant's calls after the third. The whole sweep runs twice,
 each in a fresh process: with empty Triton and tritonkit caches (``cold``), then with the caches
 it filled (``warm``). ``linear``'s fwd+bwd also reports its wall time per call (median after the
-third) cold over warm (acceptance: <= 1.1).
+third) cold over warm (acceptance: <= 1.1). ``--scenarios cold --cache DIR`` then ``--scenarios
+warm --cache DIR`` split the sweep over two commands; ``--ops`` selects operators.
 
 Writes DIR/host_guard.json and DIR/host_guard.md; prints the flags and a summary table.
 """
@@ -170,6 +171,13 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="a few operators, the CPU interpreter")
     ap.add_argument("--ops", help="comma list of operators (default: every spec)")
     ap.add_argument("--calls", type=int, default=12)
+    ap.add_argument("--scenarios", default="cold,warm", help="cold, warm or both (default)")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        help="keep the caches here (default: a temporary directory), so that a later run with "
+        "--scenarios warm finds what a --scenarios cold run compiled",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     ops = args.ops.split(",") if args.ops else (list(TINY_OPS) if args.tiny else None)
@@ -180,9 +188,11 @@ def main() -> None:
         return
     out = args.out or Path(tempfile.mkdtemp(prefix="host-guard-"))
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        dirs = {"TRITON_CACHE_DIR": a, "TRITONKIT_CACHE_DIR": b}
-        docs = [run(name, dirs, ops, args.calls) for name in ("cold", "warm")]
+    scenarios = [n for n in ("cold", "warm") if n in args.scenarios.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.cache or Path(tmp)
+        dirs = {"TRITON_CACHE_DIR": str(root / "triton"), "TRITONKIT_CACHE_DIR": str(root / "tk")}
+        docs = [run(name, dirs, ops, args.calls) for name in scenarios]
     import torch
     import triton
 
