@@ -96,11 +96,20 @@ def cmd_check(args: argparse.Namespace) -> int:
         selection.Item(s, tuple(dtypes or s.dtypes), tuple(shapes_of(s)), CASES, (), (), False)
         for s in specs
     ]
+    from tritonkit.harness import warm
+
     gpu = not interpreted
+    jobs = (args.jobs or warm.default_jobs()) if gpu else 1
+    warmed = jobs > 1  # on a GPU the checks' kernels compile first, in parallel
     seconds = sum(
-        selection.expected_check_seconds(it.spec, it.check_dtypes, it.check_shapes, CASES, gpu=gpu)
+        selection.expected_check_seconds(
+            it.spec, it.check_dtypes, it.check_shapes, CASES, gpu=gpu, warmed=warmed
+        )
         for it in items
     )
+    if warmed:
+        compile_s = selection.compile_seconds(items, 0)
+        seconds += selection.GPU_WORKERS_START_S + compile_s / jobs
     if interpreted and args.shapes == "bench":
         _confirm(f"{sum(plan.values())} checks at the bench shapes", seconds, args.yes)
     seed = _seed(args)
@@ -110,8 +119,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"checks, about {duration(seconds)}",
         file=sys.stderr,
     )
+    if warmed:
+        warm.compile_ahead(items, (), None, seed, jobs=jobs)
     progress = Progress(sum(plan.values()), "check", expected=seconds)
-    checks = _run_item_checks(items, seed, plan, progress, gpu)
+    checks = _run_item_checks(items, seed, plan, progress, gpu, warmed)
     progress.close()
     if json_path is not None:
         import json
@@ -273,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_nonnegative_int, help="base seed (default: fresh, printed)")
     s.add_argument("--json", help="also write the results to this file")
     s.add_argument("--yes", action="store_true", help="run long interpreter work without asking")
+    s.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="on a GPU, processes compiling the checks' kernels first, in parallel (default: the "
+        "CPU cores, at most 8; 1: none)",
+    )
     s.set_defaults(func=cmd_check)
 
     s = command("bench", "check, time against baselines and write a report")
