@@ -244,7 +244,9 @@ def _acc_cases():
 
 def _varlen_case():
     g = torch.Generator(device=DEV).manual_seed(2)
-    lengths = torch.randint(n(64), n(1500), (6,), generator=g).tolist()
+    # The lengths are drawn on the host, from a host generator (g draws on DEV).
+    lengths = torch.randint(n(64), n(1500), (6,), generator=torch.Generator().manual_seed(2))
+    lengths = lengths.tolist()
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     total = sum(lengths)
     q = torch.randn(total, 8, 128, generator=g, device=DEV).to(BF16)

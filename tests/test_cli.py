@@ -93,6 +93,11 @@ ERRORS = {
         ["'nvidia-h9'", "known GPUs:", "NVIDIA H200", "bandwidth=0.7"],
     ),
     "bad profile factor": (["--profile", "bandwidth=fast", "doctor"], ["bandwidth", "'fast'"]),
+    # Every command checks --profile, also those that do not use it.
+    "unknown profile, list": (
+        ["--profile", "no_such_gpu", "list"],
+        ["'no_such_gpu'", "known GPUs:", "NVIDIA H100 SXM", "NVIDIA H200"],
+    ),
     "tune dtype": (["tune", "relu", "--dtypes", "fp64"], ["unknown dtype 'fp64'", "float32"]),
     "tune shape": (["tune", "relu", "--shapes", "big"], ["--shapes", "'big'"]),
     "threshold": (
@@ -321,10 +326,24 @@ def test_package_and_functional_export_the_same_functions():
         n for f in FAMILIES for n in importlib.import_module(f"tritonkit.ops.{f}").__all__
     )
     assert functional.__all__ == family_names
-    assert tritonkit.__all__ == [*family_names, "functional", "nn"]
+    assert tritonkit.__all__ == [*family_names, "functional", "nn", "optim", "quant"]
     for name in functional.__all__:
         assert getattr(tritonkit, name) is getattr(functional, name)
         assert callable(getattr(tritonkit, name)) and getattr(tritonkit, name).__doc__
+
+
+def test_public_subpackages_are_attributes_of_the_package():
+    """``import tritonkit as tk; tk.optim.AdamW`` works, and importing tritonkit stays lazy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tritonkit as tk; "
+        "assert 'tritonkit.optim' not in sys.modules and 'triton' not in sys.modules; "
+        "assert tk.optim.AdamW and tk.optim.Muon and tk.quant.quantize and tk.nn.RMSNorm; "
+        "assert tk.functional.gelu is tk.gelu"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_import_tritonkit_is_lazy():
@@ -339,3 +358,62 @@ def test_import_tritonkit_is_lazy():
         "tritonkit.gelu; assert 'tritonkit.ops.elementwise' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_with_a_cost_model_estimates_from_the_start():
+    """With the run's expected seconds, the estimate is the model's before any case is done,
+    then the model's for what is left scaled by how the cases done compared with it."""
+    now = [0.0]
+    progress = Progress(3, "bench", stream=io.StringIO(), clock=lambda: now[0], expected=100.0)
+    assert progress.estimate_left() == pytest.approx(100.0)
+    assert "~1m40s left" in progress.status()
+    now[0] = 100.0  # the first case, expected to take 50 s, took 100: twice the model
+    progress.step("a", 50.0)
+    # 50 s of the model left, scaled by (100 + 2) / (50 + 2): the run's pace, shrunk a little
+    # toward the model's
+    assert progress.estimate_left() == pytest.approx(50.0 * 102 / 52)
+
+
+def test_bench_selection_default_full_and_named():
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import CASES
+    from tritonkit.harness.spec import get_spec
+
+    relu, matmul = get_spec("relu"), get_spec("matmul")
+    default = selection.choose([relu, matmul], full=False)
+    for it in default:
+        assert len(it.check_dtypes) == 1 and it.bench_dtypes == it.check_dtypes
+        assert len(it.check_shapes) == 1 and len(it.bench_shapes) == 1
+        assert it.cases == selection.QUICK_CASES and not it.variants
+    assert default[0].check_dtypes == (selection.main_dtype(relu),)
+    full = selection.choose([relu, matmul], full=True, gpu=True)
+    assert full[0].check_dtypes == tuple(relu.dtypes) and full[0].cases == CASES
+    assert full[1].bench_shapes == tuple(matmul.shapes.bench) and full[1].variants
+    assert selection.choose([matmul], full=False, named=True)[0].variants
+    # dtypes and shapes asked for replace the selection's
+    (it,) = selection.choose([relu], full=False, dtypes=[torch.float32], shapes=[(5, 7)])
+    assert it.check_dtypes == (torch.float32,) and it.check_shapes == ((5, 7),)
+
+
+def test_bench_says_its_estimate_before_it_starts(capsys, tmp_path):
+    code = main(["bench", "relu", "--out", str(tmp_path / "r"), "--dtypes", "fp32"])
+    err = capsys.readouterr().err
+    assert code == 0
+    first = err.splitlines()[0]
+    assert first.startswith("bench: ") and "checks of 1 operators" in first and "about" in first
+    assert "(estimated" in err
+
+
+def test_full_runs_warm_tasks_cover_the_run_and_run_here():
+    """bench --full's compile-ahead tasks: one per (operator, bench shape, dtype) and per
+    (operator, check dtype); each runs in a worker as the run would call it (here in-process,
+    under the interpreter, at test shapes)."""
+    from tritonkit.harness import selection, warm
+    from tritonkit.harness.spec import get_spec
+
+    spec = get_spec("relu")
+    (item,) = selection.choose([spec], full=False, dtypes=[torch.float32], shapes=[(5, 7)])
+    tasks = warm.tasks([item], ("fwd", "fwd+bwd"), ["torch"], seed=0)
+    assert [t[0] for t in tasks].count("bench") == len(item.bench_shapes)
+    assert [t[0] for t in tasks].count("check") == 1
+    assert warm.run_task(tasks[0]) is None and warm.run_task(tasks[-1]) is None

@@ -167,6 +167,16 @@ def test_add_broadcast_gradient_has_the_operand_shape(device):
     torch.testing.assert_close(x.grad, torch.ones_like(x))
 
 
+def test_add_alpha_other_than_one_is_a_value_error_naming_it(device):
+    # The README's promise: torch.add's alpha is taken, only 1 is computed, anything else refused.
+    x = torch.randn(3, 5, device=device)
+    torch.testing.assert_close(tritonkit.add(x, x, alpha=1), x + x)
+    with pytest.raises(ValueError, match=r"alpha must be 1.*got 2"):
+        tritonkit.add(x, x, alpha=2)
+    with pytest.raises(TypeError, match="alpha must be a number, got str"):
+        tritonkit.add(x, x, alpha="2")
+
+
 def test_bias_grad_is_deterministic(device):
     x = torch.randn(300, 7, device=device, requires_grad=True)
     b = torch.randn(7, device=device, requires_grad=True)

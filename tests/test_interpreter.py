@@ -71,3 +71,26 @@ def test_rounding_helper_matches_torch():
     nan = np.isnan(x.numpy())
     assert np.array_equal(got[~nan], want[~nan])
     assert torch.from_numpy(got.view(np.int16)).view(torch.bfloat16)[nan].isnan().all()
+
+
+def test_numpy_warnings_stay_inside_interpreted_kernels():
+    """Special values a GPU computes quietly (exp2 of -inf, inf - inf) make NumPy warn under
+    the interpreter; none of those warnings reaches the caller, whose own NumPy settings are
+    left as they were."""
+    import warnings
+
+    import tritonkit
+
+    x = torch.randn(4, 37)
+    x[0, 3], x[1, 2], x[2, 0] = float("inf"), float("nan"), -float("inf")
+    x[3] = float("nan")  # a whole row: np.nanmax warns "All-NaN slice encountered"
+    q = torch.randn(1, 2, 5, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tritonkit.softmax(x, dim=-1)
+        tritonkit.rms_norm(x, (37,))
+        tritonkit.gelu(x * 1e30)
+        tritonkit.attention(q, q, q, is_causal=True)
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], caught
+    with pytest.warns(RuntimeWarning):
+        np.exp2(np.float32(1000))  # the caller's NumPy still warns

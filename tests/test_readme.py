@@ -136,6 +136,9 @@ def test_readme_commands_in_a_fresh_environment(tmp_path):
     # as part of the comment and run the suite.
     lines = [line.split("#", 1)[0].strip() for line in tests.strip().splitlines()]
     lines = [line for line in lines if line]
+    # A new shell needs the environment of (a): the block says so on its first line.
+    assert lines[0] == ". .venv/bin/activate", tests
+    lines = lines[1:]
     assert len(lines) >= 1, tests
     for line in lines:
         b = run(f". .venv/bin/activate && {line} --collect-only", repo, env, timeout=900)

@@ -50,6 +50,14 @@ def _families(root: Path) -> tuple:
     return scope["FAMILIES"]
 
 
+def test_new_operator_gets_a_bad_input_row(tmp_path):
+    root = _copy_repo(tmp_path)
+    scaffold.add_bad_input_row(root, "zz_probe")
+    text = (root / "tests/test_bad_input.py").read_text()
+    row = text.index('Row("zz_probe", tritonkit.zz_probe,')
+    assert row < text.index("adds its operator's row above this line") < text.index("]  # fmt")
+
+
 def test_add_family_appends_to_the_tuple(tmp_path):
     root = _copy_repo(tmp_path)
     before = _families(root)
@@ -66,7 +74,8 @@ def test_new_operator_passes_its_tests_and_the_workbench(tmp_path):
     out = _run(root, "-m", "tritonkit", "new", "foo").stdout
     assert "tests/test_foo.py" in out and "ops/foo/kernel.py" in out
     _run(root, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
-         "tests/test_foo.py", "tests/test_cli.py")  # fmt: skip
+         "tests/test_foo.py", "tests/test_cli.py", "tests/test_public_api.py",
+         "tests/test_bad_input.py", "-k", "foo or every_public or export")  # fmt: skip
     check = _run(root, "-m", "tritonkit", "check", "foo").stdout
     assert "checks passed" in check and "failed" not in check
     listing = _run(root, "-m", "tritonkit", "list").stdout

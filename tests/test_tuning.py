@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -111,7 +112,7 @@ _TUNER = textwrap.dedent(
     """
     import json
     from tritonkit import _tuning
-    _tuning.enabled = lambda: True
+    _tuning.enabled = _tuning.consulted = lambda: True
     _tuning._machine = lambda: ("Fake GPU 9000", "3.6.0")
     timed = []
     def timer(run, c):
@@ -151,3 +152,113 @@ def test_interpreter_uses_the_default_without_timing(monkeypatch):
     monkeypatch.setattr(_tuning, "_time_config", boom)
     cands = _configs(64, 128)
     assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) is cands[0]
+
+
+@pytest.fixture
+def gpu(cache, tmp_path, monkeypatch):
+    """A fake GPU with tuning consulted, and an empty directory of shipped tables."""
+    monkeypatch.setattr(_tuning, "SHIPPED_DIR", tmp_path / "tuned")
+    monkeypatch.setattr(_tuning, "_shipped", {})
+    monkeypatch.setattr(_tuning, "consulted", lambda: True)
+    monkeypatch.setattr(_tuning, "enabled", lambda: True)
+    monkeypatch.setattr(_tuning, "_machine", lambda: MACHINE)
+    monkeypatch.setattr(_tuning, "STATS", _tuning.Stats())
+    monkeypatch.delenv(_tuning.AUTOTUNE_ENV, raising=False)
+    monkeypatch.delenv(_tuning.FORCE_ENV, raising=False)
+    timed = []
+
+    def timer(run, c):
+        timed.append(c)
+        return _fake_timer(run, c)
+
+    monkeypatch.setattr(_tuning, "_time_config", timer)
+    return timed
+
+
+def _ship(best, key=None, machine=MACHINE):
+    t = _tuning.Tuning("kern", key or {"n": 1}, best, [], 0.0)
+    return _tuning.write_shipped("fam", [t], machine)
+
+
+def test_a_shipped_config_is_used_without_timing(gpu, monkeypatch):
+    path = _ship(Config({"BLOCK": 512}, 4, 2))
+    doc = json.loads(path.read_text())
+    assert doc["gpu"] == MACHINE[0] and doc["triton"] == MACHINE[1] and doc["family"] == "fam"
+    cands = _configs(32, 128, 512)
+    assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) == cands[2]
+    assert gpu == [] and _tuning.STATS.shipped == 1
+    # A key the table lacks, on a GPU that has one: the heuristic default, nothing timed.
+    assert _tuning.tune("kern", {"n": 2}, cands, run=lambda c: None) is cands[0]
+    # A shipped config the kernel no longer offers is not launched.
+    assert _tuning.tune("kern", {"n": 1}, _configs(32, 128), run=lambda c: None).params == {
+        "BLOCK": 32
+    }
+    assert gpu == []
+    # TRITONKIT_AUTOTUNE=0: still the table (never timed); =1: tuned here, the table ignored.
+    monkeypatch.setenv(_tuning.AUTOTUNE_ENV, "0")
+    assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) == cands[2]
+    monkeypatch.setenv(_tuning.AUTOTUNE_ENV, "1")
+    assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) == cands[1]
+    assert len(gpu) == 3
+
+
+def test_an_unknown_gpu_tunes_within_its_budget_or_takes_the_heuristic(gpu, monkeypatch):
+    _ship(Config({"BLOCK": 512}, 4, 2), machine=("Another GPU", "3.6.0"))
+    cands = _configs(32, 128, 512)
+    monkeypatch.setenv(_tuning.AUTOTUNE_ENV, "0")
+    assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) is cands[0]
+    assert gpu == []
+    monkeypatch.delenv(_tuning.AUTOTUNE_ENV)
+    monkeypatch.setenv(_tuning.BUDGET_ENV, "0")  # out of time after the first config
+    assert _tuning.tune("kern", {"n": 1}, cands, run=lambda c: None) is cands[0]
+    assert gpu == [cands[0]]
+    monkeypatch.delenv(_tuning.BUDGET_ENV)
+    assert _tuning.tune("kern", {"n": 3}, cands, run=lambda c: None) == cands[1]
+    assert len(gpu) == 4
+
+
+def test_a_bad_shipped_table_is_ignored_with_a_warning(gpu):
+    path = _ship(Config({"BLOCK": 512}, 4, 2))
+    path.write_text("{not json")
+    with pytest.warns(UserWarning, match="shipped table"):
+        assert not _tuning.has_shipped_table()
+
+
+def _expected_params():
+    """Each tuned kernel's parameter names, from its own configs."""
+    import dataclasses
+
+    from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
+    from tritonkit.ops.matmul.configs import MatmulConfig
+    from tritonkit.ops.quant.weight_only import WeightOnlyConfig
+
+    tile = set(INTERPRETER_FWD.tuning().params)
+    matmul = {f.name for f in dataclasses.fields(MatmulConfig)} - {"num_warps", "num_stages"}
+    weight_only = set(WeightOnlyConfig(16, 64, 256, 1, 4, 2).to_tuning().params)
+    return {
+        "matmul": matmul,
+        "attention_fwd": tile,
+        "attention_bwd_dq": tile,
+        "attention_bwd_dkdv": tile,
+        "attention_decode": set(INTERPRETER_DECODE.tuning().params),
+        "transpose": {"BLOCK_M", "BLOCK_N"},
+        "int8_weight_only": weight_only,
+    }
+
+
+def test_the_packages_shipped_tables_load_and_match_the_kernels():
+    """Every shipped table parses, names its GPU, Triton version and family, and holds configs
+    whose parameters are those of a kernel that tunes (none shipped: nothing to hold)."""
+    from tritonkit.ops import FAMILIES
+
+    expected = _expected_params()
+    files = sorted(Path(_tuning.__file__).parent.glob("tuned/*/*.json"))
+    for path in files:
+        doc = _tuning.read_shipped(path)
+        assert doc["family"] in FAMILIES and path.stem == doc["family"], path
+        assert path.parent.name == _tuning._slug(doc["gpu"]), path
+        for entry_key, entry in doc["entries"].items():
+            kernel = entry_key.split("|", 1)[0]
+            assert kernel in expected, f"{path}: {kernel} is not a tuned kernel"
+            params = set(Config.from_dict(entry["config"]).params)
+            assert params == expected[kernel], f"{path}: {entry_key}: {params}"

@@ -1,6 +1,7 @@
 """tritonkit: Triton GPU kernels that drop into PyTorch, and a workbench that holds them to account.
 
-Functions (``tritonkit.gelu``, ``tritonkit.bias_act``, ...) and modules (``tritonkit.nn``) are
+Functions (``tritonkit.gelu``, ``tritonkit.bias_act``, ...) and the public subpackages
+(``tritonkit.nn``, ``tritonkit.optim``, ``tritonkit.quant``, ``tritonkit.functional``) are
 imported on first use, so that ``import tritonkit`` stays cheap and the command line can turn
 on Triton's CPU interpreter before any kernel is defined (``TRITON_INTERPRET`` is read when a
 kernel is decorated). The functions are those of ``tritonkit.functional``, derived from the
@@ -14,7 +15,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("functional", "nn")
+# The public subpackages, reachable as attributes after ``import tritonkit``.
+_SUBMODULES = ("functional", "nn", "optim", "quant")
 
 
 def __getattr__(name: str):

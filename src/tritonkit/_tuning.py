@@ -9,8 +9,22 @@ The cache is one JSON file per (GPU, Triton version) under ``~/.cache/tritonkit/
 ``$TRITONKIT_CACHE_DIR``). Writers take a file lock, merge with what is on disk and replace
 the file atomically, so processes tuning at once lose nothing and readers never see half a
 file. A corrupt or foreign file is ignored with a warning and rewritten, never a crash.
-Under the CPU interpreter, or with ``TRITONKIT_AUTOTUNE=0``, nothing is timed: the first
-candidate (the heuristic default) is used.
+Under the CPU interpreter nothing is timed: the first candidate (the heuristic default) is used.
+
+Shipped tables: configs tuned on the GPUs the project measures ship inside the package as data,
+``tuned/<gpu>/<family>.json`` (written by ``tritonkit tune --ship``, with the Triton version they
+were tuned with), so that on such a GPU a first call times nothing. Where a config comes from,
+by ``TRITONKIT_AUTOTUNE``:
+
+- unset (``auto``): this machine's cache, then the shipped table; on a GPU with shipped tables a
+  key they lack takes the heuristic default, on any other GPU the candidates are timed;
+- ``1``: this machine's cache, else timed here (shipped tables ignored);
+- ``0``: the shipped table, else the heuristic default; never timed, no cache read.
+
+A shipped config is used only if it is one of the candidates the launcher offers (and fits the
+device), so a table from an older kernel whose tuning space changed is ignored, not launched.
+A search stops timing new candidates once it has run ``TRITONKIT_AUTOTUNE_BUDGET`` seconds
+(default 10) per kernel and key; ``tritonkit tune`` searches without a bound.
 
 This module is a leaf: ops' launchers call it; the harness drives it (``tritonkit tune``).
 """
@@ -34,6 +48,9 @@ SCHEMA = 1
 CACHE_ENV = "TRITONKIT_CACHE_DIR"
 AUTOTUNE_ENV = "TRITONKIT_AUTOTUNE"  # "0": never time, use the heuristic default
 FORCE_ENV = "TRITONKIT_AUTOTUNE_FORCE"  # "1": time again even on a cache hit (tritonkit tune)
+BUDGET_ENV = "TRITONKIT_AUTOTUNE_BUDGET"  # seconds of timing per kernel and key ("inf": none)
+DEFAULT_BUDGET_S = 10.0
+SHIPPED_DIR = Path(__file__).parent / "tuned"
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,7 @@ class Stats:
     """What the cache did in this process (tests, reports and `tritonkit tune` read it)."""
 
     hits: int = 0
+    shipped: int = 0  # configs taken from a shipped table
     tunings: int = 0
     timed_configs: int = 0
     log: list[Tuning] = field(default_factory=list)
@@ -98,6 +116,34 @@ def enabled() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def consulted() -> bool:
+    """Whether launchers ask ``tune`` at all: on a GPU, not under the interpreter (where the
+    heuristic default is used as is). Whether it may time is ``enabled``."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def mode() -> str:
+    """``auto``, ``1`` (tune here) or ``0`` (never time), from TRITONKIT_AUTOTUNE."""
+    value = os.environ.get(AUTOTUNE_ENV, "auto").strip().lower()
+    return value if value in ("0", "1") else "auto"
+
+
+def budget_seconds() -> float:
+    """Seconds one search may spend timing (BUDGET_ENV; unbounded under a forced retune)."""
+    text = os.environ.get(BUDGET_ENV)
+    if text is None:
+        return float("inf") if os.environ.get(FORCE_ENV) == "1" else DEFAULT_BUDGET_S
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        warnings.warn(f"tritonkit: {BUDGET_ENV}={text!r} is not a number; using 10", stacklevel=2)
+        return DEFAULT_BUDGET_S
 
 
 def cache_dir() -> Path:
@@ -181,6 +227,87 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 _memory: dict[Path, dict[str, Any]] = {}
+_shipped: dict[str, dict[str, Any]] = {}  # GPU slug -> entries of its shipped tables
+
+
+def shipped_dir(gpu: str) -> Path:
+    return SHIPPED_DIR / _slug(gpu)
+
+
+def read_shipped(path: Path) -> dict[str, Any]:
+    """One shipped table: its document, or ValueError saying what is wrong with it."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"shipped table {path}: {exc}") from None
+    need = {"schema": int, "gpu": str, "triton": str, "family": str, "entries": dict}
+    for name, kind in need.items():
+        if not isinstance(doc.get(name), kind):
+            raise ValueError(f"shipped table {path}: {name!r} missing or not a {kind.__name__}")
+    if doc["schema"] != SCHEMA:
+        raise ValueError(f"shipped table {path}: schema {doc['schema']}, expected {SCHEMA}")
+    for entry_key, entry in doc["entries"].items():
+        try:
+            Config.from_dict(entry["config"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"shipped table {path}: bad config for {entry_key!r}") from None
+    return doc
+
+
+def shipped_entries(gpu: str) -> dict[str, Any]:
+    """Every shipped entry for this GPU (all families), read once per process."""
+    slug = _slug(gpu)
+    if slug not in _shipped:
+        entries: dict[str, Any] = {}
+        for path in sorted(shipped_dir(gpu).glob("*.json")):
+            try:
+                doc = read_shipped(path)
+            except ValueError as exc:
+                warnings.warn(f"tritonkit: {exc}; ignoring it", stacklevel=3)
+                continue
+            if _slug(doc["gpu"]) == slug:
+                entries.update(doc["entries"])
+        _shipped[slug] = entries
+    return _shipped[slug]
+
+
+def has_shipped_table(machine: tuple[str, str] | None = None) -> bool:
+    gpu = (machine or _machine())[0]
+    return bool(shipped_entries(gpu))
+
+
+def shipped_lookup(kernel: str, key: Mapping[str, Any], machine: tuple[str, str] | None = None):
+    """The shipped config for (kernel, key) on this GPU, or None."""
+    gpu = (machine or _machine())[0]
+    entry = shipped_entries(gpu).get(_entry_key(kernel, key))
+    return Config.from_dict(entry["config"]) if entry is not None else None
+
+
+def write_shipped(
+    family: str, tunings: Sequence[Tuning], machine: tuple[str, str] | None = None
+) -> Path:
+    """Merge tuned winners into this GPU's shipped table of ``family`` (``tritonkit tune
+    --ship``); entries of other keys already there are kept."""
+    machine = machine or _machine()
+    path = shipped_dir(machine[0]) / f"{family}.json"
+    entries: dict[str, Any] = {}
+    if path.exists():
+        with contextlib.suppress(ValueError):
+            entries = read_shipped(path)["entries"]
+    for t in tunings:
+        entries[_entry_key(t.kernel, t.key)] = {"config": t.best.to_dict()}
+    doc = {
+        "schema": SCHEMA,
+        "gpu": machine[0],
+        "triton": machine[1],
+        "family": family,
+        "tuned": time.strftime("%Y-%m-%d"),
+        "entries": dict(sorted(entries.items())),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    _shipped.pop(_slug(machine[0]), None)
+    return path
 
 
 def lookup(kernel: str, key: Mapping[str, Any], machine: tuple[str, str] | None = None):
@@ -264,27 +391,38 @@ def search(
     neighbours: Callable[[Config], Sequence[Config]] | None = None,
     prune: Callable[[Config], bool] | None = None,
     timer: Callable[[Callable[[Config], Any], Config], float | None] | None = None,
+    budget: float = float("inf"),
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[Config, list[tuple[Config, float | None]]]:
     """Time the candidates; with ``neighbours``, then walk from the best to better neighbours.
 
     A coarse grid followed by hill climbing over neighbours (hierarchical search) times far
-    fewer configs than the full grid in a large space. Returns (best, every config tried).
+    fewer configs than the full grid in a large space. Once ``budget`` seconds have passed and
+    one config ran, no new one is timed (candidates come best-guess first). Returns (best,
+    every config tried).
     """
     was, _SEARCHING.on = _SEARCHING.on, True
     try:
-        return _search(candidates, run, neighbours, prune, timer or _time_config)
+        return _search(candidates, run, neighbours, prune, timer or _time_config, budget, clock)
     finally:
         _SEARCHING.on = was
 
 
-def _search(candidates, run, neighbours, prune, timer):
+def _search(candidates, run, neighbours, prune, timer, budget, clock):
     allowed = [c for c in candidates if prune is None or prune(c)]
     if not allowed:
         raise ValueError("autotune: every candidate config was pruned by the hardware profile")
     tried: dict[Config, float | None] = {}
+    t0 = clock()
+
+    def out_of_time() -> bool:
+        return clock() - t0 > budget and any(ms is not None for ms in tried.values())
+
     for c in allowed:
+        if out_of_time():
+            break
         tried[c] = timer(run, c)
-    if neighbours is not None:
+    if neighbours is not None and not out_of_time():
         while True:
             best = min((c for c in tried if tried[c] is not None), key=tried.get, default=None)
             if best is None:
@@ -293,7 +431,11 @@ def _search(candidates, run, neighbours, prune, timer):
             if not fresh:
                 break
             for n in fresh:
+                if out_of_time():
+                    break
                 tried[n] = timer(run, n)
+            if out_of_time():
+                break
             if (
                 min((tried[n] for n in fresh if tried[n] is not None), default=float("inf"))
                 >= tried[best]
@@ -315,22 +457,35 @@ def tune(
     neighbours: Callable[[Config], Sequence[Config]] | None = None,
     prune: Callable[[Config], bool] | None = None,
 ) -> Config:
-    """The best config for ``key``: from the cache, or found now (and cached).
+    """The best config for ``key``: from this machine's cache, a shipped table, or found now
+    (and cached), as the module's docstring says.
 
-    ``candidates[0]`` is the heuristic default, used without timing when tuning is off.
+    ``candidates[0]`` is the heuristic default, used without timing when nothing is timed.
     ``run(config)`` launches the kernel once with ``config`` on representative inputs.
     """
     if not candidates:
         raise ValueError("autotune: no candidate configs")
-    if not enabled():
+    if not consulted():
         return candidates[0]
-    if os.environ.get(FORCE_ENV) != "1":
+    setting, forced = mode(), os.environ.get(FORCE_ENV) == "1"
+    if setting != "0" and not forced:
         cached = lookup(kernel, key)
         if cached is not None:
             STATS.hits += 1
             return cached
+    if setting != "1" and not forced:
+        shipped = shipped_lookup(kernel, key)
+        if shipped is not None and shipped in candidates and (prune is None or prune(shipped)):
+            STATS.shipped += 1
+            return shipped
+        if setting == "0" or has_shipped_table():
+            return candidates[0]
+    if not enabled():
+        return candidates[0]
     t0 = time.perf_counter()
-    best, tried = search(candidates, run, neighbours=neighbours, prune=prune)
+    best, tried = search(
+        candidates, run, neighbours=neighbours, prune=prune, budget=budget_seconds()
+    )
     STATS.tunings += 1
     STATS.timed_configs += len(tried)
     STATS.log.append(Tuning(kernel, dict(key), best, tried, time.perf_counter() - t0))

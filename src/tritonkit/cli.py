@@ -12,297 +12,48 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import os
 import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from tritonkit.cli_args import (  # noqa: F401  (the names commands and tests use)
+    COMMANDS,
+    DEFAULT_OUT,
+    DTYPE_ALIASES,
+    REPORT_FILES,
+    UsageError,
+    _check_profile,
+    _clear_report,
+    _confirm,
+    _dtypes,
+    _enable_interpreter_without_gpu,
+    _fresh_out_dir,
+    _nonnegative_int,
+    _Parser,
+    _positive_int,
+    _resolve_profile,
+    _seed,
+    _select,
+    _shape_list,
+    _split,
+    _threshold,
+    _Version,
+    _writable_file,
+)
+from tritonkit.cli_run import (
+    _check_shapes,
+    _gpu_profile,
+    _plan_checks,
+    _print_check_summary,
+    _run_item_checks,
+    cmd_bench,
+    cmd_tune,
+)
 from tritonkit.harness import quant_report
-
-DEFAULT_OUT = "tritonkit-report"
-COMMANDS = ("list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report")
-# Names a user may type for dtypes, beside the names the specs list (float32, float8_e4m3fn...).
-DTYPE_ALIASES = {
-    "fp32": ("float32",),
-    "float": ("float32",),
-    "fp16": ("float16",),
-    "half": ("float16",),
-    "bf16": ("bfloat16",),
-    "fp8": ("float8_e4m3fn", "float8_e5m2"),
-    "e4m3": ("float8_e4m3fn",),
-    "fp8_e4m3": ("float8_e4m3fn",),
-    "e5m2": ("float8_e5m2",),
-    "fp8_e5m2": ("float8_e5m2",),
-}
-# Files a report directory holds; `--force` removes these (and only these) before writing.
-REPORT_FILES = ("results.json", "report.md", "*.png")
-
-
-class UsageError(Exception):
-    """Something asked for that cannot be done: printed as one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse prints usage and exits; we want one line
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
-
-
-class _Version(argparse.Action):
-    """``--version``: tritonkit's version and the torch and triton it runs on."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        import triton
-
-        from tritonkit import __version__
-
-        print(f"tritonkit {__version__} (torch {torch.__version__}, triton {triton.__version__})")
-        parser.exit()
-
-
-# ---- validation -------------------------------------------------------------------------------
-
-
-def _enable_interpreter_without_gpu() -> bool:
-    """Turn on the interpreter on a machine with no GPU; returns whether kernels are interpreted."""
-    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-        os.environ["TRITON_INTERPRET"] = "1"
-    from tritonkit.ops._core.device import interpreter_enabled
-
-    return interpreter_enabled()
-
-
-def _split(values: Sequence[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
-
-
-def _select(names: list[str] | None):
-    from tritonkit.harness.spec import UnknownOp, select
-
-    try:
-        return select(names)
-    except UnknownOp as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _dtype_table() -> dict[str, torch.dtype]:
-    """Every dtype some spec takes, by the name `tritonkit list` shows."""
-    from tritonkit.harness.spec import all_specs, dtype_name
-
-    return {dtype_name(d): d for s in all_specs() for d in s.dtypes}
-
-
-def _dtypes(values: Sequence[str] | None, flag: str = "--dtypes") -> list[torch.dtype] | None:
-    """The dtypes named (spec names or aliases, any case), without repeats."""
-    names = _split(values)
-    if not names:
-        return None
-    table = _dtype_table()
-    chosen: list[torch.dtype] = []
-    for name in names:
-        key = name.lower()
-        found = [table[n] for n in DTYPE_ALIASES.get(key, (key,)) if n in table]
-        if not found:
-            valid = ", ".join([*table, *DTYPE_ALIASES])
-            raise UsageError(f"{flag}: unknown dtype {name!r}; valid: {valid}")
-        chosen += [d for d in found if d not in chosen]
-    return chosen
-
-
-def _modes(text: str) -> tuple[str, ...]:
-    from tritonkit.harness.spec import MODES
-
-    if text.strip().lower() == "all":
-        return MODES
-    modes = tuple(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise UsageError(
-            f"--mode: unknown mode {', '.join(map(repr, bad)) or repr(text)}; "
-            f"valid: {', '.join(MODES)}, a comma list of them, or all"
-        )
-    return modes
-
-
-def _parse_shape(text: str, flag: str = "--shapes"):
-    import ast
-
-    try:
-        shape = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        shape = None
-    if not isinstance(shape, (tuple, int)):
-        raise UsageError(
-            f"{flag} takes test, bench, or Python tuples like '(4096, 4096)', got {text!r}"
-        )
-    return shape
-
-
-def _shapes(values: Sequence[str] | None) -> str | list[Any] | None:
-    """``test``, ``bench``, or explicit shapes (one or more tuples); None if not given."""
-    if not values:
-        return None
-    if len(values) == 1 and values[0].strip().lower() in ("test", "bench"):
-        return values[0].strip().lower()
-    return [_parse_shape(v) for v in values]
-
-
-def _shape_list(spec, shapes: str | list[Any], small: bool = False) -> list[Any]:
-    """The shapes of a selection; ``small`` adds the spec's small (host-bound) shapes to its
-    bench shapes."""
-    if shapes == "test":
-        return list(spec.shapes.test)
-    if shapes == "bench":
-        return [*spec.shapes.bench, *(spec.shapes.small if small else ())]
-    return list(shapes)
-
-
-def _seed(args: argparse.Namespace) -> int:
-    from tritonkit.harness.check import fresh_seed
-
-    return args.seed if args.seed is not None else fresh_seed()
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
-    return value
-
-
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number such as 0.10, got {text!r}") from None
-    if not 0 <= value < 10 or math.isnan(value):
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 10) such as 0.10, got {text}")
-    return value
-
-
-def _writable_file(path: str | None, flag: str) -> Path | None:
-    """A file we will write at the end: checked now, so a long run does not fail at its end."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{flag}: {p} is a directory; give a file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{flag}: the directory {p.parent} does not exist")
-    return p
-
-
-def _fresh_out_dir(path: Path, force: bool) -> Path:
-    """Where a new report goes: ``path``, or ``path-2``, ``path-3``... when ``path`` already
-    holds one (never written over unless ``force``)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out: {path} is a file, not a directory")
-    if force or not path.exists() or not any(path.iterdir()):
-        return path
-    n = 2
-    while (candidate := path.with_name(f"{path.name}-{n}")).exists():
-        n += 1
-    print(
-        f"tritonkit: {path}/ holds an earlier report; writing to {candidate}/ "
-        "(--force writes over it)",
-        file=sys.stderr,
-    )
-    return candidate
-
-
-def _clear_report(path: Path) -> None:
-    """--force: remove the files an earlier report wrote there, so none is left stale."""
-    if path.is_dir():
-        for pattern in REPORT_FILES:
-            for f in path.glob(pattern):
-                f.unlink()
-
-
-def _profile_spec(text: str | None) -> str | None:
-    """--profile with a known GPU's name in any case ('h200', 'nvidia a100 80gb') resolved."""
-    if text is None or "=" in text or text.endswith(".json") or Path(text).exists():
-        return text
-    from tritonkit import _hardware
-
-    for name in _hardware.KNOWN:
-        if name.lower() == text.strip().lower():
-            return name
-    known = _hardware.match(text)
-    return known.name if known is not None else text
-
-
-def _resolve_profile(text: str | None, measured: dict[str, Any] | None = None):
-    from tritonkit import _hardware
-    from tritonkit.harness import hardware
-
-    try:
-        return hardware.resolve_profile(_profile_spec(text), measured)
-    except ValueError as exc:
-        known = ", ".join(_hardware.KNOWN)
-        raise UsageError(f"{exc} (known GPUs: {known})") from None
-
-
-def _confirm(what: str, seconds: float, yes: bool) -> None:
-    """Ask before a run the interpreter makes long; a script passes --yes."""
-    from tritonkit.harness.progress import duration
-
-    if yes:
-        return
-    message = f"{what} take roughly {duration(seconds)} under Triton's CPU interpreter"
-    if not sys.stdin.isatty():
-        raise UsageError(f"{message}; pass --yes to run them")
-    answer = input(f"tritonkit: {message}. Run them? [y/N] ")
-    if answer.strip().lower() not in ("y", "yes"):
-        raise UsageError("not run (pass --yes to run without asking)")
-
-
-# The interpreter's cost of one check case, for the estimate shown before a long run: a fixed
-# part, and a part per element of the shape (per multiply-add for a GEMM). On a 2-core CPU
-# machine shared with other jobs, one case took 5 us per element for relu's forward and 16 us
-# for its gradient, 2-58 us for the norms, softmax and cross-entropy, up to 125 us for
-# bias_act's gradient, and 20-80 ns per multiply-add for a float32 GEMM: the estimate gives
-# the order of magnitude, not a promise.
-_CASE_SECONDS = 0.05
-_SECONDS_PER_ELEMENT = 1e-5
-_SECONDS_PER_MAC = 5e-8
-
-
-def _estimate_check_seconds(specs, dtypes, shapes_of) -> float:
-    from tritonkit.harness.check import planned_cases
-
-    total = 0.0
-    for spec in specs:
-        per_unit = _SECONDS_PER_MAC if spec.compute == "tensor" else _SECONDS_PER_ELEMENT
-        for shape in shapes_of(spec):
-            n = planned_cases(spec, dtypes=dtypes, shapes=[shape])
-            total += n * (_CASE_SECONDS + per_unit * _work(shape, spec.compute == "tensor"))
-    return total
-
-
-def _work(shape: Any, gemm: bool) -> int:
-    """Elements of a shape (summed over the operands' shapes when it lists several), or for a
-    GEMM the product of its sizes (M * N * K, batch dimensions included)."""
-    if isinstance(shape, int) and not isinstance(shape, bool):
-        return shape
-    if not isinstance(shape, (tuple, list)):
-        return 1
-    if not gemm and any(isinstance(s, (tuple, list)) for s in shape):
-        return sum(_work(s, gemm) for s in shape)
-    return math.prod(_work(s, gemm) for s in shape)
-
 
 # ---- commands ---------------------------------------------------------------------------------
 
@@ -330,66 +81,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_shapes(shapes: str | list[Any]):
-    """The shapes a check runs at, per spec."""
-    return lambda spec: _shape_list(spec, shapes)
-
-
-def _plan_checks(specs, dtypes, shapes_of) -> dict[str, int]:
-    """Cases per operator; a selection with none is an error that says what was asked."""
-    from tritonkit.harness.check import planned_cases
-    from tritonkit.harness.spec import dtype_name
-
-    plan = {s.name: planned_cases(s, dtypes=dtypes, shapes=shapes_of(s)) for s in specs}
-    if not sum(plan.values()):
-        takes = "; ".join(f"{s.name}: {', '.join(dtype_name(d) for d in s.dtypes)}" for s in specs)
-        asked = ", ".join(dtype_name(d) for d in dtypes or ())
-        raise UsageError(f"nothing to run: no selected operator takes {asked} ({takes})")
-    return plan
-
-
-def _run_checks(specs, dtypes, seed, shapes_of, plan) -> list[dict[str, Any]]:
-    from tritonkit.harness.check import check_spec
-    from tritonkit.harness.progress import Progress
-
-    progress = Progress(sum(plan.values()), "check")
-    results = []
-    for spec in specs:
-        if not plan[spec.name]:
-            continue
-
-        def on_case(res, progress=progress) -> None:
-            progress.step(f"{res.op} {res.dtype} {res.shape} {res.case}")
-
-        out = check_spec(spec, dtypes=dtypes, seed=seed, shapes=shapes_of(spec), on_case=on_case)
-        results += [r.as_dict() for r in out]
-        ran = [r for r in out if not r.skipped]
-        failed = sum(not r.passed for r in ran)
-        skipped = f", {len(out) - len(ran)} skipped" if len(ran) < len(out) else ""
-        progress.log(f"{spec.name}: {len(ran) - failed}/{len(ran)} passed{skipped}")
-    progress.close()
-    return results
-
-
-def _print_check_summary(checks: list[dict[str, Any]]) -> int:
-    from tritonkit.harness.report import render_checks
-
-    print(render_checks(checks))
-    failed = [c for c in checks if not c["passed"] and not c.get("skipped")]
-    skipped = [c for c in checks if c.get("skipped")]
-    for c in failed[:20]:
-        case = f"{c['op']} [{c['params']}] {c['shape']} {c['dtype']} {c['case']}"
-        print(f"\nFAILED {case} seed={c['seed']}")
-        print("  " + c["detail"].replace("\n", "\n  "))
-    run = len(checks) - len(skipped)
-    print(f"\n{run - len(failed)}/{run} checks passed", end="")
-    if skipped:
-        reasons = sorted({f"{c['op']} {c['dtype']}: {c['skipped']}" for c in skipped})
-        print(f"; not run under the interpreter: {'; '.join(reasons)}", end="")
-    print()
-    return 1 if failed else 0
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     interpreted = _enable_interpreter_without_gpu()
     specs = _select(_split(args.ops))
@@ -397,175 +88,47 @@ def cmd_check(args: argparse.Namespace) -> int:
     json_path = _writable_file(args.json, "--json")
     shapes_of = _check_shapes(args.shapes)
     plan = _plan_checks(specs, dtypes, shapes_of)
+    from tritonkit.harness import selection
+    from tritonkit.harness.check import CASES
+    from tritonkit.harness.progress import Progress, duration
+
+    items = [
+        selection.Item(s, tuple(dtypes or s.dtypes), tuple(shapes_of(s)), CASES, (), (), False)
+        for s in specs
+    ]
+    from tritonkit.harness import warm
+
+    gpu = not interpreted
+    jobs = (args.jobs or warm.default_jobs()) if gpu else 1
+    warmed = jobs > 1  # on a GPU the checks' kernels compile first, in parallel
+    seconds = sum(
+        selection.expected_check_seconds(
+            it.spec, it.check_dtypes, it.check_shapes, CASES, gpu=gpu, warmed=warmed
+        )
+        for it in items
+    )
+    if warmed:
+        compile_s = selection.compile_seconds(items, 0)
+        seconds += selection.GPU_WORKERS_START_S + compile_s / jobs
     if interpreted and args.shapes == "bench":
-        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
         _confirm(f"{sum(plan.values())} checks at the bench shapes", seconds, args.yes)
     seed = _seed(args)
     where = "Triton interpreter (CPU)" if interpreted else torch.cuda.get_device_name()
-    print(f"checking {len(specs)} operators on {where}, seed {seed}", file=sys.stderr)
-    checks = _run_checks(specs, dtypes, seed, shapes_of, plan)
+    print(
+        f"checking {len(specs)} operators on {where}, seed {seed}: {sum(plan.values())} "
+        f"checks, about {duration(seconds)}",
+        file=sys.stderr,
+    )
+    if warmed:
+        warm.compile_ahead(items, (), None, seed, jobs=jobs)
+    progress = Progress(sum(plan.values()), "check", expected=seconds)
+    checks = _run_item_checks(items, seed, plan, progress, gpu, warmed)
+    progress.close()
     if json_path is not None:
         import json
 
         json_path.write_text(json.dumps(checks, indent=1, default=str))
     return _print_check_summary(checks)
-
-
-def _bench_cases(specs, dtypes, shapes, modes, small: bool = False) -> int:
-    return sum(
-        len(_shape_list(s, shapes, small))
-        * len([d for d in (dtypes or s.bench_dtypes) if d in s.dtypes])
-        * len(modes)
-        for s in specs
-    )
-
-
-def _check_baselines(specs, names: list[str] | None) -> list[str] | None:
-    if names is None:
-        return None
-    known = list(dict.fromkeys(b for s in specs for b in s.baselines))
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise UsageError(
-            f"--baselines: unknown baseline {', '.join(map(repr, bad))} for the selected "
-            f"operators; valid: {', '.join(known)}"
-        )
-    return names
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from tritonkit.harness.device import fingerprint
-    from tritonkit.harness.report import make_results, write_report
-
-    interpreted = _enable_interpreter_without_gpu()
-    gpu = torch.cuda.is_available() and not interpreted
-    specs = _select(_split(args.ops))
-    dtypes = _dtypes(args.dtypes)
-    modes = _modes(args.mode)
-    baselines = _check_baselines(specs, _split(args.baselines))
-    shapes = _shapes(args.shapes) or ("bench" if gpu else "test")
-    if args.profile is not None:
-        _resolve_profile(args.profile)  # checked now; applied to measured ceilings on a GPU
-    if not gpu and args.no_check:
-        raise UsageError(
-            "nothing to run: without a GPU, bench runs only the accuracy checks, and --no-check "
-            "leaves none"
-        )
-    # Without a GPU the checks run at the shapes asked for; with one, at the test shapes (the
-    # bench itself compares each output at its bench shape with the float64 reference).
-    shapes_of = _check_shapes(shapes if not gpu else "test")
-    plan = {} if args.no_check else _plan_checks(specs, dtypes, shapes_of)
-    if gpu and not _bench_cases(specs, dtypes, shapes, modes):
-        raise UsageError("nothing to time: no selected operator takes the dtypes asked for")
-    if not gpu and shapes != "test":
-        seconds = _estimate_check_seconds(specs, dtypes, shapes_of)
-        what = "bench shapes" if shapes == "bench" else "those shapes"
-        _confirm(f"{sum(plan.values())} checks at the {what}", seconds, args.yes)
-    out_dir = _fresh_out_dir(Path(args.out), args.force)
-    seed = _seed(args)
-    checks = [] if args.no_check else _run_checks(specs, dtypes, seed, shapes_of, plan)
-    bench: list[dict[str, Any]] = []
-    ceilings = None
-    if gpu:
-        from tritonkit.harness.bench import bench_spec
-        from tritonkit.harness.progress import Progress
-
-        profile = _gpu_profile(args)
-        ceilings = _ceilings(profile)
-        print(
-            f"ceilings ({profile.name}): copy {profile.dram_GBps:,.0f} GB/s, "
-            f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s",
-            file=sys.stderr,
-        )
-        progress = Progress(_bench_cases(specs, dtypes, shapes, modes, args.small), "bench")
-        for spec in specs:
-            bench += bench_spec(
-                spec,
-                profile=profile,
-                modes=modes,
-                dtypes=dtypes,
-                baselines=baselines,
-                shapes=_shape_list(spec, shapes, args.small),
-                seed=seed,
-                on_step=progress.running,
-            )
-        progress.close()
-    results = make_results(
-        kind="gpu" if gpu else "interpreter",
-        fingerprint=fingerprint(),
-        ceilings=ceilings,
-        checks=checks,
-        bench=bench,
-        seed=seed,
-        ops=[s.name for s in specs],
-    )
-    if args.force:
-        _clear_report(out_dir)
-    written = write_report(results, out_dir)
-    status = _print_check_summary(checks) if checks else 0
-    if gpu:
-        _print_bench_summary(bench)
-    else:
-        print(
-            "\nNo GPU here: the kernels ran under Triton's CPU interpreter and only accuracy was "
-            "checked. Timings need a CUDA GPU; run the same command on one."
-        )
-    print("\nwrote " + ", ".join(str(p) for p in written))
-    return status
-
-
-def _gpu_profile(args: argparse.Namespace):
-    """Measured ceilings (cached per GPU), as a profile, with --profile applied; made active."""
-    from tritonkit import _hardware
-    from tritonkit.harness import hardware
-
-    measured = hardware.measured_ceilings(remeasure=getattr(args, "measure", False))
-    profile = _resolve_profile(args.profile, measured)
-    _hardware.set_active(profile)
-    return profile
-
-
-def _ceilings(profile) -> dict[str, Any]:
-    return {
-        "profile": profile.to_dict(),
-        "copy_GBps": profile.dram_GBps,
-        "tflops": dict(profile.tflops),
-        "source": profile.source,
-    }
-
-
-def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
-    from tritonkit.harness.report import _fmt, _ratio, _table
-
-    rows = []
-    for r in bench:
-        ours = r["candidates"].get("tritonkit", {})
-        if r.get("note") or "median" not in ours:
-            continue
-        speed = ", ".join(f"{k} {_ratio(v)}" for k, v in r["speedup"].items())
-        rows.append(
-            [
-                r["op"],
-                r["dtype"],
-                r["shape"],
-                r["mode"],
-                _fmt(ours["median"]),
-                _fmt(ours.get("GBps")),
-                _fmt(ours.get("pct_copy_bw")),
-                speed,
-            ]
-        )
-    print()
-    print(_table(["op", "dtype", "shape", "mode", "ms", "GB/s", "% copy", "speedup vs"], rows))
-    from tritonkit.harness.report import evolution_rows
-
-    for r in bench:
-        if r.get("note") or not any(c["kind"] == "variant" for c in r["candidates"].values()):
-            continue
-        print(f"\n{r['op']} {r['shape']} {r['dtype']} {r['mode']}: versions side by side")
-        print(
-            _table(["version", "ms", "rate", "% of torch", "gain over previous"], evolution_rows(r))
-        )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -652,53 +215,6 @@ def _print_profile(profile, datasheet=None) -> None:
         print(f"  {key:>5}: {value:,.0f} TFLOP/s{vs(value, key)}")
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    _enable_interpreter_without_gpu()
-    from tritonkit import _tuning
-    from tritonkit.harness.progress import Progress
-
-    specs = _select([args.op])
-    shapes = _shapes(args.shapes) or "bench"
-    dtypes = _dtypes(args.dtypes)
-    if args.profile is not None:
-        _resolve_profile(args.profile)
-    if not torch.cuda.is_available():
-        raise UsageError("tune needs a CUDA GPU (it times kernels); none is visible here")
-    _gpu_profile(args)
-    if args.force:
-        os.environ[_tuning.FORCE_ENV] = "1"
-    cases = [
-        (spec, shape, dtype)
-        for spec in specs
-        for shape in _shape_list(spec, shapes)
-        for dtype in (dtypes or spec.bench_dtypes)
-        if dtype in spec.dtypes
-    ]
-    if not cases:
-        raise UsageError(f"nothing to tune: {args.op} takes none of the dtypes asked for")
-    progress = Progress(len(cases), "tune")
-    for spec, shape, dtype in cases:
-        progress.running(f"{spec.name} {shape} {dtype}")
-        inputs = spec.make_inputs(shape, dtype, torch.device("cuda"), 0)
-        before = (_tuning.STATS.hits, len(_tuning.STATS.log))
-        spec.impl(*inputs, **spec.params[0])
-        torch.cuda.synchronize()
-        new = _tuning.STATS.log[before[1] :]
-        hits = _tuning.STATS.hits - before[0]
-        lines = [f"{spec.name} {shape} {dtype}: {len(new)} tuned, {hits} from the cache"]
-        for t in new:
-            lines.append(f"  {t.kernel} {dict(t.key)}: {len(t.tried)} configs in {t.seconds:.1f} s")
-            for cfg, ms in sorted(t.tried, key=lambda p: (p[1] is None, p[1] or 0)):
-                mark = "  <- best" if cfg == t.best else ""
-                time = f"{ms:.4f} ms" if ms is not None else "failed"
-                lines.append(f"    {time:>12}  {cfg}{mark}")
-        progress.log(lines[0])
-        print("\n".join(lines))
-    progress.close()
-    print(f"cache: {_tuning.cache_path()}")
-    return 0
-
-
 def cmd_regress(args: argparse.Namespace) -> int:
     from tritonkit.harness import regress
     from tritonkit.harness.report import load_json
@@ -768,18 +284,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_nonnegative_int, help="base seed (default: fresh, printed)")
     s.add_argument("--json", help="also write the results to this file")
     s.add_argument("--yes", action="store_true", help="run long interpreter work without asking")
+    s.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="on a GPU, processes compiling the checks' kernels first, in parallel (default: the "
+        "CPU cores, at most 8; 1: none)",
+    )
     s.set_defaults(func=cmd_check)
 
     s = command("bench", "check, time against baselines and write a report")
     s.add_argument("ops", nargs="*", help="operators or families (default: all)")
-    s.add_argument("--mode", default="all", help="fwd, bwd, fwd+bwd, a comma list, or all")
+    s.add_argument(
+        "--mode",
+        help="fwd, bwd, fwd+bwd, a comma list, or all (default: fwd,fwd+bwd; --full: all)",
+    )
     s.add_argument("--baselines", action="append", help="baseline names to time (default: all)")
-    s.add_argument("--dtypes", action="append", help="e.g. bf16,fp32 (default: each spec's)")
+    s.add_argument(
+        "--dtypes", action="append", help="e.g. bf16,fp32 (default: each operator's main dtype)"
+    )
     s.add_argument(
         "--shapes",
         nargs="+",
-        help="test, bench (the default on a GPU), or shapes such as '(64, 64)'; without a GPU "
-        "the checks run at these (default: test)",
+        help="test, bench, or shapes such as '(64, 64)' (default: one bench shape per operator, "
+        "its first test shape for the checks); without a GPU the checks run at these",
     )
     s.add_argument(
         "--out",
@@ -795,6 +322,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--small",
         action="store_true",
         help="also time each operator's small shapes, where host time sets the pace",
+    )
+    s.add_argument(
+        "--full",
+        action="store_true",
+        help="every dtype, shape, mode and check case (default: each operator at its main "
+        "dtype and one shape)",
+    )
+    s.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="on a GPU, processes compiling the run's kernels first, in parallel (default: the "
+        "CPU cores, at most 8; 1: none)",
+    )
+    s.add_argument(
+        "--autotune",
+        action="store_true",
+        help="time launch configs on this GPU even where the package ships a table",
     )
     s.set_defaults(func=cmd_bench)
 
@@ -816,13 +360,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measure", action="store_true", help="measure (and cache) the ceilings")
     s.set_defaults(func=cmd_doctor)
 
-    s = command("tune", "pre-tune an operator's kernels; print every config tried")
-    s.add_argument("op", help="operator name")
+    s = command("tune", "tune operators' launch configs on this GPU; print every config tried")
+    s.add_argument("ops", nargs="*", help="operators or families")
+    s.add_argument("--all", action="store_true", help="every operator")
     s.add_argument(
-        "--shapes", nargs="+", help="test, bench (the default), or shapes such as '(8192, 8192)'"
+        "--shapes",
+        nargs="+",
+        help="test, bench, or shapes such as '(8192, 8192)' (default: bench; with --ship also "
+        "the small and test shapes)",
     )
     s.add_argument("--dtypes", action="append", help="e.g. bf16 (default: bench dtypes)")
     s.add_argument("--force", action="store_true", help="time again even if cached")
+    s.add_argument(
+        "--ship",
+        action="store_true",
+        help="write the winners into the package's shipped tables for this GPU "
+        "(src/tritonkit/tuned/<gpu>/<family>.json); implies --force",
+    )
     s.set_defaults(func=cmd_tune)
 
     s = command("regress", "fail when an operator got slower or less accurate")
@@ -874,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _quiet(debug):
             args = build_parser().parse_args(argv)
+            if args.profile is not None:
+                _check_profile(args.profile)
             return args.func(args)
     except UsageError as exc:
         if debug:

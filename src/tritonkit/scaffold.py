@@ -3,7 +3,8 @@
 It writes the set one operator is made of (docs/DESIGN.md, "Adding an operator"): the family
 package ``ops/NAME/`` (kernel module with its config and launchers; registration, autograd
 Function and public function), its spec ``specs/NAME.py`` (reference, inputs, shapes, bytes,
-FLOPs, baselines) and its test ``tests/test_NAME.py``, and adds NAME to ``ops.FAMILIES``. The
+FLOPs, baselines) and its test ``tests/test_NAME.py``, adds NAME to ``ops.FAMILIES`` and its
+row to the bad-input table of ``tests/test_bad_input.py`` (which holds every public function). The
 generated operator is a real one (``x + alpha * y`` with autograd) whose test passes at once
 under the CPU interpreter; ``tritonkit list``, ``check`` and ``bench`` see it.
 """
@@ -25,6 +26,8 @@ FILES = {
     "test.py.tmpl": "tests/test_{name}.py",
 }
 _FAMILIES_FILE = "src/tritonkit/ops/__init__.py"
+_BAD_INPUT_FILE = "tests/test_bad_input.py"
+_BAD_INPUT_MARK = "    # `tritonkit new NAME` adds its operator's row above this line.\n"
 _FAMILIES_END = re.compile(r"(FAMILIES: tuple\[str, \.\.\.\] = \((?:[^()]*?))(\n?\))", re.S)
 
 
@@ -61,6 +64,8 @@ def _check_name(name: str, root: Path) -> None:
 
     if name in functional.__all__ or name in {s.name for s in all_specs()}:
         raise ScaffoldError(f"{name!r} is a tritonkit function or operator already")
+    if _BAD_INPUT_MARK not in (root / _BAD_INPUT_FILE).read_text():
+        raise ScaffoldError(f"no line {_BAD_INPUT_MARK.strip()!r} in {root / _BAD_INPUT_FILE}")
     taken = [p for p in (root / f.format(name=name) for f in FILES.values()) if p.exists()]
     if taken:
         raise ScaffoldError(f"{', '.join(map(str, taken))} exists already")
@@ -89,6 +94,15 @@ def add_family(root: Path, name: str) -> Path:
     return path
 
 
+def add_bad_input_row(root: Path, name: str) -> Path:
+    """Insert the operator's row into the TABLE of tests/test_bad_input.py, at its marker."""
+    path = root / _BAD_INPUT_FILE
+    text = path.read_text()
+    row = render("bad_input_row.py.tmpl", name)
+    path.write_text(text.replace(_BAD_INPUT_MARK, row + _BAD_INPUT_MARK, 1))
+    return path
+
+
 def scaffold(name: str, root: Path | None = None) -> list[Path]:
     """Write the new operator's files under ``root`` (default: the source checkout); returns
     the paths written or changed."""
@@ -101,4 +115,5 @@ def scaffold(name: str, root: Path | None = None) -> list[Path]:
         path.write_text(render(template, name))
         written.append(path)
     written.append(add_family(root, name))
+    written.append(add_bad_input_row(root, name))
     return written

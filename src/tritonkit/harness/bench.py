@@ -89,11 +89,12 @@ def bench_spec(
     on_step: Callable[[str], None] | None = None,
     small: bool = False,
     sampling: Mapping[str, Any] | None = None,
+    variants: bool = True,
 ) -> list[dict[str, Any]]:
     """Benchmark one operator; returns one record per (shape, dtype, mode). ``small`` adds the
     spec's small shapes (where a call's host time, not the GPU's, sets the pace) to the bench
     shapes. ``sampling``: keyword arguments for ``time_interleaved`` (the ranks of a distributed
-    run fix the sample count)."""
+    run fix the sample count). ``variants``: also time the spec's versions of the kernel."""
     if spec.distributed is not None and not torch.distributed.is_initialized():
         from tritonkit.harness.distributed import bench_on_ranks
 
@@ -113,7 +114,7 @@ def bench_spec(
             candidates: dict[str, tuple[str, Callable[..., Any] | None, str | None, bool]] = {
                 OURS: ("tritonkit", spec.impl, None, spec.backward)
             }
-            for name, variant in spec.variants.items():
+            for name, variant in spec.variants.items() if variants else ():
                 # Variants are versions of the forward kernel, shown side by side in fwd mode.
                 candidates[name] = ("variant", variant, None, False)
             for name, baseline in spec.baselines.items():

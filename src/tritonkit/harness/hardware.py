@@ -168,6 +168,17 @@ def resolve_profile(spec: str | None, measured: dict[str, Any] | None = None) ->
         return _hardware.KNOWN[spec]
     if spec.endswith(".json") or Path(spec).exists():
         return _hardware.load(spec)
+    factors = scale_factors(spec)
+    base = _hardware.active()
+    if base is None:
+        raise ValueError("--profile scale factors need a GPU (or a JSON profile to scale)")
+    if measured:
+        base = with_measurement(base, measured)
+    return base.scaled(**factors)
+
+
+def scale_factors(spec: str) -> dict[str, float]:
+    """``bandwidth=0.7,compute=1.2`` as factors; ValueError naming what is wrong."""
     factors = {"bandwidth": 1.0, "compute": 1.0}
     for part in spec.split(","):
         key, sep, value = part.partition("=")
@@ -183,9 +194,4 @@ def resolve_profile(spec: str | None, measured: dict[str, Any] | None = None) ->
             raise ValueError(f"--profile: {key} must be a number, got {value!r}") from None
         if factors[key] <= 0:
             raise ValueError(f"--profile: {key} must be positive, got {factors[key]}")
-    base = _hardware.active()
-    if base is None:
-        raise ValueError("--profile scale factors need a GPU (or a JSON profile to scale)")
-    if measured:
-        base = with_measurement(base, measured)
-    return base.scaled(**factors)
+    return factors

@@ -25,11 +25,15 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    """Progress over ``total`` cases of equal expected cost.
+    """Progress over ``total`` cases.
 
     ``running(desc)`` says which case starts (the previous one, if any, counts as done);
     ``step(desc)`` says a case finished; ``log(line)`` prints a line that stays (a summary).
-    The estimate of what is left is the mean time per finished case times the cases left.
+    Without ``expected``, the cases cost alike: the estimate of what is left is the mean time
+    per finished case times the cases left. With ``expected`` (the seconds a cost model gives
+    the whole run), each case brings its own expected ``cost``: the estimate is shown from the
+    start (the model's) and is the model's for what is left, scaled by how the cases done so
+    far compared with it (shrunk toward the model while few are done).
     """
 
     def __init__(
@@ -39,8 +43,12 @@ class Progress:
         stream: TextIO | None = None,
         heartbeat: float = 30.0,
         clock=time.perf_counter,
+        expected: float | None = None,
     ) -> None:
         self.total = max(total, 1)
+        self.expected = expected
+        self.cost_done = 0.0
+        self._current_cost = 0.0
         self.label = label
         self.done = 0
         self.stream = stream or sys.stderr
@@ -55,9 +63,13 @@ class Progress:
 
     def estimate_left(self) -> float | None:
         """Seconds left, from the cases done so far (None before the first one finishes)."""
+        elapsed = self.clock() - self.t0
+        if self.expected is not None:
+            left = max(self.expected - self.cost_done, 0.0)
+            prior = 0.02 * self.expected  # the model's weight while few cases are done
+            return left * (elapsed + prior) / (self.cost_done + prior) if prior > 0 else 0.0
         if self.done == 0:
             return None
-        elapsed = self.clock() - self.t0
         return elapsed / self.done * max(self.total - self.done, 0)
 
     def status(self) -> str:
@@ -69,15 +81,18 @@ class Progress:
         elapsed = duration(self.clock() - self.t0)
         return f"{self.label} [{bar}] {self.done}/{self.total} {elapsed}{eta}"
 
-    def running(self, desc: str) -> None:
+    def running(self, desc: str, cost: float = 0.0) -> None:
         if self._started:
             self.done += 1
+            self.cost_done += self._current_cost
         self._started = True
         self._current = desc
+        self._current_cost = cost
         self._draw()
 
-    def step(self, desc: str) -> None:
+    def step(self, desc: str, cost: float = 0.0) -> None:
         self.done += 1
+        self.cost_done += cost
         self._current = desc
         self._draw()
 
@@ -107,6 +122,7 @@ class Progress:
     def close(self) -> None:
         if self._started and self.done < self.total:
             self.done += 1
+            self.cost_done += self._current_cost
         if self.tty:
             self.stream.write("\r\033[K")
             self.stream.flush()

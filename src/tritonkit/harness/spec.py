@@ -149,6 +149,9 @@ class OpSpec:
     # dtypes the CPU interpreter computes wrongly (a Triton bug, not ours): not checked there,
     # reported as skipped with this reason, and checked on the GPU.
     interpreter_skip: Mapping[torch.dtype, str] = field(default_factory=dict)
+    # How much one check case costs under the interpreter beside others of its kind (a kernel
+    # that loops, as Newton-Schulz's five iterations of three GEMMs): for the run's estimate.
+    check_cost: float = 1.0
     bench_note: Callable[[Any, str], str | None] = lambda shape, mode: None  # reason to skip
     description: str = ""
     # Inputs the operator writes in place (optimizer state, an accumulator), by index. Every

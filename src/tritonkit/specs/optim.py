@@ -124,6 +124,7 @@ def _ns_bytes(inputs, mode, **params):
 register(
     OpSpec(
         name="newton_schulz",
+        check_cost=20.0,  # five iterations of three GEMMs per case (the run's estimate)
         family=FAMILY,
         impl=newton_schulz,
         reference=_ns_ref,

@@ -151,6 +151,7 @@ def _quantize_bytes(inputs, mode, dtype, granularity, group_size=None, symmetric
 register(
     OpSpec(
         name="quantize",
+        check_cost=4.5,  # an amax pass, a cast pass and the scales per case (the estimate)
         family=FAMILY,
         impl=_quantize_impl,
         reference=_quantize_ref,
@@ -177,6 +178,7 @@ register(
 register(
     OpSpec(
         name="quantize_dequantize",
+        check_cost=4.5,  # an amax pass, a cast pass and the scales per case (the estimate)
         family=FAMILY,
         impl=_roundtrip_impl,
         reference=_roundtrip_ref,
@@ -306,6 +308,7 @@ def _f8_ref(x, w, b, scaling="tensorwise"):
 register(
     OpSpec(
         name="float8_linear",
+        check_cost=3.0,  # three GEMMs and their quantization per case (the run's estimate)
         family=FAMILY,
         impl=lambda x, w, b, scaling="tensorwise": float8_linear(x, w, b, scaling),
         reference=_f8_ref,

@@ -16,9 +16,18 @@ round-toward-zero). tritonkit installs it on import when TRITON_INTERPRET is set
 checking it on a few values: where Triton's interpreter has changed shape it is left alone
 and :data:`ROUNDS_BF16` stays False, which the check engine reads to allow the truncation's
 error again.
+
+:func:`install` also runs every interpreted kernel under ``np.errstate(all="ignore")``: NumPy
+warns (``RuntimeWarning: overflow encountered in exp2``, ``invalid value encountered in
+subtract``) where the GPU's IEEE arithmetic quietly gives the inf or NaN the kernel means
+(``exp2(-inf)`` of a masked score, ``inf - inf`` of a row holding inf); those warnings describe
+the interpreter, not the user's program, and would reach the user from every such call (NumPy's
+own ``RuntimeWarning``s inside a kernel, such as ``All-NaN slice encountered``, are ignored too).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -41,9 +50,27 @@ def round_to_bfloat16(data: np.ndarray, toward_zero: bool = False) -> np.ndarray
     return rounded.reshape(np.shape(data))
 
 
+def _quiet_numpy(interpreter) -> None:
+    """Interpreted kernels run with NumPy's floating-point warnings off (see the module doc)."""
+    executor = getattr(interpreter, "GridExecutor", None)
+    call = vars(executor).get("__call__") if isinstance(executor, type) else None
+    if call is None or getattr(call, "_tritonkit_quiet", False):
+        return
+
+    def quiet_call(self, *args, **kwargs):
+        # errstate for the ufuncs' floating-point flags; the filter for the warnings NumPy
+        # raises itself (np.nanmax's "All-NaN slice encountered").
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return call(self, *args, **kwargs)
+
+    quiet_call._tritonkit_quiet = True
+    executor.__call__ = quiet_call
+
+
 def install() -> bool:
-    """Make Triton's interpreter round float32 to bfloat16 to nearest even; True when it does
-    (idempotent)."""
+    """Make Triton's interpreter round float32 to bfloat16 to nearest even, with NumPy's
+    floating-point warnings off inside kernels; True when it rounds (idempotent)."""
     global ROUNDS_BF16
     if ROUNDS_BF16:
         return True
@@ -53,6 +80,7 @@ def install() -> bool:
         from triton.runtime import interpreter
     except ImportError:
         return False
+    _quiet_numpy(interpreter)
     original = getattr(interpreter, "_convert_float", None)
     rtz = getattr(getattr(ir, "ROUNDING_MODE", None), "RTZ", None)
     if original is None or rtz is None:

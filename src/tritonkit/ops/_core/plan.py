@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from tritonkit import _hardware
-from tritonkit._tuning import AUTOTUNE_ENV, CACHE_ENV, FORCE_ENV
+from tritonkit._tuning import AUTOTUNE_ENV, BUDGET_ENV, CACHE_ENV, FORCE_ENV
 from tritonkit.ops._core import internals
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ class Env(NamedTuple):
     bf16_reduced: bool
     deterministic: bool
     autocast: tuple  # (device type, dtype) for each device type autocast is on for
-    autotune: str  # "off", "on" or "force" (TRITONKIT_AUTOTUNE, _FORCE, the interpreter)
+    autotune: str  # "off", "auto", "here" or "force", with the search budget (see _autotune)
     tuning_cache: str | None  # TRITONKIT_CACHE_DIR: where tuned choices are looked up
     device: int  # the current CUDA device (-1 without CUDA)
     profile: str | None  # the hardware profile's name (tritonkit --profile simulates others)
@@ -77,9 +77,16 @@ _compiling = torch.compiler.is_compiling
 
 
 def _autotune() -> str:
-    if _environ(FORCE_ENV) == "1":  # tritonkit tune: decide again at every call
+    """The tuning setting: "force" (tritonkit tune: decide again at every call), "off" (never
+    time), "here" (tune on this machine even where a table ships), or "auto" (the machine's
+    cache, then the shipped table, then a bounded search), with the search's time budget."""
+    if _environ(FORCE_ENV) == "1":
         return "force"
-    return "off" if _INTERPRETING or _environ(AUTOTUNE_ENV) == "0" else "on"
+    mode = _environ(AUTOTUNE_ENV)
+    if _INTERPRETING or mode == "0":
+        return "off"
+    budget = _environ(BUDGET_ENV)
+    return ("here" if mode == "1" else "auto") + ("" if budget is None else f":{budget}")
 
 
 def current_env() -> Env:

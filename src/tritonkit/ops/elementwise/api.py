@@ -94,19 +94,27 @@ def _strip_leading_ones(shape: torch.Size) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Elementwise ``x + y`` (``torch.add`` without ``alpha``), with autograd.
+def add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1) -> torch.Tensor:
+    """Elementwise ``x + y`` (``torch.add`` with ``alpha`` 1), with autograd.
 
     Args:
         x: float32, float16 or bfloat16 tensor on a CUDA device.
         y: tensor of the same dtype and device. Either operand may be broadcast over the
             other's leading dimensions (its shape, leading 1s aside, a suffix of the other's),
             e.g. ``(B, S, C) + (C,)`` or ``(S, C) + (B, S, C)``; other broadcasts raise.
+        alpha: accepted for ``torch.add``'s signature; only 1 is supported (any other value
+            raises ValueError: scale ``y`` first).
 
     Returns:
         ``x + y`` in the inputs' dtype, computed in float32 and rounded once.
     """
     op = "tritonkit.add"
+    if alpha != 1:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise TypeError(f"{op}: alpha must be a number, got {type(alpha).__name__}")
+        raise ValueError(
+            f"{op}: alpha must be 1 (x + alpha * y is not fused), got {alpha}; pass alpha * y"
+        )
     check_tensor(op, "x", x)
     check_operand(op, "y", y, "x", x)
     if x.shape == y.shape:

@@ -1,0 +1,221 @@
+"""What ``tritonkit bench`` runs, and how long that should take before it starts.
+
+By default a representative selection: every operator at its main dtype (its first bench
+dtype; under the interpreter the first one it can compute), at one test shape for the
+accuracy checks (a random draw, a mixed layout, NaN/inf, the gradients, empty tensors) and one
+bench shape for the timings. Every operator is a spec, so the fused paths (``bias_act``,
+``add_rms_norm``, ``linear``) and the low-precision ones (``scaled_matmul``, ``int8_matmul``,
+``quantize``, ``float8_linear``) are in it. ``--full`` is every dtype, shape and case; dtypes
+or shapes asked for on the command line replace the selection's.
+
+The estimate is a cost model in seconds per case, a prior the progress display corrects by
+the time the run's own cases took (``Progress`` with ``expected``). Under the interpreter a
+check costs a fixed part plus a part per element it computes (per multiply-add for a GEMM):
+the constants come from the per-case times of the whole check phase on a 2-core machine
+(docs/performance.md, "The main job's estimate"). On a GPU compilation dominates a cold run:
+the first case of each (operator, parameters, dtype) compiles its kernels, and each timed mode
+compiles the baselines' (``torch.compile``'s among them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tritonkit.harness.check import CASES
+from tritonkit.harness.spec import OpSpec
+from tritonkit.ops._core.device import interpreter_enabled
+
+# The accuracy cases of the representative selection (CASES has every one).
+QUICK_CASES = ("random", "mixed", "specials", "grad", "empty")
+
+# Interpreter: seconds per check case at the test shapes (a vector operator, a GEMM), per
+# element (per multiply-add) beyond them, and the factor of a gradient case over a forward one;
+# times the spec's ``check_cost``. At the test shapes a case's cost is mostly fixed (the
+# reference in float64, PyTorch's own run, the comparison, the interpreter's launch of each
+# program), so the element terms matter only at larger shapes (``--shapes bench``).
+CPU_CASE_S = 0.06
+CPU_GEMM_CASE_S = 0.25
+CPU_ELEMENT_S = 2e-6
+CPU_MAC_S = 5e-9
+CPU_GRAD_FACTOR = 1.7
+CPU_EMPTY_S = 0.02
+# GPU, cold caches: the first check case of an (operator, params, dtype) compiles its forward
+# and backward kernels; later cases mostly hit them. A timed mode compiles every candidate
+# (torch.compile's graphs too) and times each about 30 times, interleaved.
+GPU_FIRST_CASE_S = 2.5
+GPU_CASE_S = 0.25
+GPU_MODE_S = 6.0
+GPU_VARIANT_S = 3.0
+# Of a cold timed mode, the compilation (which compile-ahead workers take off the run), and
+# the start of the workers (each imports torch and tritonkit).
+GPU_MODE_COMPILE_S = 4.0
+GPU_WORKERS_START_S = 20.0
+
+
+@dataclass(frozen=True)
+class Item:
+    """One operator's share of a bench run."""
+
+    spec: OpSpec
+    check_dtypes: tuple[torch.dtype, ...]
+    check_shapes: tuple[Any, ...]
+    cases: tuple[str, ...]
+    bench_dtypes: tuple[torch.dtype, ...]
+    bench_shapes: tuple[Any, ...]
+    variants: bool
+
+
+def main_dtype(spec: OpSpec) -> torch.dtype:
+    """The dtype an operator is mostly used at: its first bench dtype, or under the
+    interpreter the first of its dtypes the interpreter computes."""
+    order = [*spec.bench_dtypes, *[d for d in spec.dtypes if d not in spec.bench_dtypes]]
+    order = [d for d in order if d in spec.dtypes]
+    if interpreter_enabled():
+        usable = [d for d in order if d not in spec.interpreter_skip]
+        order = usable or order
+    return order[0]
+
+
+def choose(
+    specs: Sequence[OpSpec],
+    *,
+    full: bool,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shapes: str | list[Any] | None = None,
+    named: bool = False,
+    small: bool = False,
+    gpu: bool = False,
+) -> list[Item]:
+    """The run: ``full`` or the representative selection; ``dtypes`` and ``shapes`` (``test``,
+    ``bench`` or a list, as ``--shapes`` takes them) replace the selection's; ``named``
+    (operators asked for by name) keeps their variants (the kernel's versions side by side),
+    which the default run leaves out."""
+    items = []
+    for spec in specs:
+        if dtypes:
+            check_dtypes = bench_dtypes = tuple(d for d in dtypes if d in spec.dtypes)
+        elif full:
+            check_dtypes, bench_dtypes = tuple(spec.dtypes), tuple(spec.bench_dtypes)
+        else:
+            check_dtypes = bench_dtypes = (main_dtype(spec),)
+        every_bench = (*spec.shapes.bench, *(spec.shapes.small if small else ()))
+        if shapes is None and not full:
+            check_shapes = tuple(spec.shapes.test[:1])
+            bench_shapes = (*spec.shapes.bench[:1], *(spec.shapes.small[:1] if small else ()))
+        elif shapes is None or shapes == "bench":
+            # Without a GPU the checks are the run, at the shapes asked for; with one, the
+            # checks run at the test shapes and the timings at the bench shapes.
+            check_shapes = tuple(spec.shapes.test) if gpu or shapes is None else every_bench
+            bench_shapes = every_bench
+        elif shapes == "test":
+            check_shapes = bench_shapes = tuple(spec.shapes.test)
+        else:
+            check_shapes = tuple(spec.shapes.test) if gpu else tuple(shapes)
+            bench_shapes = tuple(shapes)
+        items.append(
+            Item(
+                spec=spec,
+                check_dtypes=check_dtypes,
+                check_shapes=check_shapes,
+                cases=CASES if full else QUICK_CASES,
+                bench_dtypes=bench_dtypes,
+                bench_shapes=bench_shapes,
+                variants=full or named,
+            )
+        )
+    return items
+
+
+def work(shape: Any, gemm: bool) -> int:
+    """Elements of a shape (summed over the operands' shapes when it lists several), or for a
+    GEMM the product of its sizes (M * N * K, batch dimensions included)."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        return shape
+    if not isinstance(shape, (tuple, list)):
+        return 1
+    if not gemm and any(isinstance(s, (tuple, list)) for s in shape):
+        return sum(work(s, gemm) for s in shape)
+    return math.prod(work(s, gemm) for s in shape)
+
+
+def case_seconds(
+    spec: OpSpec, shape: Any, case: str, *, gpu: bool, first: bool, warmed: bool = False
+) -> float:
+    """The prior cost of one check case (``warmed``: its kernels compiled ahead)."""
+    if gpu:
+        return GPU_FIRST_CASE_S if first and not warmed else GPU_CASE_S
+    if case == "empty":
+        return CPU_EMPTY_S
+    gemm = spec.compute == "tensor"
+    per_unit = CPU_MAC_S if gemm else CPU_ELEMENT_S
+    cost = (CPU_GEMM_CASE_S if gemm else CPU_CASE_S) + per_unit * work(shape, gemm)
+    if case.startswith("grad"):
+        cost *= CPU_GRAD_FACTOR
+    return cost * spec.check_cost
+
+
+def mode_seconds(spec: OpSpec, named_variants: bool, warmed: bool = False) -> float:
+    """The prior cost of one timed (shape, dtype, mode) on a GPU (``warmed``: its kernels
+    compiled ahead)."""
+    base = GPU_MODE_S - (GPU_MODE_COMPILE_S if warmed else 0.0)
+    return base + (GPU_VARIANT_S * len(spec.variants) if named_variants else 0.0)
+
+
+def expected_check_seconds(
+    spec: OpSpec,
+    dtypes: Sequence[torch.dtype] | None,
+    shapes: Sequence[Any],
+    cases: Sequence[str],
+    *,
+    gpu: bool,
+    warmed: bool = False,
+) -> float:
+    """The prior cost of ``check_spec`` with these arguments (the cases ``planned_cases``
+    counts, each at its ``case_seconds``)."""
+    from tritonkit.harness.check import planned_cases
+
+    total = 0.0
+    for dtype in dtypes or spec.dtypes:
+        if dtype not in spec.dtypes:
+            continue
+        if interpreter_enabled() and dtype in spec.interpreter_skip:
+            continue
+        for shape in shapes:
+            n = planned_cases(spec, dtypes=[dtype], shapes=[shape], cases=cases)
+            n -= len(spec.shapes.empty) * len(spec.params) if "empty" in cases else 0
+            if n <= 0:
+                continue
+            per_case = n // len(spec.params)
+            grads = sum(c.startswith("grad") for c in cases if spec.backward)
+            fwd = per_case - grads
+            for _ in spec.params:
+                total += fwd * case_seconds(spec, shape, "random", gpu=gpu, first=False)
+                total += grads * case_seconds(spec, shape, "grad", gpu=gpu, first=False)
+        if gpu and not warmed:  # the first case of each (params, dtype) compiles
+            total += len(spec.params) * (GPU_FIRST_CASE_S - GPU_CASE_S)
+        if "empty" in cases:
+            n_empty = len(spec.shapes.empty) * len(spec.params)
+            total += n_empty * (GPU_CASE_S if gpu else CPU_EMPTY_S)
+    return total
+
+
+def shape_of(text: str) -> Any:
+    """A shape back from its string in a check result (``"(5, 17)"``); None if unreadable."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+
+
+def compile_seconds(items: Sequence[Item], n_steps: int) -> float:
+    """Of a cold GPU run's expected time, the compilation: the first check case of each
+    (operator, params, dtype) beyond a warm one, and each timed mode's share."""
+    firsts = sum(len(it.spec.params) * len(it.check_dtypes) for it in items)
+    return firsts * (GPU_FIRST_CASE_S - GPU_CASE_S) + n_steps * GPU_MODE_COMPILE_S
