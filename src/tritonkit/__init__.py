@@ -15,6 +15,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("functional", "nn")
+_FROM_MODELS = ("patch", "unpatch")  # tritonkit.models.patch / unpatch
 
 
 def __getattr__(name: str):
@@ -22,6 +23,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'tritonkit' has no attribute {name!r}")
     if name in _SUBMODULES:
         value = importlib.import_module(f"tritonkit.{name}")
+    elif name in _FROM_MODELS:
+        value = getattr(importlib.import_module("tritonkit.models"), name)
     else:
         functional = importlib.import_module("tritonkit.functional")
         if name == "__all__":
