@@ -126,6 +126,7 @@ def test_llama_bf16_loss_and_grads_within_bf16_rounding():
         # Relative L2 error of each gradient: bf16 rounds at 2^-8 per operation.
         err = (g.float() - ref).norm() / ref.norm().clamp_min(1e-30)
         assert err < 3e-2, (name, err.item())
+    tritonkit.unpatch(model)
 
 
 def test_patch_options_and_errors():
@@ -136,7 +137,7 @@ def test_patch_options_and_errors():
         tritonkit.patch(model, attention="flash")
     with pytest.raises(ValueError, match="not patched"):
         tritonkit.unpatch(model)
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         tritonkit.patch("model")
     report = tritonkit.patch(model, attention="keep", loss=False, residual=False)
     with pytest.raises(ValueError, match="already patched"):
@@ -242,9 +243,27 @@ def test_linear_cross_entropy_edges():
     assert torch.isnan(linear_cross_entropy(x, w, t))  # every target ignored: NaN, as PyTorch
     with pytest.raises(ValueError, match="reduction"):
         linear_cross_entropy(x, w, t, reduction="none")
-    with pytest.raises(ValueError, match="weight.shape"):
+    with pytest.raises(ValueError, match=r"weight\.shape"):
         linear_cross_entropy(x, w[:, :7], t)
     with pytest.raises(TypeError, match="int64"):
         linear_cross_entropy(x, w, t.int())
     with pytest.raises(ValueError, match="leading shape"):
         linear_cross_entropy(x, w, t[:3])
+
+
+def test_rope_function_patched_while_any_model_is():
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    a, b = _build("llama"), _build("llama")
+    report = tritonkit.patch(a)
+    assert any("tritonkit.rope" in r.what for r in report.replaced)
+    tritonkit.patch(b)
+    assert modeling_llama.apply_rotary_pos_emb is not original
+    tritonkit.unpatch(a)
+    assert modeling_llama.apply_rotary_pos_emb is not original  # b still needs it
+    tritonkit.unpatch(b)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    tritonkit.patch(a, rope=False)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    tritonkit.unpatch(a)

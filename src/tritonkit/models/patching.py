@@ -94,6 +94,7 @@ class Patcher:
         self.options = options
         self.report = PatchReport()
         self.undo: list[tuple[Any, str, Any]] = []
+        self.on_restore: list[Callable[[], None]] = []  # run by restore, last first
         self.done: set[int] = set()  # modules already handled (by a rule of a parent)
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
@@ -117,6 +118,9 @@ class Patcher:
         self.report.left.append(Left(path, type(module).__name__, reason))
 
     def restore(self) -> None:
+        for fn in reversed(self.on_restore):
+            fn()
+        self.on_restore.clear()
         for obj, name, old in reversed(self.undo):
             if old is _MISSING:
                 with contextlib.suppress(AttributeError):

@@ -8,6 +8,7 @@ A module that matches no rule is left as it is and reported with the reason.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -249,6 +250,78 @@ def _lm_output(outputs: Any, loss: torch.Tensor):
     return cls(loss=loss, logits=None, **fields)
 
 
+# -- module-level functions (shared by every model of a family) ---------------------------------
+
+# (module name, function name) -> [the original function, how many patched models use ours]
+_GLOBALS: dict[tuple[str, str], list] = {}
+
+
+def _rope_function(original: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
+        ok = (
+            unsqueeze_dim == 1
+            and len(args) <= 1
+            and set(kwargs) <= {"unsqueeze_dim"}
+            and q.dim() == 4
+            and k.dim() == 4
+            and cos.dim() == 3
+            and not (cos.requires_grad or sin.requires_grad)
+            and cos.dtype in (q.dtype, torch.float32)
+            and q.dtype == k.dtype
+            and q.shape[-1] % 2 == 0
+        )
+        if not ok:  # another calling convention: transformers' own function
+            return original(q, k, cos, sin, *args, **kwargs)
+        return tritonkit.rope(q, cos, sin), tritonkit.rope(k, cos, sin)
+
+    apply_rotary_pos_emb.tritonkit_original = original
+    return apply_rotary_pos_emb
+
+
+def _patch_global(p: Patcher, module_name: str, name: str, make: Callable) -> bool:
+    """Replace ``module_name.name`` while any patched model needs it (reference counted)."""
+    module = sys.modules.get(module_name)
+    if module is None or not callable(getattr(module, name, None)):
+        return False
+    key = (module_name, name)
+    entry = _GLOBALS.get(key)
+    if entry is None:
+        original = getattr(module, name)
+        entry = _GLOBALS[key] = [original, 0]
+        setattr(module, name, make(original))
+    entry[1] += 1
+
+    def release() -> None:
+        entry[1] -= 1
+        if entry[1] == 0:
+            setattr(module, name, entry[0])
+            del _GLOBALS[key]
+
+    p.on_restore.append(release)
+    return True
+
+
+def _patch_rope(p: Patcher) -> None:
+    done = set()
+    for path, m in p.model.named_modules():
+        name = type(m).__name__
+        if not (name.endswith("Attention") and name.removesuffix("Attention") in _LLAMA_LIKE):
+            continue
+        mod = type(m).__module__
+        if mod in done:
+            continue
+        done.add(mod)
+        if _patch_global(p, mod, "apply_rotary_pos_emb", _rope_function):
+            p.replaced(
+                m,
+                path,
+                "apply_rotary_pos_emb -> tritonkit.rope (module-level: the family's models)",
+            )
+        else:
+            p.left(m, path, "rotary embedding: no apply_rotary_pos_emb in its module")
+
+
 # -- the walk ------------------------------------------------------------------------------------
 
 
@@ -292,6 +365,8 @@ def apply(p: Patcher) -> None:
     """Every rule, over every module of ``p.model``."""
     o = p.options
     _patch_attention(p)
+    if o.rope:
+        _patch_rope(p)
     for path, m in p.model.named_modules():
         if id(m) in p.done:
             continue
@@ -355,7 +430,7 @@ def _report_left(p: Patcher, path: str, m: nn.Module) -> None:
             )
         p.left(m, path, _LEFT_REASONS[key])
     elif "RotaryEmbedding" in name:
-        p.left(m, path, "rotary cos/sin table (once per forward); applied by PyTorch ops")
+        p.left(m, path, "rotary cos/sin table, computed once per forward by PyTorch")
     elif "RMSNorm" in name or "LayerNorm" in name:
         p.left(m, path, "norm variant not recognised (e.g. a 1 + weight scale): left as is")
     elif not has_children:
