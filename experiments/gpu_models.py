@@ -251,7 +251,7 @@ def worker_cold(variant: str, tiny: bool) -> dict:
     return row
 
 
-def run_worker(args: list[str], env: dict | None = None, timeout: int = 900) -> list | dict:
+def run_worker(args: list[str], env: dict | None = None, timeout: int = 540) -> list | dict:
     """This script in a fresh process; its JSON result (or the error)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"

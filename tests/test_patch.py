@@ -112,6 +112,21 @@ def test_patch_matches_and_unpatch_restores(family):
         assert torch.equal(model(ids).logits, logits_ref)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_patched_model_under_torch_compile(family):
+    model = _build(family)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+    loss_ref, grads_ref = _step(model, ids)
+    tritonkit.patch(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")  # CPU: the same tracing as inductor's
+    loss, grads = _step(compiled, ids)
+    torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
+    _close_grads({f"_orig_mod.{k}": v for k, v in grads_ref.items()}, grads, atol=2e-5, rtol=1e-4)
+    tritonkit.unpatch(model)
+
+
 def test_llama_bf16_loss_and_grads_within_bf16_rounding():
     model = _llama_like("llama", torch.bfloat16)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))

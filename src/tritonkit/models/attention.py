@@ -29,18 +29,25 @@ SDPA_BACKENDS = (
 )
 
 
+_SDPA: list = []  # transformers' sdpa_attention_forward, imported on first use
+
+
 def _backends(query: torch.Tensor) -> contextlib.AbstractContextManager:
-    if query.is_cuda:
+    # Under torch.compile the backend is chosen when the graph is traced, by PyTorch's own
+    # order: the context (a global setting) is left to eager mode.
+    if query.is_cuda and not torch.compiler.is_compiling():
         return sdpa_kernel(list(SDPA_BACKENDS), set_priority=True)
     return contextlib.nullcontext()
 
 
 def sdpa_forward(module, query, key, value, attention_mask, **kwargs: Any):
     """transformers' ``sdpa_attention_forward`` with the backends in ``SDPA_BACKENDS``'s order."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if not _SDPA:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        _SDPA.append(sdpa_attention_forward)
     with _backends(query):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
 
 
 def flash_forward(

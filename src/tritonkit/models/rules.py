@@ -130,23 +130,52 @@ def llama_layer_forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs:
     return h + self.mlp(normed)
 
 
-def _pre_norm_block_forward(signature: inspect.Signature) -> Callable:
+class Binder:
+    """``inspect.Signature.bind`` for one forward, reduced to what torch.compile traces without
+    a graph break: positional arguments named by position, keywords as given, the extra
+    keywords (``**kwargs``) collected."""
+
+    def __init__(self, fn: Callable) -> None:
+        params = list(inspect.signature(fn).parameters.values())[1:]  # without self
+        kinds = inspect.Parameter
+        self.names = [
+            p.name for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        self.named = set(self.names) | {p.name for p in params if p.kind is kinds.KEYWORD_ONLY}
+        self.has_var_args = any(p.kind is kinds.VAR_POSITIONAL for p in params)
+
+    def bind(self, args: tuple, kwargs: dict) -> tuple[dict, dict] | None:
+        """(named arguments, extra keywords), or None when the call does not fit."""
+        if len(args) > len(self.names) or self.has_var_args:
+            return None
+        named = dict(zip(self.names, args))
+        extra = {}
+        for k, v in kwargs.items():
+            if k in named:
+                return None
+            if k in self.named:
+                named[k] = v
+            else:
+                extra[k] = v
+        return named, extra
+
+
+def _pre_norm_block_forward(binder: Binder) -> Callable:
     """GPT-2's block: ``h = x + attn(ln_1(x))``, ``h + mlp(ln_2(h))``; the second add and
     ln_2 fused. Arguments are bound by the class's signature (the model passes some by
     position) and handed to the attention as the class's forward hands them."""
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
-        bound = signature.bind(self, hidden_states, *args, **kwargs)
-        if bound.arguments.get("encoder_hidden_states") is not None:
+        bound = binder.bind((hidden_states, *args), kwargs)
+        if bound is None or bound[0].get("encoder_hidden_states") is not None:
             return original_forward(self)(hidden_states, *args, **kwargs)
-        attn_kwargs: dict[str, Any] = {}
-        for name, value in bound.arguments.items():
-            if name in ("self", "hidden_states", "encoder_hidden_states", "encoder_attention_mask"):
-                continue
-            if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-                attn_kwargs.update(value)
-            else:
-                attn_kwargs[name] = value
+        named, extra = bound
+        attn_kwargs = {
+            k: v
+            for k, v in named.items()
+            if k not in ("hidden_states", "encoder_hidden_states", "encoder_attention_mask")
+        }
+        attn_kwargs.update(extra)
         residual = hidden_states
         attn_output, _ = self.attn(self.ln_1(hidden_states), **attn_kwargs)
         normed, h = _add_norm(self.ln_2, attn_output, residual)
@@ -188,17 +217,15 @@ def cross_entropy_loss_forward(self, input: torch.Tensor, target: torch.Tensor) 
     )
 
 
-def _causal_lm_forward(signature: inspect.Signature, base: str, skip_logits: bool) -> Callable:
+def _causal_lm_forward(binder: Binder, base: str, skip_logits: bool, lm_loss: bool) -> Callable:
     """A causal LM's forward whose loss (with labels, in training or with ``skip_logits``) is
     computed from the last hidden states by :func:`linear_cross_entropy`: no logits."""
 
     def forward(self, *args: Any, **kwargs: Any):
-        bound = signature.bind(self, *args, **kwargs)
-        a = dict(bound.arguments)
-        extra = {}
-        for name in list(a):
-            if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
-                extra = a.pop(name)
+        bound = binder.bind(args, kwargs)
+        if bound is None:
+            return original_forward(self)(*args, **kwargs)
+        a, extra = dict(bound[0]), bound[1]
         labels = a.pop("labels", None)
         keep = a.pop("logits_to_keep", 0)
         fused = (
@@ -207,11 +234,10 @@ def _causal_lm_forward(signature: inspect.Signature, base: str, skip_logits: boo
             and isinstance(keep, int)
             and keep == 0
             and extra.get("return_dict", True) is not False
-            and getattr(self.loss_function, "__name__", "") == "ForCausalLMLoss"
+            and lm_loss
         )
         if not fused:
             return original_forward(self)(*args, **kwargs)
-        a.pop("self")
         outputs = getattr(self, base)(**a, **extra)
         hidden = outputs[0]
         ignore_index = extra.get("ignore_index", -100)
@@ -325,8 +351,8 @@ def _patch_rope(p: Patcher) -> None:
 # -- the walk ------------------------------------------------------------------------------------
 
 
-def _signature(module: nn.Module) -> inspect.Signature:
-    return inspect.signature(type(module).forward)  # follows functools.wraps to the real one
+def _binder(module: nn.Module) -> Binder:
+    return Binder(type(module).forward)  # the signature follows functools.wraps to the real one
 
 
 def _is_hf(module: nn.Module) -> bool:
@@ -374,7 +400,10 @@ def apply(p: Patcher) -> None:
         if name in CAUSAL_LMS:
             if o.loss:
                 base = getattr(m, "base_model_prefix", "model")
-                fwd = _causal_lm_forward(_signature(m), base, o.skip_logits)
+                # Read once here: the property logs a warning on some configs, which would
+                # break a torch.compile graph if read on every call.
+                lm_loss = getattr(m.loss_function, "__name__", "") == "ForCausalLMLoss"
+                fwd = _causal_lm_forward(_binder(m), base, o.skip_logits, lm_loss)
                 p.set_forward(m, path, fwd, "loss: linear + cross-entropy without logits")
             continue
         if name in DECODER_LAYERS and o.residual:
@@ -383,7 +412,7 @@ def apply(p: Patcher) -> None:
             )
             continue
         if name in PRE_NORM_BLOCKS and o.residual:
-            fwd = _pre_norm_block_forward(_signature(m))
+            fwd = _pre_norm_block_forward(_binder(m))
             p.set_forward(m, path, fwd, "residual add + ln_2 LayerNorm fused")
             continue
         if name in GATED_MLPS and o.mlp:
