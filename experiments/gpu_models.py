@@ -17,8 +17,10 @@ Sections (``--sections``, comma-separated; default all):
   ``compile`` (torch.compile), ``liger`` (Liger-Kernel's patch, when importable),
   ``tk`` (tritonkit.patch, torch's fused AdamW), ``tk_adamw`` (tritonkit.patch and
   tritonkit's AdamW), ``tk_muonw`` (tritonkit MuonW, Llama 2K only), ``tk_compile``
-  (tritonkit.patch under torch.compile). Configs: ``llama-2k`` (the issue's Llama: hidden
-  2048, intermediate 5632, 8 layers, 16 heads, 8 KV heads, vocabulary 32000, batch 4 x 2048),
+  (tritonkit.patch under torch.compile), ``tk_rkv`` (patch with K/V repeated for cuDNN,
+  Llama only), ``tk_flash`` (patch with tritonkit.attention, Llama only). Configs:
+  ``llama-2k`` (the issue's Llama: hidden 2048, intermediate 5632, 8 layers, 16 heads, 8 KV
+  heads, vocabulary 32000, batch 4 x 2048),
   ``llama-8k`` (batch 1 x 8192), ``gpt2-2k`` / ``gpt2-8k`` (GPT-2 small: 768 x 12 layers,
   vocabulary 50257, dropout 0.1 as trained; batch 4 x 2048 and 1 x 8192).
 - ``cold``: the first three training steps from empty Triton, tritonkit and Inductor caches
@@ -58,7 +60,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("eager", "compile", "liger", "tk", "tk_adamw", "tk_muonw", "tk_compile")
+VARIANTS = (
+    "eager",
+    "compile",
+    "liger",
+    "tk",
+    "tk_adamw",
+    "tk_muonw",
+    "tk_compile",
+    "tk_rkv",
+    "tk_flash",
+)
 CONFIGS = ("llama-2k", "llama-8k", "gpt2-2k", "gpt2-8k")
 SECTIONS = ("attn", "train", "cold", "match", "curve", "infer", "fusion")
 
@@ -128,7 +140,8 @@ def apply_variant(model, variant: str, fam: str) -> dict:
     if variant.startswith("tk"):
         import tritonkit
 
-        info["patch"] = str(tritonkit.patch(model))
+        attention = {"tk_rkv": "sdpa_repeat_kv", "tk_flash": "tritonkit"}.get(variant, "sdpa")
+        info["patch"] = str(tritonkit.patch(model, attention=attention))
     return info
 
 
@@ -188,6 +201,8 @@ def worker_train(variant: str, names: list[str], tiny: bool) -> list[dict]:
         cfg = config(name, tiny)
         row = {"variant": variant, "config": name, "batch": cfg["batch"], "seq": cfg["seq"]}
         try:
+            if variant in ("tk_muonw", "tk_rkv", "tk_flash") and not name.startswith("llama"):
+                raise RuntimeError(f"{variant} is measured on the Llama configs only")
             if variant == "tk_muonw" and name != "llama-2k":
                 raise RuntimeError("MuonW is measured on llama-2k only")
             torch.manual_seed(0)

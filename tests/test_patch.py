@@ -282,3 +282,15 @@ def test_rope_function_patched_while_any_model_is():
     tritonkit.patch(a, rope=False)
     assert modeling_llama.apply_rotary_pos_emb is original
     tritonkit.unpatch(a)
+
+
+@pytest.mark.parametrize("route", ["sdpa_repeat_kv", "tritonkit"])
+def test_attention_routes_give_the_same_logits(route):
+    model = _build("llama").eval()  # 4 query heads over 2 KV heads: grouped-query attention
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = model(ids).logits
+        tritonkit.patch(model, attention=route)
+        assert model.config._attn_implementation.startswith("tritonkit_")
+        torch.testing.assert_close(model(ids).logits, ref, atol=2e-5, rtol=1e-4)
+    tritonkit.unpatch(model)

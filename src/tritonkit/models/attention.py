@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tritonkit
 
 SDPA_NAME = "tritonkit_sdpa"
+REPEAT_KV_NAME = "tritonkit_sdpa_repeat_kv"
 FLASH_NAME = "tritonkit_flash"
 
 SDPA_BACKENDS = (
@@ -50,6 +51,37 @@ def sdpa_forward(module, query, key, value, attention_mask, **kwargs: Any):
         return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
 
 
+def _causal(module, query, key, attention_mask, is_causal) -> bool:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return bool(causal and attention_mask is None and query.shape[2] > 1)
+
+
+def repeat_kv_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+):
+    """SDPA with K/V repeated to the query heads (for backends without grouped-query support,
+    at the cost of the repeated K/V's memory), the backends in ``SDPA_BACKENDS``'s order."""
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:
+        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+    causal = _causal(module, query, key, attention_mask, is_causal)
+    if causal and key.shape[2] > query.shape[2]:
+        key, value = key[:, :, : query.shape[2]], value[:, :, : query.shape[2]]
+    with _backends(query):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attention_mask, dropout, causal, scale=scaling
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
 def flash_forward(
     module,
     query: torch.Tensor,
@@ -64,8 +96,7 @@ def flash_forward(
     """``tritonkit.attention`` with transformers' SDPA conventions: (B, H, L, D) inputs, a bool
     or additive mask (or None with the module's causal flag), output (B, L, H, D)."""
     q_len, kv_len = query.shape[2], key.shape[2]
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = bool(causal and attention_mask is None and q_len > 1)
+    causal = _causal(module, query, key, attention_mask, is_causal)
     if causal and kv_len > q_len:
         # A prefill into an empty static cache: the keys past the queries are padding (as
         # transformers' sdpa path does, which slices them off for the same reason).
@@ -84,8 +115,8 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(SDPA_NAME, sdpa_forward)
-    AttentionInterface.register(FLASH_NAME, flash_forward)
-    # Masks as the sdpa path builds them (None where the causal flag suffices, else bool).
-    AttentionMaskInterface.register(SDPA_NAME, sdpa_mask)
-    AttentionMaskInterface.register(FLASH_NAME, sdpa_mask)
+    for name, fn in ((SDPA_NAME, sdpa_forward), (REPEAT_KV_NAME, repeat_kv_forward),
+                     (FLASH_NAME, flash_forward)):  # fmt: skip
+        AttentionInterface.register(name, fn)
+        # Masks as the sdpa path builds them (None where the causal flag suffices, else bool).
+        AttentionMaskInterface.register(name, sdpa_mask)

@@ -21,7 +21,7 @@ from torch import nn
 _MISSING = object()
 _RECORD = "_tritonkit_patch"
 
-ATTENTION_CHOICES = ("sdpa", "tritonkit", "keep")
+ATTENTION_CHOICES = ("sdpa", "sdpa_repeat_kv", "tritonkit", "keep")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class PatchOptions:
         residual: a block's residual add fused into the norm that follows it.
         mlp: gated MLPs (SwiGLU, GeGLU) and activation modules.
         attention: ``"sdpa"`` (PyTorch's SDPA with the fastest backend first: cuDNN, then
-            flash), ``"tritonkit"`` (tritonkit.attention) or ``"keep"``.
+            flash), ``"sdpa_repeat_kv"`` (the same with K/V repeated to the query heads, for
+            a backend without grouped-query support), ``"tritonkit"`` (tritonkit.attention)
+            or ``"keep"``.
         loss: the causal-LM head's linear + cross-entropy without logits, when labels are
             given and the model trains (``skip_logits`` also in eval mode).
         skip_logits: with labels, return ``logits=None`` in eval mode too (saves their memory).

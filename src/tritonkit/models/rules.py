@@ -374,14 +374,18 @@ def _patch_attention(p: Patcher) -> None:
         from tritonkit.models import attention
 
         attention.register()
-        name = attention.SDPA_NAME if choice == "sdpa" else attention.FLASH_NAME
+        name = {
+            "sdpa": attention.SDPA_NAME,
+            "sdpa_repeat_kv": attention.REPEAT_KV_NAME,
+            "tritonkit": attention.FLASH_NAME,
+        }[choice]
     for path, m, cfg in configs.values():
         current = cfg._attn_implementation
         if choice == "keep":
             p.left(m, path, f"attention kept ({current!r}: patch(attention='keep'))")
         elif current in ("sdpa", "eager") and not getattr(cfg, "output_attentions", False):
             p.set_attr(cfg, "_attn_implementation", name)
-            route = "SDPA, cuDNN then flash" if choice == "sdpa" else "tritonkit.attention"
+            route = "tritonkit.attention" if choice == "tritonkit" else "SDPA, cuDNN then flash"
             p.replaced(m, path, f"attention {current!r} -> {name!r} ({route})")
         else:
             p.left(m, path, f"attention {current!r} kept (only sdpa/eager are rerouted)")
