@@ -148,6 +148,8 @@ class FusionCostModel:
         ext = list(dict.fromkeys(ext))
         outs = [n for n in nodes if any(u not in inside for u in n.users)]
         fused_bytes = sum(_bytes(an.infos[i]) for i in ext) + sum(_bytes(an.infos[n]) for n in outs)
+        if g.kind == "prologue" and g.output not in outs:
+            fused_bytes += _bytes(an.infos[g.output])  # add_*_norm always stores the sum
         if g.kind == "epilogue":
             a = g.anchor
             fused_bytes += sum(
