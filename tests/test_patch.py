@@ -294,3 +294,27 @@ def test_attention_routes_give_the_same_logits(route):
         assert model.config._attn_implementation.startswith("tritonkit_")
         torch.testing.assert_close(model(ids).logits, ref, atol=2e-5, rtol=1e-4)
     tritonkit.unpatch(model)
+
+
+def test_unsupported_family_left_alone_and_reported():
+    """Gemma: RMSNorm scaled by 1 + weight, its own layer and head: none of the Llama rules
+    apply; they are reported, and the model computes what it computed."""
+    torch.manual_seed(7)
+    cfg = transformers.GemmaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.GemmaForCausalLM(cfg).eval()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        ref = model(ids, labels=ids)
+        report = tritonkit.patch(model)
+        out = model(ids, labels=ids)
+    reasons = {r.kind: r.reason for r in report.left}
+    assert "norm variant not recognised" in reasons["GemmaRMSNorm"]
+    assert "unsupported family" in reasons["GemmaDecoderLayer"]
+    assert "unsupported family" in reasons["GemmaForCausalLM"]
+    assert not any(r.kind in ("GemmaRMSNorm", "GemmaDecoderLayer") for r in report.replaced)
+    torch.testing.assert_close(out.logits, ref.logits, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-5)
+    tritonkit.unpatch(model)

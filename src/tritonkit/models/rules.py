@@ -470,3 +470,5 @@ def _report_left(p: Patcher, path: str, m: nn.Module) -> None:
         p.left(m, path, "no tritonkit rule for this module")
     elif name.endswith(("DecoderLayer", "Block", "Layer")) and _is_hf(m):
         p.left(m, path, "block of an unsupported family: its submodules are patched one by one")
+    elif name.endswith("ForCausalLM") and _is_hf(m):
+        p.left(m, path, "causal-LM head of an unsupported family: logits and loss as transformers")
