@@ -39,8 +39,10 @@ Sections (``--sections``, comma-separated; default all):
 
 Writes ``models.json`` (every figure and error, an environment fingerprint) and ``models.md``
 (the tables) under ``--out``, and ``models.png`` (tokens/s and memory) with matplotlib.
-A failing case is recorded and the run goes on. About 9 minutes on an H200 with every
-section; ``--sections`` splits it.
+A failing case is recorded and the run goes on. Every section together takes longer than
+one 10-minute call (the torch.compile variants compile for a minute or more per config):
+split it with ``--sections``/``--configs``/``--variants`` and merge the runs' JSON with
+``--merge A/models.json B/models.json ... --out DIR`` (tables and plot of all of them).
 """
 
 from __future__ import annotations
@@ -641,6 +643,13 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--steps", type=int, default=200, help="loss-curve steps")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="models.json files of earlier runs (e.g. one per --sections split): merged into "
+        "--out's models.json, models.md and models.png, nothing run",
+    )
     ap.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -657,6 +666,26 @@ def main() -> None:
             else worker_cold(variant, args.tiny)
         )
         args.worker_out.write_text(json.dumps(res))
+        return
+    if args.merge:
+        merged: dict = {"errors": {}}
+        for path in args.merge:
+            doc = json.loads(path.read_text())
+            merged.setdefault("env", doc.get("env", {}))
+            for key, val in doc.items():
+                if key in ("env", "args", "seconds"):
+                    continue
+                if key == "errors":
+                    merged["errors"].update(val)
+                elif isinstance(val, list):
+                    merged.setdefault(key, []).extend(val)
+                else:
+                    merged[key] = val
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "models.json").write_text(json.dumps(merged, indent=1, default=str))
+        (args.out / "models.md").write_text(markdown(merged))
+        plot(merged, args.out / "models.png")
+        log(markdown(merged))
         return
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
