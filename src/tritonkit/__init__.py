@@ -16,7 +16,8 @@ import importlib
 __version__ = "0.1.0"
 
 # The public subpackages, reachable as attributes after ``import tritonkit``.
-_SUBMODULES = ("functional", "nn", "optim", "quant")
+_SUBMODULES = ("functional", "nn", "optim", "quant", "sparse", "models", "fusion")
+_FROM_MODELS = ("patch", "unpatch")  # tritonkit.models.patch / unpatch
 
 
 def __getattr__(name: str):
@@ -24,6 +25,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'tritonkit' has no attribute {name!r}")
     if name in _SUBMODULES:
         value = importlib.import_module(f"tritonkit.{name}")
+    elif name in _FROM_MODELS:
+        value = getattr(importlib.import_module("tritonkit.models"), name)
     else:
         functional = importlib.import_module("tritonkit.functional")
         if name == "__all__":

@@ -13,4 +13,5 @@ FAMILIES: tuple[str, ...] = (
     "softmax",
     "cross_entropy",
     "attention",
+    "rope",
 )

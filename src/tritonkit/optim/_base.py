@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
+from tritonkit.ops.optim.clip import launch_sum_squares
 from tritonkit.ops.optim.nonfinite import launch_nonfinite_check
 from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, ChunkConfig, TensorTable
 
@@ -259,6 +260,7 @@ class FusedOptimizer(Optimizer):
         self._plans: dict[int, tuple[tuple, list[Plan]]] = {}
         self._version = 0
         self._seed = random.Random(torch.initial_seed()).getrandbits(31)
+        self._clip: torch.Tensor | None = None  # the pending clip's divisor (clip_grad_norm_)
         super().__init__(params, defaults)
         self._step_supports_amp_scaling = True  # GradScaler passes found_inf and grad_scale
 
@@ -327,6 +329,85 @@ class FusedOptimizer(Optimizer):
         return cached[1]
 
     @torch.no_grad()
+    def clip_grad_norm_(
+        self,
+        max_norm: float | torch.Tensor,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over this optimizer's parameters with gradients,
+        fused into the next :meth:`step`.
+
+        The global norm takes one read of the gradients (float32 partial sums per block, no
+        host sync) and is returned now; the clip coefficient ``min(1, max_norm / (norm +
+        1e-6))`` is applied inside the next step's update, which divides each gradient by
+        its inverse as it reads it and writes the clipped gradient back: after the step the
+        gradients hold what ``clip_grad_norm_`` leaves, and the update is the one computed
+        from them. Between this call and the step the gradients are still unclipped; a
+        gradient changed in between is clipped by the coefficient computed here.
+
+        Args:
+            max_norm: the largest global norm kept (a float or a 1-element tensor).
+            norm_type: 2.0 (the Euclidean norm; other norms are not supported).
+            error_if_nonfinite: raise when the norm is NaN or infinite (one host sync), as
+                ``clip_grad_norm_`` does; the pending clip is then dropped.
+
+        Returns:
+            The total norm of the unclipped gradients, a float32 0-d tensor on their device
+            (float32 also for 16-bit gradients, whose norm ``clip_grad_norm_`` returns in
+            their dtype).
+
+        Raises:
+            ValueError: norm_type is not 2; max_norm is negative.
+            RuntimeError: with ``error_if_nonfinite``, a NaN or infinite norm.
+        """
+        op = f"{self.op}.clip_grad_norm_"
+        if float(norm_type) != 2.0:
+            raise ValueError(
+                f"{op}: norm_type must be 2.0 (the fused clip's norm), got {norm_type}"
+            )
+        if not isinstance(max_norm, torch.Tensor) and not max_norm >= 0:
+            raise ValueError(f"{op}: max_norm must be a number >= 0, got {max_norm!r}")
+        plans = [
+            plan
+            for gi, group in enumerate(self.param_groups)
+            for plan in self._group_plans(gi, group)
+        ]
+        if not plans:
+            self._clip = None
+            return torch.tensor(0.0)
+        device = plans[0].table.device
+        sums = []
+        for plan in plans:
+            partials = torch.empty(
+                plan.table.n_chunks, dtype=torch.float32, device=plan.table.device
+            )
+            launch_sum_squares(plan.table, plan.grad_row, plan.p_dtype, partials, self.chunks)
+            sums.append(partials.sum().to(device))
+        total = torch.stack(sums).sum().sqrt() if len(sums) > 1 else sums[0].sqrt()
+        if error_if_nonfinite and not torch.isfinite(total).item():
+            self._clip = None
+            raise RuntimeError(
+                f"{op}: the total norm of order 2.0 for gradients is non-finite, so it cannot "
+                "be clipped. To disable this error and scale the gradients by the non-finite "
+                "norm anyway, set `error_if_nonfinite=False`"
+            )
+        max_norm_t = torch.as_tensor(max_norm, dtype=torch.float32, device=device).reshape(())
+        coef = torch.clamp(max_norm_t / (total + 1e-6), max=1.0)
+        self._clip = torch.reciprocal(coef).reshape(1)  # the step divides by it
+        return total
+
+    def _grad_divisor(self, grad_scale: torch.Tensor | None) -> torch.Tensor | None:
+        """What the step kernels divide the gradients by: GradScaler's scale, a pending
+        clip's inverse coefficient, or both (then consumed)."""
+        clip, self._clip = self._clip, None
+        if clip is None:
+            return grad_scale
+        if grad_scale is None:
+            return clip
+        return (grad_scale.float() * clip.to(grad_scale.device)).reshape(1)
+
+    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimization step over every parameter that has a gradient.
 
@@ -350,8 +431,10 @@ class FusedOptimizer(Optimizer):
             for plan in self._group_plans(gi, group)
         ]
         if not work:
+            self._clip = None
             return loss
         found_inf, grad_scale = scaler_inputs(self)
+        grad_scale = self._grad_divisor(grad_scale)
 
         def name(k: int, i: int) -> str:
             gi, _, plan = work[k]

@@ -1,0 +1,69 @@
+"""The global gradient norm of ``clip_grad_norm_``, as one read of the gradients.
+
+Clipping by the global norm needs every gradient read twice in ``torch.nn.utils``: once for
+the norm, once to multiply it by the clip coefficient (a read and a write), and the optimizer
+then reads it a third time. Here the norm pass writes one float32 partial sum of squares per
+program of the multi-tensor table (4 bytes per ``BLOCK`` gradients); the coefficient is
+computed on the device from their sum, and the step kernels divide the gradient by it as
+they read it (the ``grad_scale`` path GradScaler uses), writing the clipped gradient back as
+``clip_grad_norm_`` leaves it. No host sync anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops.optim.math import entry, load_f32
+from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+
+
+@kernel(do_not_specialize=["n_tensors", "grad_row"])
+def _sum_squares_kernel(
+    chunk_tensor_ptr,  # int32 [n_chunks]: the tensor program c reads
+    chunk_block_ptr,  # int32 [n_chunks]: which BLOCK of it
+    table_ptr,  # int64 [rows, n_tensors]: addresses; the gradients are row grad_row
+    numel_ptr,  # int64 [n_tensors]
+    n_tensors,
+    grad_row,
+    partial_ptr,  # float32 [n_chunks]: sum of squares of program c's block
+    G_DTYPE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    c = tl.program_id(0)
+    t = tl.load(chunk_tensor_ptr + c)
+    start = tl.load(chunk_block_ptr + c).to(tl.int64) * BLOCK
+    n = tl.load(numel_ptr + t)
+    offs = start + tl.arange(0, BLOCK)
+    g_ptr = entry(table_ptr, grad_row, t, n_tensors, G_DTYPE, ALIGNED)
+    if start + BLOCK <= n:  # a full block: unmasked, vectorized loads
+        g = load_f32(g_ptr, offs, None, False)
+    else:
+        g = load_f32(g_ptr, offs, offs < n, True)
+    tl.store(partial_ptr + c, tl.sum(g * g, axis=0))
+
+
+def launch_sum_squares(
+    table: TensorTable,
+    grad_row: int,
+    g_dtype: torch.dtype,
+    partials: torch.Tensor,
+    config: ChunkConfig,
+) -> None:
+    """``partials[c]`` = the sum of squares (float32) of program c's block of ``grad_row``;
+    ``partials`` holds ``table.n_chunks`` float32 values (every one is written)."""
+    _sum_squares_kernel[(table.n_chunks,)](
+        table.chunk_tensor,
+        table.chunk_block,
+        table.table,
+        table.numels,
+        table.n_tensors,
+        grad_row,
+        partials,
+        G_DTYPE=TL_DTYPES[g_dtype],
+        BLOCK=table.block,
+        ALIGNED=table.aligned,
+        num_warps=config.num_warps,
+    )
