@@ -158,6 +158,19 @@ def _scaled_reference(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, bias=Non
 
 
 R, C = 3, 37  # rows and columns: odd, not powers of 2
+
+
+def _heads(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A rope table ((T, D) or (B, T, D), as transformers' rotary modules give it) over x's
+    heads, in x's dtype (tables may be float32 beside 16-bit x)."""
+    return (table if table.dim() == 2 else table.unsqueeze(1)).to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
 M, K, N = 5, 32, 7  # GEMM sizes (K a multiple of 16, as fp8 GEMMs take it)
 LOGITS = (5, 11)
 
@@ -219,6 +232,12 @@ TABLE = [
         lambda d: {"gate": randn(R, C, dtype=d), "up": randn(R, C, dtype=d), "approximate": "none"},
         "geglu", empty=("gate", "up"),
         probes=(Probe("approximate-bad", with_(approximate="fast"), names=("approximate",)),)),
+    Row("rope", tritonkit.rope,  # the tables may be float32 beside 16-bit x: x's dtype out
+        lambda x, cos, sin: x * _heads(cos, x) + _rotate_half(x) * _heads(sin, x),
+        lambda d: {"x": randn(2, 3, 5, 8, dtype=d), "cos": randn(5, 8, dtype=d),
+                   "sin": randn(5, 8, dtype=d)},
+        "rope", empty=("x",), grads=("x",),
+        probes=(Probe("cos-short", with_(cos=lambda kw: kw["cos"][:4]), names=("cos",)),)),
     Row("copy", tritonkit.copy, lambda x: x.clone(), lambda d: {"x": randn(R, C, dtype=d)}, "copy",
         empty=("x",)),
     Row("transpose", tritonkit.transpose, lambda x: x.transpose(-2, -1).contiguous(),

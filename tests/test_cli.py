@@ -326,7 +326,8 @@ def test_package_and_functional_export_the_same_functions():
         n for f in FAMILIES for n in importlib.import_module(f"tritonkit.ops.{f}").__all__
     )
     assert functional.__all__ == family_names
-    assert tritonkit.__all__ == [*family_names, "functional", "nn", "optim", "quant"]
+    assert tritonkit.__all__ == [*family_names, *tritonkit._SUBMODULES]
+    assert {"functional", "nn", "optim", "quant", "sparse", "models"} <= set(tritonkit.__all__)
     for name in functional.__all__:
         assert getattr(tritonkit, name) is getattr(functional, name)
         assert callable(getattr(tritonkit, name)) and getattr(tritonkit, name).__doc__
