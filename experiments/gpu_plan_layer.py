@@ -275,6 +275,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="CPU: check the driver, time nothing")
     p.add_argument("--worker", choices=("host", "answers", "linear"))
     p.add_argument("--tree", type=Path)
+    p.add_argument("--no-linear", action="store_true", help="skip section 6")
     args = p.parse_args()
     if args.worker:
         fn = {"host": _worker_host, "answers": _worker_answers, "linear": _worker_linear}
@@ -297,7 +298,7 @@ def main() -> None:
     result["answers"] = _run_worker(ROOT, "answers", ext["new"])
     print(json.dumps(result["answers"], indent=1), flush=True)
     cache = tempfile.mkdtemp()  # empty for the first process, warm for the second
-    for label in ("empty", "warm"):
+    for label in () if args.no_linear else ("empty", "warm"):
         key = f"linear {label} tuning cache"
         result[key] = _run_worker(ROOT, "linear", ext["new"], {"TRITONKIT_CACHE_DIR": cache})
         print(label, result[key], flush=True)

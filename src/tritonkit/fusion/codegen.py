@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from tritonkit.ops._core.plan import PLANS
+
 # op -> (arity, expression over x, y)
 _EXPR = {
     "add": (2, "({x} + {y})"),
@@ -44,7 +46,6 @@ _EXPR = {
 }
 KINDS = ("full", "scalar", "row")
 _TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16"}
-_CACHE: dict[str, Callable] = {}
 
 
 def supported(op: str) -> bool:
@@ -135,9 +136,7 @@ def generate(
     key = repr((norm, kinds))
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     name = f"fused_{digest}"
-    k = _CACHE.get(name)
-    if k is None:
-        k = _CACHE[name] = _load(_source(norm, kinds, name), name)
+    k = PLANS.get(("fusion.kernel", name), None, lambda: _load(_source(norm, kinds, name), name))
     full = kinds.index("full") if "full" in kinds else None
 
     def run(*tensors: torch.Tensor) -> torch.Tensor:
