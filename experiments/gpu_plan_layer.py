@@ -290,6 +290,7 @@ def main() -> None:
     p.add_argument("--worker", choices=("host", "answers", "linear"))
     p.add_argument("--tree", type=Path)
     p.add_argument("--no-linear", action="store_true", help="skip section 6")
+    p.add_argument("--rounds", type=int, default=2, help="processes per tree, alternated")
     args = p.parse_args()
     if args.worker:
         fn = {"host": _worker_host, "answers": _worker_answers, "linear": _worker_linear}
@@ -305,7 +306,7 @@ def main() -> None:
     ext = {"base": tempfile.mkdtemp(), "new": tempfile.mkdtemp()}
     trees = {"base": args.base.resolve(), "new": ROOT}
     rounds: dict = {"base": [], "new": []}
-    for who in ("base", "new", "base", "new"):
+    for who in ("base", "new") * args.rounds:
         rounds[who].append(_run_worker(trees[who], "host", ext[who]))
         print(who, "host done", flush=True)
     result["host"] = rounds
