@@ -20,6 +20,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "cublas_allow_fp16_reduced": ("torch._C", "_get_cublas_allow_fp16_reduced_precision_reduction"),
     "cublas_allow_bf16_reduced": ("torch._C", "_get_cublas_allow_bf16_reduced_precision_reduction"),
     "cudnn_allow_tf32": ("torch._C", "_get_cudnn_allow_tf32"),
+    "any_autocast": ("torch._C", "_is_any_autocast_enabled"),
     "dispatch_stack_len": ("torch._C", "_len_torch_dispatch_stack"),
     "functorch_stack": ("torch._C._functorch", "peek_interpreter_stack"),
     "after_autograd_keyset": ("torch._C", "_after_autograd_keyset"),
@@ -28,6 +29,7 @@ NAMES: dict[str, tuple[str, str]] = {
     "triton_allocator": ("triton.runtime._allocation", "_allocator"),
     "triton_null_allocator": ("triton.runtime._allocation", "NullAllocator"),
     "environ_data": ("os", "environ._data"),
+    "dynamo": ("torch", "_dynamo"),
     "environ_encodekey": ("os", "environ.encodekey"),
 }
 # CUDA-only names: absent from a CPU build of PyTorch.
@@ -50,6 +52,7 @@ cublas_allow_tf32 = torch._C._get_cublas_allow_tf32
 cublas_allow_fp16_reduced = torch._C._get_cublas_allow_fp16_reduced_precision_reduction
 cublas_allow_bf16_reduced = torch._C._get_cublas_allow_bf16_reduced_precision_reduction
 cudnn_allow_tf32 = torch._C._get_cudnn_allow_tf32
+any_autocast = torch._C._is_any_autocast_enabled
 dispatch_stack_len = torch._C._len_torch_dispatch_stack
 functorch_stack = torch._C._functorch.peek_interpreter_stack
 after_autograd_keyset = torch._C._after_autograd_keyset
@@ -84,6 +87,12 @@ def dispatch_mode_class() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def warm_dispatch_mode() -> None:
+    """Import what a TorchDispatchMode's first dispatch imports (torch._dynamo: hundreds of
+    modules, seconds), so that the first recording under one does not pay it in a call."""
+    import torch._dynamo  # noqa: F401
 
 
 def triton_binder(jit_fn: Any, device: int) -> Any:

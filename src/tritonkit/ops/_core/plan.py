@@ -40,6 +40,7 @@ _tf32 = internals.cublas_allow_tf32
 _fp16_reduced = internals.cublas_allow_fp16_reduced
 _bf16_reduced = internals.cublas_allow_bf16_reduced
 _cudnn_tf32 = internals.cudnn_allow_tf32
+_any_autocast = internals.any_autocast
 _precision = torch.get_float32_matmul_precision
 _deterministic = torch.are_deterministic_algorithms_enabled
 _autocast_on = torch.is_autocast_enabled
@@ -92,10 +93,11 @@ def _autotune() -> str:
 def current_env() -> Env:
     """The snapshot for a call: read once per call, part of every key."""
     autocast = ()
-    if _autocast_on("cuda"):
-        autocast = ("cuda", _autocast_dtype("cuda"))
-    if _autocast_on("cpu"):
-        autocast += ("cpu", _autocast_dtype("cpu"))
+    if _any_autocast():  # one C call in the usual case, autocast off everywhere
+        if _autocast_on("cuda"):
+            autocast = ("cuda", _autocast_dtype("cuda"))
+        if _autocast_on("cpu"):
+            autocast += ("cpu", _autocast_dtype("cpu"))
     return _new_env(  # tuple.__new__: a third of the NamedTuple constructor's cost
         Env,
         (
@@ -111,13 +113,6 @@ def current_env() -> Env:
             _profile_name(),
         ),
     )
-
-
-def tensor_meta(t: torch.Tensor) -> tuple:
-    """What a plan may read of a tensor: shape, strides, dtype, device, gradient flag, and the
-    pointer's residue mod 256 (launchers pick paths by 16-byte alignment and finer residues;
-    the caching allocator aligns to 512)."""
-    return (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad, t.data_ptr() & 255)
 
 
 class PlanCache:

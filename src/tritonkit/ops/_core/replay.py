@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from tritonkit.ops._core.plan import PLANS, current_env, tensor_meta
+from tritonkit.ops._core import internals
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.recording import (  # noqa: F401 (NULLPTR: the tests' launcher)
     _TUNED,
     NULLPTR,
@@ -90,6 +91,7 @@ _builder: threading.Thread | None = None
 def _build() -> None:
     global _ext
     try:
+        internals.warm_dispatch_mode()  # seconds of imports, here rather than in a call
         from torch.utils import cpp_extension
 
         _ext = cpp_extension.load(
@@ -129,7 +131,9 @@ def _key(function: type, args: tuple, grad_mode: bool) -> tuple[tuple | None, li
             tensors.append(a)
             rg = a.requires_grad
             needs_grad = needs_grad or rg
-            parts.append(tensor_meta(a))
+            # shape, strides, dtype, device, gradient flag, the pointer's residue mod 256 (paths
+            # are picked by 16-byte alignment and finer residues; the allocator aligns to 512)
+            parts.append((a.shape, a.stride(), a.dtype, a.get_device(), rg, a.data_ptr() & 255))
         elif isinstance(a, torch.Tensor):  # a subclass: its own dispatch decides
             return None, tensors, _needs_grad(args, grad_mode)
         else:
