@@ -29,7 +29,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "triton_allocator": ("triton.runtime._allocation", "_allocator"),
     "triton_null_allocator": ("triton.runtime._allocation", "NullAllocator"),
     "environ_data": ("os", "environ._data"),
-    "dynamo": ("torch", "_dynamo"),
+    "skip_dynamo_hook": ("torch.utils._python_dispatch", "TorchDispatchMode._should_skip_dynamo"),
+    "extension_build_dir": ("torch.utils.cpp_extension", "_get_build_directory"),
     "environ_encodekey": ("os", "environ.encodekey"),
 }
 # CUDA-only names: absent from a CPU build of PyTorch.
@@ -89,10 +90,11 @@ def dispatch_mode_class() -> type:
     return TorchDispatchMode
 
 
-def warm_dispatch_mode() -> None:
-    """Import what a TorchDispatchMode's first dispatch imports (torch._dynamo: hundreds of
-    modules, seconds), so that the first recording under one does not pay it in a call."""
-    import torch._dynamo  # noqa: F401
+def extension_build_dir(name: str) -> str:
+    """Where torch.utils.cpp_extension builds the extension ``name`` (its lock file there)."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension._get_build_directory(name, False)
 
 
 def triton_binder(jit_fn: Any, device: int) -> Any:

@@ -301,6 +301,13 @@ _PASS = {"detach", "alias", "lift_fresh", "_unsafe_view"}
 
 
 class _Mode(internals.dispatch_mode_class()):
+    # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo unless
+    # it opts out, and that wrapper imports torch._dynamo at its first call: seconds, in the
+    # call being recorded. A recording runs in plain eager mode only, never under Dynamo.
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
     """Sees every ATen op of the recorded call and tells the recording what it must redo."""
 
     def __init__(self, rec: Recording) -> None:

@@ -26,8 +26,12 @@ says why.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,20 +92,44 @@ def extension(wait: bool = False) -> Any:
 _builder: threading.Thread | None = None
 
 
+_NAME = "tritonkit_replay"
+_SOURCE = str(Path(__file__).with_name("replay.cpp"))
+# The compile, in a process of its own: see _build.
+_COMPILE = (
+    "import sys; from torch.utils import cpp_extension; "
+    "cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], extra_cflags=['-O2'])"
+)
+_STALE_LOCK_S = 900  # a build takes a minute or two; a lock older than this was abandoned
+
+
 def _build() -> None:
+    """Compile in a child process of its own session, then load here. A process that exits
+    while the extension compiles (a short script, a test) would kill a compile running on
+    one of its threads and leave torch's build lock behind, on which every later build waits
+    forever; the child finishes the build whatever this process does. A lock left by a
+    killed build is removed once it is older than any build takes."""
     global _ext
     try:
-        internals.warm_dispatch_mode()  # seconds of imports, here rather than in a call
+        lock = Path(internals.extension_build_dir(_NAME)) / "lock"
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+                lock.unlink()
+        subprocess.run(
+            [sys.executable, "-c", _COMPILE, _NAME, _SOURCE],
+            start_new_session=True,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=_STALE_LOCK_S,
+        )
         from torch.utils import cpp_extension
 
         _ext = cpp_extension.load(
-            name="tritonkit_replay",
-            sources=[str(Path(__file__).with_name("replay.cpp"))],
-            extra_cflags=["-O2"],
-            verbose=False,
+            name=_NAME, sources=[_SOURCE], extra_cflags=["-O2"], verbose=False
         )
     except Exception as exc:  # no compiler, no headers: replay stays off, said once
-        STATS.disabled = f"{type(exc).__name__}: {exc}"[:500]
+        detail = getattr(exc, "stderr", None) or exc
+        STATS.disabled = f"{type(exc).__name__}: {detail}"[-500:]
         warnings.warn(
             f"tritonkit: replay disabled, calls take the Python path ({STATS.disabled})",
             stacklevel=2,
