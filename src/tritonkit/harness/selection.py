@@ -12,7 +12,7 @@ The estimate is a cost model in seconds per case, a prior the progress display c
 the time the run's own cases took (``Progress`` with ``expected``). Under the interpreter a
 check costs a fixed part plus a part per element it computes (per multiply-add for a GEMM):
 the constants come from the per-case times of the whole check phase on a 2-core machine
-(docs/performance.md, "The main job's estimate"). On a GPU compilation dominates a cold run:
+(see docs/performance.md). On a GPU compilation dominates a cold run:
 the first case of each (operator, parameters, dtype) compiles its kernels, and each timed mode
 compiles the baselines' (``torch.compile``'s among them).
 """

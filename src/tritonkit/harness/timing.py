@@ -64,8 +64,8 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
 
 # How the L2 is flushed before each sample: "write" zeroes a buffer twice the L2's size (as
 # triton.testing.do_bench does), which leaves the L2 full of dirty lines that the timed call
-# then pays to write back (H200, bf16 (16384, 4096): 3.5-5.5 us per call, a torch copy 67.8 us
-# instead of 64.4; docs/performance.md, "the read flush"); "read" reads the buffer, which
+# then pays to write back, a few microseconds per call of a large copy (see
+# docs/performance.md); "read" reads the buffer, which
 # writes back the previous call's dirty lines before the sample and leaves only clean ones.
 # Both evict the call's inputs.
 FLUSH = "read"

@@ -3,7 +3,7 @@ chooses the launches of one call from the layout, dtypes, the device and a ``Nor
 ``experiments/sweep_norms.py`` sweeps them (its grids are the tuning space).
 
 Knobs ending in ``_ln`` / ``_rms`` are LayerNorm's / RMSNorm's. The measurements behind every
-default are in docs/performance.md, "The norm family's configs".
+default are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def norm_fwd_row_kernel(
     end), then the output, re-reading the row (an L2 hit). LayerNorm shifts by the first
     element (SHIFT) as the other paths do; each lane keeps its mean and M2, by Welford's update
     (WELFORD: fp32 rows) or as sums about its own first value (16-bit rows: cheaper on rows of
-    several chunks (docs/performance.md, "The norm family's configs"), and a first value far
+    several chunks, see docs/performance.md), and a first value far
     off the lane's mean costs fp32 digits that a
     16-bit row does not hold); the lanes are merged by Chan's formula. The saved mean is
     relative to the first-element shift.

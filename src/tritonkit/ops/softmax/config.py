@@ -99,7 +99,7 @@ class SoftmaxConfig:
     Warps are sized so that each thread holds about ``elems_per_thread`` elements of a tile, at
     most ``max_warps``. ``row_backward`` and ``aligned``: the one-row-per-program kernels.
     ``sms``: streaming multiprocessors to size grids for; None: the device's. The measurements
-    behind the defaults: docs/performance.md, "The softmax family's configs".
+    behind the defaults are in docs/performance.md.
     """
 
     max_fused_cols: int = 16384

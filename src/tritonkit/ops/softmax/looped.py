@@ -33,7 +33,7 @@ def output_shift(row_max, row_sum, LOG: tl.constexpr):
     """The one value per row that the output subtracts (softmax_output): log_softmax x - (max
     + log(sum)), softmax exp2(x log2(e) - (max log2(e) + log2(sum))), one FMA and one exp2 per
     element instead of exp(x - max) / sum, which measured faster on wide rows
-    (docs/performance.md, "The softmax family's configs").
+    (see docs/performance.md).
     An all -inf row gives NaN, as PyTorch does (-inf + inf)."""
     if LOG:
         return row_max + tl.log(row_sum)
