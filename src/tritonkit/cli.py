@@ -59,7 +59,7 @@ from tritonkit.harness import quant_report
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from tritonkit.harness.report import _table
+    from tritonkit.harness.report import md_table
     from tritonkit.harness.spec import dtype_name
 
     rows = []
@@ -76,7 +76,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             ]
         )
     print(
-        _table(["operator", "family", "dtypes", "baselines", "variants", "backward", "what"], rows)
+        md_table(
+            ["operator", "family", "dtypes", "baselines", "variants", "backward", "what"], rows
+        )
     )
     return 0
 

@@ -291,28 +291,28 @@ def _ceilings(profile) -> dict[str, Any]:
 
 
 def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
-    from tritonkit.harness.report import _fmt, _ratio, _table
+    from tritonkit.harness.report import fmt, md_table, ratio
 
     rows = []
     for r in bench:
         ours = r["candidates"].get("tritonkit", {})
         if r.get("note") or "median" not in ours:
             continue
-        speed = ", ".join(f"{k} {_ratio(v)}" for k, v in r["speedup"].items())
+        speed = ", ".join(f"{k} {ratio(v)}" for k, v in r["speedup"].items())
         rows.append(
             [
                 r["op"],
                 r["dtype"],
                 r["shape"],
                 r["mode"],
-                _fmt(ours["median"]),
-                _fmt(ours.get("GBps")),
-                _fmt(ours.get("pct_copy_bw")),
+                fmt(ours["median"]),
+                fmt(ours.get("GBps")),
+                fmt(ours.get("pct_copy_bw")),
                 speed,
             ]
         )
     print()
-    print(_table(["op", "dtype", "shape", "mode", "ms", "GB/s", "% copy", "speedup vs"], rows))
+    print(md_table(["op", "dtype", "shape", "mode", "ms", "GB/s", "% copy", "speedup vs"], rows))
     from tritonkit.harness.report import evolution_rows
 
     for r in bench:
@@ -320,7 +320,9 @@ def _print_bench_summary(bench: list[dict[str, Any]]) -> None:
             continue
         print(f"\n{r['op']} {r['shape']} {r['dtype']} {r['mode']}: versions side by side")
         print(
-            _table(["version", "ms", "rate", "% of torch", "gain over previous"], evolution_rows(r))
+            md_table(
+                ["version", "ms", "rate", "% of torch", "gain over previous"], evolution_rows(r)
+            )
         )
 
 

@@ -93,23 +93,23 @@ def failed(rows: list[Row]) -> bool:
 
 
 def render(rows: list[Row], threshold: float) -> str:
-    from tritonkit.harness.report import _fmt, _table
+    from tritonkit.harness.report import fmt, md_table
 
     body = [
         [
             r.case,
-            _fmt(r.old_ms),
-            _fmt(r.new_ms),
+            fmt(r.old_ms),
+            fmt(r.new_ms),
             f"{r.ratio:.3f}" if r.ratio is not None else "n/a",
-            _fmt(r.old_err),
-            _fmt(r.new_err),
+            fmt(r.old_err),
+            fmt(r.new_err),
             r.status.upper()
             if r.status in ("slower", "less accurate", "failed check")
             else r.status,
         ]
         for r in rows
     ]
-    table = _table(
+    table = md_table(
         ["case", "old ms", "new ms", "new / old", "old rel. L2", "new rel. L2", "status"], body
     )
     bad = sum(r.status in ("slower", "less accurate", "failed check") for r in rows)
