@@ -59,7 +59,7 @@ def split_chunk(op: str, n_rows: int, nnz: int, max_row: int, sms: int) -> int:
     block_k = _spmm_block_k(mean)
     if strategy(n_rows, nnz, max_row, block_k) != SPLIT:
         return 0
-    return _chunk(nnz, 8 * sms, block_k, 2048)
+    return _chunk(nnz, 8 * sms, 32, 2048)  # whole BLOCK_K = 32 steps of the split kernel
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,15 @@ class SpmvConfig:
     @classmethod
     def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
         """The config for a matrix whose split chunk (``split_chunk``) is ``chunk``."""
-        # Four (row kernel) or two (split: the scan's state) non-zeros per thread: about 60
-        # registers, four 8-warp programs per SM (sm_90 ptxas; docs/sparse.md).
+        # Tiles of 512 non-zeros on 4 warps, four per thread (about 60 registers, sm_90 ptxas):
+        # the best of the sweep on the uniform and the power-law acceptance matrices, row and
+        # split kernels alike (docs/sparse.md).
         if chunk:
-            return cls(SPLIT, 1, 512, chunk, 8)
+            return cls(SPLIT, 1, 512, chunk, 4)
         block = _spmv_block(nnz / max(n_rows, 1))
-        rows = _clamp(1024 // block, 1, 256)
+        rows = _clamp(512 // block, 1, 256)
         rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
-        return cls(ROWS, rows, block, 0, 8 if rows * block >= 1024 else 4)
+        return cls(ROWS, rows, block, 0, 8 if rows * block > 512 else 4)
 
     def space(self) -> list[SpmvConfig]:
         """The configs a sweep tries for this problem (this one first; same chunk)."""
@@ -112,12 +113,15 @@ class SpmmConfig:
 
     @classmethod
     def heuristic(cls, n_rows: int, n: int, nnz: int, chunk: int) -> SpmmConfig:
-        # One program covers up to 256 columns of B: a gathered row of B is read as one
-        # contiguous run, and the row's columns and values are read once, not once per tile.
-        block_n = _clamp(next_power_of_2(n), 16, 256)
+        # A gathered row of B is read in runs of BLOCK_N columns. The sweep's best on the
+        # acceptance matrices (docs/sparse.md): 128 columns by 16 non-zeros for the row kernel,
+        # 64 by 32 for the split one (its chunks hold rows of every length), on 4 warps.
+        if chunk:
+            return cls(SPLIT, 32, _clamp(next_power_of_2(n), 16, 64), chunk, 4)
+        block_n = _clamp(next_power_of_2(n), 16, 128)
         block_k = _spmm_block_k(nnz / max(n_rows, 1))
         warps = 4 if block_n * block_k <= 2048 else 8
-        return cls(SPLIT if chunk else ROWS, block_k, block_n, chunk, warps)
+        return cls(ROWS, block_k, block_n, chunk, warps)
 
     def space(self) -> list[SpmmConfig]:
         out = [self]
@@ -139,8 +143,9 @@ class SddmmConfig:
 
     @classmethod
     def heuristic(cls, nnz: int, k: int) -> SddmmConfig:
-        block_k = _clamp(next_power_of_2(k), 16, 64)
-        return cls(64 if block_k <= 32 else 32, block_k, 4)
+        # 32 non-zeros by 16 of the inner dimension on 2 warps: the sweep's best at the
+        # acceptance shape (K = 64), 1.7x the wider tiles (docs/sparse.md).
+        return cls(32, 16, 2)
 
     def space(self) -> list[SddmmConfig]:
         out = [self]
