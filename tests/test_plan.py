@@ -323,3 +323,29 @@ def test_two_threads_calling_different_ops(device):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_no_config_dataclass_over_twelve_fields():
+    """Every launch config (a dataclass named ...Config under ops/) has at most twelve fields:
+    a path with more knobs is two kernels, or two configs."""
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tritonkit.ops
+
+    big = []
+    for info in pkgutil.walk_packages(tritonkit.ops.__path__, "tritonkit.ops."):
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == module.__name__
+                and name.endswith("Config")
+            ):
+                n = len(dataclasses.fields(obj))
+                if n > 12:
+                    big.append(f"{module.__name__}.{name}: {n} fields")
+    assert not big, big
