@@ -497,7 +497,7 @@ def write_report(results: dict[str, Any], out_dir: Path, with_json: bool = True)
 
 
 # The README's tables (readme_tables.py), where callers have always found them.
-from tritonkit.harness.readme_tables import (  # noqa: E402
+from tritonkit.harness.readme_tables import (  # noqa: E402, F401
     README_BEGIN,
     README_END,
     README_HOST_BEGIN,
@@ -510,17 +510,3 @@ from tritonkit.harness.readme_tables import (  # noqa: E402
     render_summary_table,
     update_readme,
 )
-
-__all__ = [
-    "README_BEGIN",
-    "README_END",
-    "README_HOST_BEGIN",
-    "README_HOST_END",
-    "README_SUMMARY_BEGIN",
-    "README_SUMMARY_END",
-    "readme_section",
-    "render_host_table",
-    "render_readme_table",
-    "render_summary_table",
-    "update_readme",
-]
