@@ -15,7 +15,7 @@ import torch
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import entry, load_f32
+from tritonkit.ops.optim.math import load_chunk_f32
 from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
 
 
@@ -32,17 +32,11 @@ def _sum_squares_kernel(
     BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    t = tl.load(chunk_tensor_ptr + c)
-    start = tl.load(chunk_block_ptr + c).to(tl.int64) * BLOCK
-    n = tl.load(numel_ptr + t)
-    offs = start + tl.arange(0, BLOCK)
-    g_ptr = entry(table_ptr, grad_row, t, n_tensors, G_DTYPE, ALIGNED)
-    if start + BLOCK <= n:  # a full block: unmasked, vectorized loads
-        g = load_f32(g_ptr, offs, None, False)
-    else:
-        g = load_f32(g_ptr, offs, offs < n, True)
-    tl.store(partial_ptr + c, tl.sum(g * g, axis=0))
+    _, g = load_chunk_f32(
+        chunk_tensor_ptr, chunk_block_ptr, table_ptr, numel_ptr, n_tensors, grad_row,
+        G_DTYPE, BLOCK, ALIGNED,
+    )  # fmt: skip
+    tl.store(partial_ptr + tl.program_id(0), tl.sum(g * g, axis=0))
 
 
 def launch_sum_squares(

@@ -60,3 +60,24 @@ def entry(table_ptr, row, t, n_tensors, DTYPE: tl.constexpr, ALIGNED: tl.constex
     if ALIGNED:
         ptr = tl.multiple_of(ptr, 16)
     return ptr
+
+
+@triton.jit
+def load_chunk_f32(
+    chunk_tensor_ptr, chunk_block_ptr, table_ptr, numel_ptr, n_tensors, row,
+    DTYPE: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+):  # fmt: skip
+    """(t, x): the tensor this program's chunk reads and its BLOCK elements of table ``row``
+    in float32, 0 past the tensor's end (unmasked, vectorized loads for a full block): the
+    prologue of the one-pass reductions over a gradient table (the norm, the finite check)."""
+    c = tl.program_id(0)
+    t = tl.load(chunk_tensor_ptr + c)
+    start = tl.load(chunk_block_ptr + c).to(tl.int64) * BLOCK
+    n = tl.load(numel_ptr + t)
+    offs = start + tl.arange(0, BLOCK)
+    ptr = entry(table_ptr, row, t, n_tensors, DTYPE, ALIGNED)
+    if start + BLOCK <= n:
+        x = load_f32(ptr, offs, None, False)
+    else:
+        x = load_f32(ptr, offs, offs < n, True)
+    return t, x
