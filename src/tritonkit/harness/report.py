@@ -316,8 +316,8 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
 
 def _wall(record: dict[str, Any], baseline: str) -> str:
     """The wall-time speedup of back-to-back calls, where the run measured it."""
-    ratio = record.get("wall_speedup", {}).get(baseline)
-    return f"; wall {ratio(ratio)}" if ratio is not None else ""
+    value = record.get("wall_speedup", {}).get(baseline)
+    return f"; wall {ratio(value)}" if value is not None else ""
 
 
 def _speedup_cell(record: dict[str, Any], baseline: str) -> str:
