@@ -47,8 +47,11 @@ for s in $STEPS; do
       par=()
       python3 -c "import xdist" 2> /dev/null && par=(-n "$workers")
       python3 -c "import pytest_timeout" 2> /dev/null && par+=(--timeout 300)
-      timeout "$(( $(left) - 5 ))" python3 -m pytest -m "not slow" -q -p no:cacheprovider "${par[@]}" \
-        --junitxml="$DIR/tests.xml" --durations=30 tests > "$DIR/tests.log" 2>&1
+      # -v: each outcome is logged as it comes, so a run cut off at the budget still names its
+      # failures (grep -E "FAILED|ERROR" tests.log).
+      timeout "$(( $(left) - 5 ))" python3 -m pytest -m "not slow" -v -p no:cacheprovider \
+        -p no:benchmark "${par[@]}" --junitxml="$DIR/tests.xml" --durations=40 tests \
+        > "$DIR/tests.log" 2>&1
       rc=$? ;;
     *)
       echo "unknown step $s" >&2; rc=2 ;;
