@@ -98,13 +98,18 @@ class PatchReport:
 
     def __str__(self) -> str:
         s = self.summary()
-        lines = ["tritonkit.patch: replaced"]
-        lines += [f"  {n:4d} x {k}: {w}" for (k, w), n in sorted(s["replaced"].items())]
-        if s["already"]:
-            lines.append("already tritonkit")
-            lines += [f"  {n:4d} x {k}: {w}" for (k, w), n in sorted(s["already"].items())]
-        lines.append("left alone")
-        lines += [f"  {n:4d} x {k}: {w}" for (k, w), n in sorted(s["left"].items())]
+        lines = []
+        for title, key in (
+            ("tritonkit.patch: replaced", "replaced"),
+            ("already tritonkit", "already"),
+            ("left alone", "left"),
+        ):
+            if key == "already" and not s[key]:
+                continue
+            lines.append(title)
+            lines += [f"  {n:4d} x {k}: {w}" for (k, w), n in sorted(s[key].items())]
+            if not s[key]:
+                lines.append("     nothing")
         return "\n".join(lines)
 
 
