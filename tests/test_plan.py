@@ -64,7 +64,6 @@ _NOT_PLAN_CACHES = {
     ("ops/_core/device.py", "@functools.cache shared_memory_per_block"),  # hardware facts
     ("ops/_core/device.py", "@functools.cache sm_count"),
     ("harness/spec.py", "_REGISTRY"),  # the OpSpec registry
-    ("models/rules.py", "_GLOBALS"),  # module functions a patch replaced, with their users
     ("harness/timing.py", "@functools.cache _flush_buffer"),  # the bench's L2 flush buffer
     ("specs/_cuda_gelu.py", "@functools.lru_cache(maxsize=1) _module"),  # a compiled baseline
 }

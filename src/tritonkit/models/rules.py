@@ -7,8 +7,8 @@ A module that matches no rule is left as it is and reported with the reason.
 
 from __future__ import annotations
 
+import copy
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +18,7 @@ from torch import nn
 
 import tritonkit
 from tritonkit.models.loss import linear_cross_entropy
-from tritonkit.models.patching import Patcher, original_forward
+from tritonkit.models.patching import Patcher, model_device, original_forward, with_globals
 
 # Families whose decoder layer is ``x + attn(norm(x))`` then ``h + mlp(norm(h))`` with
 # RMSNorms ``weight * normalize(x)`` and gated MLPs ``down(act(gate(x)) * up(x))``.
@@ -32,11 +32,44 @@ PRE_NORM_BLOCKS = {"GPT2Block"}
 # Activation modules -> the tritonkit activation (as a GELU approximation name where GELU).
 _TANH_GELUS = {"NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActivation"}
 _LEFT_REASONS = {
-    "Linear": "GEMM left on PyTorch (cuBLAS)",
-    "Conv1D": "GEMM left on PyTorch (cuBLAS)",
+    "Linear": "GEMM left on PyTorch",
+    "Conv1D": "GEMM left on PyTorch",
     "Embedding": "no tritonkit kernel (a gather)",
     "Dropout": "no tritonkit dropout + residual + norm kernel; PyTorch's dropout",
 }
+
+
+def _gemm_library(device: torch.device | None) -> str:
+    """What runs PyTorch's GEMMs on ``device``, for the report."""
+    if device is None:
+        return ""
+    if device.type == "cuda":
+        return " (rocBLAS/hipBLASLt)" if torch.version.hip else " (cuBLAS)"
+    if device.type == "cpu":
+        return " (its CPU GEMM)"
+    return f" (its {device.type} GEMM)"
+
+
+def _sdpa_words(device: torch.device | None) -> str:
+    """Which kernel PyTorch's SDPA runs on ``device`` under the ``sdpa`` routes."""
+    if device is not None and device.type == "cuda" and not torch.version.hip:
+        return "SDPA, cuDNN then flash"
+    if device is not None and device.type == "cuda":
+        return "SDPA, backends in tritonkit's order"
+    where = "the CPU" if device is None or device.type == "cpu" else device.type
+    return f"SDPA, PyTorch's kernel for {where}"
+
+
+def _tritonkit_kind(module: nn.Module) -> str | None:
+    """``"tritonkit.nn.Linear"`` for a module whose class is tritonkit's own; None otherwise."""
+    cls = type(module)
+    if not cls.__module__.startswith("tritonkit."):
+        return None
+    import tritonkit.nn as tk_nn
+
+    if getattr(tk_nn, cls.__name__, None) is cls:
+        return f"tritonkit.nn.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _activation_of(module: nn.Module) -> str | None:
@@ -217,9 +250,24 @@ def cross_entropy_loss_forward(self, input: torch.Tensor, target: torch.Tensor) 
     )
 
 
-def _causal_lm_forward(binder: Binder, base: str, skip_logits: bool, lm_loss: bool) -> Callable:
-    """A causal LM's forward whose loss (with labels, in training or with ``skip_logits``) is
-    computed from the last hidden states by :func:`linear_cross_entropy`: no logits."""
+def _loss_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, reduction: str
+) -> torch.Tensor:
+    """transformers' causal-LM loss (float32, as its ``logits.float()`` gives) on tritonkit's
+    cross-entropy, which reads 16-bit logits as they are: no float32 copy of them."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    # Under autocast tritonkit's cross-entropy returns a float32 loss from 16-bit logits.
+    with torch.autocast(logits.device.type, dtype=logits.dtype, enabled=half):
+        loss = tritonkit.cross_entropy(flat, labels.reshape(-1), None, ignore_index, reduction)
+    return loss.float()
+
+
+def _causal_lm_forward(binder: Binder, base: str, logits_mode: str, lm_loss: bool) -> Callable:
+    """A causal LM's forward whose loss (with labels) is computed by tritonkit's kernels:
+    from the last hidden states by :func:`linear_cross_entropy` without the logits (training,
+    or any mode with ``logits_mode="never"``), or from the logits it returns by tritonkit's
+    cross-entropy (``logits_mode="always"``). Eval mode with ``"eval"``: the class's own."""
 
     def forward(self, *args: Any, **kwargs: Any):
         bound = binder.bind(args, kwargs)
@@ -228,15 +276,15 @@ def _causal_lm_forward(binder: Binder, base: str, skip_logits: bool, lm_loss: bo
         a, extra = dict(bound[0]), bound[1]
         labels = a.pop("labels", None)
         keep = a.pop("logits_to_keep", 0)
-        fused = (
+        ours = (
             labels is not None
-            and (self.training or skip_logits)
+            and lm_loss
             and isinstance(keep, int)
             and keep == 0
             and extra.get("return_dict", True) is not False
-            and lm_loss
+            and (self.training or logits_mode != "eval")
         )
-        if not fused:
+        if not ours:
             return original_forward(self)(*args, **kwargs)
         outputs = getattr(self, base)(**a, **extra)
         hidden = outputs[0]
@@ -248,19 +296,24 @@ def _causal_lm_forward(binder: Binder, base: str, skip_logits: bool, lm_loss: bo
         head = self.get_output_embeddings()
         n_items = extra.get("num_items_in_batch")
         reduction = "mean" if n_items is None else "sum"
-        loss = linear_cross_entropy(
-            hidden, head.weight, shift_labels, head.bias, ignore_index, reduction
-        )
+        logits = None
+        if logits_mode == "always":
+            logits = head(hidden)
+            loss = _loss_from_logits(logits, shift_labels, ignore_index, reduction)
+        else:
+            loss = linear_cross_entropy(
+                hidden, head.weight, shift_labels, head.bias, ignore_index, reduction
+            )
         if n_items is not None:
             if torch.is_tensor(n_items):
                 n_items = n_items.to(loss.device)
             loss = loss / n_items
-        return _lm_output(outputs, loss)
+        return _lm_output(outputs, loss, logits)
 
     return forward
 
 
-def _lm_output(outputs: Any, loss: torch.Tensor):
+def _lm_output(outputs: Any, loss: torch.Tensor, logits: torch.Tensor | None):
     """The causal-LM output class the model would return, with the base model's fields (their
     names differ across transformers versions: ``past_key_values`` or ``cache``)."""
     from transformers import modeling_outputs
@@ -273,16 +326,16 @@ def _lm_output(outputs: Any, loss: torch.Tensor):
         for f in cls.__dataclass_fields__
         if f not in ("loss", "logits") and f in getattr(outputs, "__dataclass_fields__", {})
     }
-    return cls(loss=loss, logits=None, **fields)
+    return cls(loss=loss, logits=logits, **fields)
 
 
-# -- module-level functions (shared by every model of a family) ---------------------------------
-
-# (module name, function name) -> [the original function, how many patched models use ours]
-_GLOBALS: dict[tuple[str, str], list] = {}
+# -- the rotary embedding, per attention module ------------------------------------------------
 
 
 def _rope_function(original: Callable) -> Callable:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` on tritonkit's
+    kernel, and ``original`` for any other calling convention."""
+
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         unsqueeze_dim = kwargs.get("unsqueeze_dim", args[-1] if args else 1)
         ok = (
@@ -305,47 +358,16 @@ def _rope_function(original: Callable) -> Callable:
     return apply_rotary_pos_emb
 
 
-def _patch_global(p: Patcher, module_name: str, name: str, make: Callable) -> bool:
-    """Replace ``module_name.name`` while any patched model needs it (reference counted)."""
-    module = sys.modules.get(module_name)
-    if module is None or not callable(getattr(module, name, None)):
-        return False
-    key = (module_name, name)
-    entry = _GLOBALS.get(key)
-    if entry is None:
-        original = getattr(module, name)
-        entry = _GLOBALS[key] = [original, 0]
-        setattr(module, name, make(original))
-    entry[1] += 1
-
-    def release() -> None:
-        entry[1] -= 1
-        if entry[1] == 0:
-            setattr(module, name, entry[0])
-            del _GLOBALS[key]
-
-    p.on_restore.append(release)
-    return True
-
-
-def _patch_rope(p: Patcher) -> None:
-    done = set()
-    for path, m in p.model.named_modules():
-        name = type(m).__name__
-        if not (name.endswith("Attention") and name.removesuffix("Attention") in _LLAMA_LIKE):
-            continue
-        mod = type(m).__module__
-        if mod in done:
-            continue
-        done.add(mod)
-        if _patch_global(p, mod, "apply_rotary_pos_emb", _rope_function):
-            p.replaced(
-                m,
-                path,
-                "apply_rotary_pos_emb -> tritonkit.rope (module-level: the family's models)",
-            )
-        else:
-            p.left(m, path, "rotary embedding: no apply_rotary_pos_emb in its module")
+def _rope_forward(cls: type, cache: dict) -> Callable | None:
+    """The class's forward, copied with its global ``apply_rotary_pos_emb`` bound to
+    tritonkit's (the modeling module and the class are left as they are, so other instances,
+    patched or not, never see it); None when the forward does not call that function."""
+    if cls not in cache:
+        inner = inspect.unwrap(cls.forward)
+        original = getattr(inner, "__globals__", {}).get("apply_rotary_pos_emb")
+        rope = _rope_function(original) if callable(original) else None
+        cache[cls] = with_globals(cls.forward, {"apply_rotary_pos_emb": rope}) if rope else None
+    return cache[cls]
 
 
 # -- the walk ------------------------------------------------------------------------------------
@@ -359,15 +381,26 @@ def _is_hf(module: nn.Module) -> bool:
     return type(module).__module__.startswith("transformers.")
 
 
-def _patch_attention(p: Patcher) -> None:
-    """Switch each Hugging Face config on sdpa (or eager without attention outputs) to the
-    chosen route."""
-    choice = p.options.attention
-    configs = {}
+def _attention_modules(p: Patcher) -> dict[int, tuple[Any, list[tuple[str, nn.Module]]]]:
+    """Hugging Face configs with an attention implementation -> (the config, the attention
+    modules that read it: ``*Attention`` modules holding it as ``config``)."""
+    found: dict[int, tuple[Any, list]] = {}
     for path, m in p.model.named_modules():
-        cfg = getattr(m, "config", None)
-        if _is_hf(m) and hasattr(cfg, "_attn_implementation") and id(cfg) not in configs:
-            configs[id(cfg)] = (path, m, cfg)
+        cfg = m.__dict__.get("config")
+        if _is_hf(m) and hasattr(cfg, "_attn_implementation"):
+            entry = found.setdefault(id(cfg), (cfg, []))
+            if type(m).__name__.endswith("Attention"):
+                entry[1].append((path, m))
+    return found
+
+
+def _patch_attention(p: Patcher) -> None:
+    """Route each Hugging Face attention module whose config says sdpa (or eager without
+    attention outputs) to the chosen implementation, through a copy of the config set on the
+    module: the model's config (maybe shared with other models) is not changed, and the masks
+    are still built for the implementation it names."""
+    choice = p.options.attention
+    configs = _attention_modules(p)
     if not configs:
         return
     if choice != "keep":
@@ -379,36 +412,68 @@ def _patch_attention(p: Patcher) -> None:
             "sdpa_repeat_kv": attention.REPEAT_KV_NAME,
             "tritonkit": attention.FLASH_NAME,
         }[choice]
-    for path, m, cfg in configs.values():
+        if choice == "tritonkit":
+            route = "tritonkit.attention"
+        else:
+            route = _sdpa_words(model_device(p.model))
+            if choice == "sdpa_repeat_kv":
+                route += ", K/V repeated"
+    for cfg, modules in configs.values():
         current = cfg._attn_implementation
+        if not modules:
+            continue  # a config only the model-level modules read (masks, caches)
+        path, m = modules[0]
         if choice == "keep":
             p.left(m, path, f"attention kept ({current!r}: patch(attention='keep'))")
         elif current in ("sdpa", "eager") and not getattr(cfg, "output_attentions", False):
-            p.set_attr(cfg, "_attn_implementation", name)
-            route = "tritonkit.attention" if choice == "tritonkit" else "SDPA, cuDNN then flash"
-            p.replaced(m, path, f"attention {current!r} -> {name!r} ({route})")
+            routed = copy.copy(cfg)
+            # The dict form sets this config's implementation only, not its sub-configs'
+            # (objects the copy shares with the original).
+            routed._attn_implementation = {"": name}
+            for path, m in modules:
+                p.set_attr(m, "config", routed)
+                p.replaced(m, path, f"attention {current!r} -> {name!r} ({route})")
         else:
             p.left(m, path, f"attention {current!r} kept (only sdpa/eager are rerouted)")
+
+
+_LOSS_WHAT = {
+    "eval": "loss with labels: linear + cross-entropy, no logits in training (logits='eval')",
+    "always": "loss with labels: tritonkit.cross_entropy on the logits (logits='always')",
+    "never": "loss with labels: linear + cross-entropy, no logits (logits='never')",
+}
 
 
 def apply(p: Patcher) -> None:
     """Every rule, over every module of ``p.model``."""
     o = p.options
     _patch_attention(p)
-    if o.rope:
-        _patch_rope(p)
+    rope_forwards: dict[type, Callable | None] = {}
     for path, m in p.model.named_modules():
         if id(m) in p.done:
             continue
         name = type(m).__name__
+        kind = _tritonkit_kind(m)
+        if kind is not None:
+            p.already(path, kind, "a tritonkit module: its forward runs tritonkit's kernels")
+            p.done.update(id(c) for c in m.modules())
+            continue
         if name in CAUSAL_LMS:
             if o.loss:
                 base = getattr(m, "base_model_prefix", "model")
                 # Read once here: the property logs a warning on some configs, which would
                 # break a torch.compile graph if read on every call.
                 lm_loss = getattr(m.loss_function, "__name__", "") == "ForCausalLMLoss"
-                fwd = _causal_lm_forward(_binder(m), base, o.skip_logits, lm_loss)
-                p.set_forward(m, path, fwd, "loss: linear + cross-entropy without logits")
+                fwd = _causal_lm_forward(_binder(m), base, o.logits, lm_loss)
+                p.set_forward(m, path, fwd, _LOSS_WHAT[o.logits])
+            continue
+        if name.removesuffix("Attention") in _LLAMA_LIKE and name.endswith("Attention"):
+            if o.rope:
+                fwd = _rope_forward(type(m), rope_forwards)
+                if fwd is not None:
+                    p.set_forward(m, path, fwd, "rotary embedding: tritonkit.rope")
+                else:
+                    p.left(m, path, "rotary embedding: its forward calls no apply_rotary_pos_emb")
             continue
         if name in DECODER_LAYERS and o.residual:
             p.set_forward(
@@ -461,7 +526,10 @@ def _report_left(p: Patcher, path: str, m: nn.Module) -> None:
                 if isinstance(m, nn.Linear)
                 else ("Embedding" if isinstance(m, nn.Embedding) else "Dropout")
             )
-        p.left(m, path, _LEFT_REASONS[key])
+        reason = _LEFT_REASONS[key]
+        if key in ("Linear", "Conv1D"):
+            reason += _gemm_library(model_device(p.model))
+        p.left(m, path, reason)
     elif "RotaryEmbedding" in name:
         p.left(m, path, "rotary cos/sin table, computed once per forward by PyTorch")
     elif "RMSNorm" in name or "LayerNorm" in name:
