@@ -156,7 +156,7 @@ def test_all_reduce_on_two_ranks(monkeypatch):
     if torch.cuda.device_count() >= 2:
         device = torch.device("cuda")
     else:
-        device = torch.device("cpu")
+        device = torch.device("cpu")  # host: gloo ranks, under the interpreter
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     failed = _failures(demo.ALL_REDUCE, device, cases=("random", "slice", "specials"))
     assert not failed, "\n".join(f"{r.shape} {r.case}: {r.detail}" for r in failed[:5])
