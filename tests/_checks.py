@@ -1,9 +1,14 @@
-"""Shared test helpers: the check engine on one operator, saved tensors, the compile backend."""
+"""Shared test helpers: the device, the check engine on one operator, saved tensors, the compile
+backend."""
 
 import torch
 
 from tritonkit.harness.check import check_spec, fresh_seed
 from tritonkit.harness.spec import get_spec
+
+# Where the tests run: CUDA where there is one, else the CPU under Triton's interpreter (which
+# conftest.py turns on before tritonkit is imported). The ``device`` fixture returns it.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def assert_spec_passes(name: str, device, **kwargs) -> None:

@@ -9,7 +9,7 @@ import tritonkit
 from tritonkit import _autocast
 from tritonkit.harness.check import fresh_seed
 
-from _checks import compile_backend
+from _checks import DEVICE, compile_backend
 
 # F.rms_norm's own note that float32 weights beside 16-bit rows take its unfused path
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
@@ -82,14 +82,15 @@ CASES = {
         lambda x: F.cross_entropy(x, TARGET.to(x.device), reduction="none"),
     ),
 }
-TARGET = torch.tensor([0, 5, 32, -100, 7, 7, 1])
+TARGET = torch.tensor([0, 5, 32, -100, 7, 7, 1], device=DEVICE)
 
 
 def _run(fn, inputs, device, lp, n_diff):
     leaves = [t.clone().requires_grad_(i < n_diff) for i, t in enumerate(inputs)]
     with torch.autocast(device.type, dtype=lp):
         out = fn(*leaves)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    gen = torch.Generator(device=out.device).manual_seed(1)
+    g = torch.randn(out.shape, generator=gen, device=out.device).to(out.dtype)
     return out, torch.autograd.grad(out, leaves[:n_diff], g)
 
 
@@ -115,13 +116,14 @@ def test_autocast_matches_pytorch(name, compiled, device):
 
 
 def test_autocast_policy_follows_pytorch_tables():
-    """Off outside autocast; float64 and integer tensors are never cast."""
-    x = torch.randn(2, 2)
+    """Off outside autocast; float64 and integer tensors are never cast. (The policy tables of
+    CPU autocast, on CPU tensors: no kernel runs.)"""
+    x = torch.randn(2, 2)  # host: CPU autocast's policy
     assert _autocast.autocast_dtype("linear", x) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _autocast.autocast_dtype("linear", x) == torch.bfloat16
         assert _autocast.autocast_dtype("cross_entropy", x) == torch.float32
         assert _autocast.autocast_dtype("softmax", x) is None  # CUDA's list only
         assert _autocast.autocast_dtype("gelu", x) is None
-    d, i = torch.randn(2, dtype=torch.float64), torch.arange(2)
+    d, i = torch.randn(2, dtype=torch.float64), torch.arange(2)  # host: as x
     assert _autocast.cast(torch.bfloat16, d, i, None, x)[:3] == (d, i, None)

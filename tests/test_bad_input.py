@@ -33,11 +33,12 @@ import tritonkit
 from tritonkit.harness.check import compare
 from tritonkit.harness.spec import DEFAULT_TOLERANCES, get_spec
 
+from _checks import DEVICE
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 CLEAR = (TypeError, ValueError, NotImplementedError, IndexError)
 SEED = int(os.environ.get("TRITONKIT_SEED", int.from_bytes(os.urandom(3), "little")))
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def _int8_reference(a, b, scale_a=None, scale_b=None, out_dtype=torch.int32):
         if out_dtype != torch.int32:
             raise ValueError("out_dtype other than int32 needs scales")
         # Exact, as torch._int_mm; int64 products on the CPU (CUDA has no int64 matmul).
-        host = a.device if a.device.type != "cuda" else torch.device("cpu")
+        host = a.device if a.device.type != "cuda" else torch.device("cpu")  # host: int64 @
         return (a.to(host).long() @ b.to(host).long()).to(torch.int32).to(a.device)
     if out_dtype not in FLOATS:
         raise ValueError(f"a dequantised output must be a float dtype, got {out_dtype}")

@@ -14,7 +14,7 @@ import torch
 
 import tritonkit
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+pytestmark = pytest.mark.gpu  # CUDA graphs
 
 SHAPE = (64, 3000)
 

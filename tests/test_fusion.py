@@ -35,19 +35,20 @@ class _Mixed(nn.Module):
         return z, att, d, h
 
 
-def _inputs(dtype=torch.float32):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 5, 24, generator=g).to(dtype)
-    scale = torch.randn(24, generator=g).to(dtype)
-    q = torch.randn(1, 2, 7, 16, generator=g).to(dtype)
-    kt = torch.randn(1, 2, 16, 7, generator=g).to(dtype)
-    v = torch.randn(1, 2, 7, 16, generator=g).to(dtype)
+def _inputs(device, dtype=torch.float32):
+    g = torch.Generator(device=device).manual_seed(0)
+    kw = {"generator": g, "device": device, "dtype": dtype}
+    x = torch.randn(3, 5, 24, **kw)
+    scale = torch.randn(24, **kw)
+    q = torch.randn(1, 2, 7, 16, **kw)
+    kt = torch.randn(1, 2, 16, 7, **kw)
+    v = torch.randn(1, 2, 7, 16, **kw)
     return (x, scale, q, kt, v)
 
 
-def test_groups_patterns_and_explain():
+def test_groups_patterns_and_explain(device):
     torch.manual_seed(0)
-    fp = plan(_Mixed(), _inputs(), PARAMS)
+    fp = plan(_Mixed().to(device), _inputs(device), PARAMS)
     found = {(e.group.kind, e.group.pattern) for e in fp.entries}
     assert ("epilogue", "tritonkit.linear") in found
     assert ("prologue", "tritonkit.add_layer_norm") in found
@@ -62,10 +63,10 @@ def test_groups_patterns_and_explain():
         assert e.reason
 
 
-def test_apply_gives_the_module_outputs():
+def test_apply_gives_the_module_outputs(device):
     torch.manual_seed(1)
-    module = _Mixed()
-    inputs = _inputs()
+    module = _Mixed().to(device)
+    inputs = _inputs(device)
     with torch.no_grad():
         ref = module(*inputs)
         fp = plan(module, inputs, CostParams(3000.0, 5.0, 4.0, 700.0, 400.0, min_saving_us=0.0))
@@ -78,13 +79,13 @@ def test_apply_gives_the_module_outputs():
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
-def test_cost_accounting_and_decline():
+def test_cost_accounting_and_decline(device):
     class Chain(nn.Module):
         def forward(self, x, y):
             return torch.relu(x * 2.0 + 1.0) * y
 
     n = 64 * 1024
-    x = torch.randn(64, 1024)
+    x = torch.randn(64, 1024, device=device)
     fp = plan(Chain(), (x, x.clone()), PARAMS)
     (e,) = fp.entries
     est = e.estimate
@@ -101,7 +102,7 @@ def test_cost_accounting_and_decline():
     assert not e2.fuse and "predicted saving" in e2.reason
 
 
-def test_single_op_and_unsupported_broadcast_are_declined():
+def test_single_op_and_unsupported_broadcast_are_declined(device):
     class Single(nn.Module):
         def forward(self, x):
             return torch.relu(x)
@@ -110,19 +111,21 @@ def test_single_op_and_unsupported_broadcast_are_declined():
         def forward(self, x, c):
             return torch.relu(x * c)
 
-    (e,) = plan(Single(), (torch.randn(4, 8),), PARAMS).entries
+    (e,) = plan(Single(), (torch.randn(4, 8, device=device),), PARAMS).entries
     assert not e.fuse and "nothing to fuse" in e.reason
-    (e,) = plan(Cols(), (torch.randn(4, 8), torch.randn(4, 1)), PARAMS).entries
+    x, c = torch.randn(4, 8, device=device), torch.randn(4, 1, device=device)
+    (e,) = plan(Cols(), (x, c), PARAMS).entries
     assert not e.fuse and e.fused is None and "broadcasts" in e.reason
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_generated_kernel_matches_torch(dtype):
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(7, 33, generator=g).to(dtype)
-    y = torch.randn(33, 7, generator=g).to(dtype).t()  # non-contiguous
-    row = torch.randn(33, generator=g).to(dtype)
-    one = torch.randn(1, generator=g).to(dtype)
+def test_generated_kernel_matches_torch(dtype, device):
+    g = torch.Generator(device=device).manual_seed(2)
+    kw = {"generator": g, "device": device, "dtype": dtype}
+    x = torch.randn(7, 33, **kw)
+    y = torch.randn(33, 7, **kw).t()  # non-contiguous
+    row = torch.randn(33, **kw)
+    one = torch.randn(1, **kw)
     x[0, 0] = float("nan")
     steps = [
         ("mul", ["a0", "a2"]),
@@ -148,8 +151,9 @@ def test_generated_kernel_matches_torch(dtype):
         generate(["erfinv"], [("full", dtype)], dtype)
 
 
-def test_plan_bad_arguments():
+def test_plan_bad_arguments(device):
+    x = torch.randn(2, device=device)
     with pytest.raises(TypeError, match=r"nn\.Module"):
-        plan(lambda x: x, (torch.randn(2),))
+        plan(lambda x: x, (x,))
     with pytest.raises(TypeError, match="tuple"):
-        plan(nn.ReLU(), torch.randn(2))
+        plan(nn.ReLU(), x)

@@ -13,10 +13,11 @@ from tritonkit.harness.spec import SQNR, Exact, Tolerance
 from tritonkit.specs._common import read_write_bytes
 
 import _workbench_specs as demo
+from _checks import DEVICE
 
 
-def _failures(spec, **kwargs):
-    results = check_spec(spec, device="cpu", seed=fresh_seed(), **kwargs)
+def _failures(spec, device=DEVICE, **kwargs):
+    results = check_spec(spec, device=device, seed=fresh_seed(), **kwargs)
     assert results, f"{spec.name}: no checks ran"
     return [r for r in results if not r.passed and not r.skipped]
 
@@ -33,8 +34,8 @@ def test_demo_specs_pass(spec):
 def test_mutated_inputs_are_compared_and_copied_per_run():
     """An in-place op that writes nothing or a wrong value fails; the caller's inputs are never
     changed (every run gets copies of its own)."""
-    x = torch.randn(9)
-    y = torch.randn(9)
+    x = torch.randn(9, device=DEVICE)
+    y = torch.randn(9, device=DEVICE)
     before = y.clone()
     lazy = dataclasses.replace(demo.AXPY, impl=lambda y, x, alpha=0.5: None)
     assert _failures(lazy, cases=("random",))
@@ -65,7 +66,7 @@ def test_mutating_specs_have_no_backward():
 
 
 def test_read_write_bytes_counts_mutated_inputs_twice():
-    y, x = torch.empty(10), torch.empty(10, dtype=torch.float16)
+    y, x = torch.empty(10, device=DEVICE), torch.empty(10, dtype=torch.float16, device=DEVICE)
     assert read_write_bytes((y, x, 0.5), (0,)) == 40 + 20 + 40
 
 
@@ -73,17 +74,17 @@ def test_read_write_bytes_counts_mutated_inputs_twice():
 
 
 def test_exact_metric_names_the_first_difference():
-    ref = torch.arange(10, dtype=torch.float64)
-    ours = torch.arange(10, dtype=torch.int32)
+    ref = torch.arange(10, dtype=torch.float64, device=DEVICE)
+    ours = torch.arange(10, dtype=torch.int32, device=DEVICE)
     assert compare(ours, ref, ours, None).passed  # integer outputs: Exact by default
     ours[7] = 8
     o = compare(ours, ref, ours, None)
     assert not o.passed and "1 of 10 elements" in o.detail and "index [7]" in o.detail
     # a floating output judged Exact: NaN matches NaN, one rounding step does not
-    f = torch.tensor([1.0, float("nan")], dtype=torch.float16)
-    r = torch.tensor([1.0, float("nan")], dtype=torch.float64)
+    f = torch.tensor([1.0, float("nan")], dtype=torch.float16, device=DEVICE)
+    r = torch.tensor([1.0, float("nan")], dtype=torch.float64, device=DEVICE)
     assert compare(f, r, f, None, {0: Exact()}).passed
-    f2 = torch.tensor([1.0 + 2**-10, float("nan")], dtype=torch.float16)
+    f2 = torch.tensor([1.0 + 2**-10, float("nan")], dtype=torch.float16, device=DEVICE)
     assert not compare(f2, r, f2, None, {0: Exact()}).passed
 
 
@@ -96,15 +97,15 @@ def test_an_off_by_one_integer_kernel_fails():
 
 
 def test_floating_output_without_a_tolerance_says_so():
-    ours = torch.ones(4)
+    ours = torch.ones(4, device=DEVICE)
     o = compare(ours, ours.double(), ours, None)
     assert not o.passed and "no tolerance" in o.detail
 
 
 def test_sqnr_and_percentiles():
-    gen = torch.Generator().manual_seed(0)
-    ref = torch.randn(4096, generator=gen, dtype=torch.float64)
-    noise = torch.randn(4096, generator=gen, dtype=torch.float64)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    ref = torch.randn(4096, generator=gen, dtype=torch.float64, device=DEVICE)
+    noise = torch.randn(4096, generator=gen, dtype=torch.float64, device=DEVICE)
     ours = (ref + 0.01 * noise).float()
     expected = 10 * math.log10(ref.square().sum() / (0.01 * noise).square().sum())
     assert sqnr_db(ours, ref) == pytest.approx(expected, abs=0.01)
@@ -138,7 +139,7 @@ def test_a_coarser_quantizer_fails_its_sqnr():
 
 
 def test_sqnr_results_carry_percentiles():
-    results = check_spec(demo.QUANT_ROWS, device="cpu", seed=1, cases=("random",))
+    results = check_spec(demo.QUANT_ROWS, device=DEVICE, seed=1, cases=("random",))
     assert results and all(r.passed for r in results)
     assert all(r.sqnr_db > 35 and 0 < r.err_p50 <= r.err_p99 <= 0.5001 for r in results)
 
@@ -147,12 +148,19 @@ def test_sqnr_results_carry_percentiles():
 
 
 @pytest.mark.slow
-def test_all_reduce_on_two_gloo_ranks():
-    """The spec runs on two spawned ranks (gloo): it passes, and a kernel that returns its own
-    rank's input instead of the sum fails on both ranks."""
-    failed = _failures(demo.ALL_REDUCE, cases=("random", "slice", "specials"))
+def test_all_reduce_on_two_ranks(monkeypatch):
+    """The spec runs on two spawned ranks: it passes, and a kernel that returns its own rank's
+    input instead of the sum fails on both ranks. With two GPUs the ranks run on them (nccl);
+    otherwise on the CPU (gloo) under the interpreter, which the spawned ranks inherit from
+    this process's environment (set here for a machine with one GPU)."""
+    if torch.cuda.device_count() >= 2:
+        device = torch.device("cuda")
+    else:
+        device = torch.device("cpu")  # host: gloo ranks, under the interpreter
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    failed = _failures(demo.ALL_REDUCE, device, cases=("random", "slice", "specials"))
     assert not failed, "\n".join(f"{r.shape} {r.case}: {r.detail}" for r in failed[:5])
-    failed = _failures(demo.ALL_REDUCE_WRONG, cases=("random",))
+    failed = _failures(demo.ALL_REDUCE_WRONG, device, cases=("random",))
     assert failed and all("rank 0:" in r.detail and "rank 1:" in r.detail for r in failed)
 
 

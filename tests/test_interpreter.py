@@ -11,9 +11,8 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core import interpreter
-from tritonkit.ops._core.device import interpreter_enabled
 
-pytestmark = pytest.mark.skipif(not interpreter_enabled(), reason="the CPU interpreter only")
+pytestmark = pytest.mark.interpreter  # the interpreter's own numerics
 
 
 @triton.jit

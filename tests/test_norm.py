@@ -34,7 +34,7 @@ from tritonkit.ops.norm.launches import (
 from tritonkit.ops.norm.plan import forward_plan
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
 
-from _checks import assert_spec_passes, compile_backend
+from _checks import DEVICE, assert_spec_passes, compile_backend
 
 pytestmark = pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 
@@ -297,7 +297,7 @@ def test_row_forward_routing():
     fc = NORM.forward
 
     def takes(shape, dtype=bf16, rms=False, residual=False, transpose=False):
-        x = torch.empty(shape[::-1] if transpose else shape, dtype=dtype)
+        x = torch.empty(shape[::-1] if transpose else shape, dtype=dtype, device=DEVICE)
         x = x.t() if transpose else x
         return forward_plan(x, x if residual else None, None, None, 1, 1e-5, rms, None).row_kernel
 
@@ -511,8 +511,8 @@ def _grads(fn, inputs, g=None):
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
     if g is None:
-        # drawn on the CPU (a CPU generator), then moved: the same gradient on any device
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.device)
+        gen = torch.Generator(device=out.device).manual_seed(0)
+        g = torch.randn(out.shape, generator=gen, device=out.device)
     return out, torch.autograd.grad(out, leaves, g.to(out.dtype))
 
 
@@ -850,17 +850,19 @@ def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, de
     )
 
 
-def test_rms_norm_reaches_its_launch_through_five_files(device):
-    """A warm rms_norm call's frames at its kernel launch, from the public function down (the
-    Python path; a replayed GPU call ends in C++ from registry.apply): the public function,
-    registry.apply, the autograd Function, the plan, the launch; each file entered once."""
+PYTHON_PATH = ["norm/api.py", "_core/registry.py", "norm/function.py", "norm/plan.py"]
+PYTHON_PATH += ["_core/launch.py"]
+RECORDED_PATH = [*PYTHON_PATH[:2], "_core/replay.py", *PYTHON_PATH[2:]]
+
+
+def _launch_route(call) -> list[str] | None:
+    """The files ``call`` passes through from the public rms_norm down to its first kernel
+    launch from Python (a file entered again at once counted once); None: no launch from
+    Python (a call replayed from C++)."""
     import traceback
 
     from tritonkit.ops._core import launch
 
-    x = torch.randn(4, 96, device=device)
-    w = torch.randn(96, device=device)
-    rms_norm(x, (96,), w)  # cold: validation and the plan are built here
     stacks = []
     real = launch.Kernel.launch
 
@@ -870,9 +872,11 @@ def test_rms_norm_reaches_its_launch_through_five_files(device):
 
     launch.Kernel.launch = spy
     try:
-        rms_norm(x, (96,), w)
+        call()
     finally:
         launch.Kernel.launch = real
+    if not stacks:
+        return None
     frames = stacks[0]
     first = max(i for i, f in enumerate(frames) if f.name == "rms_norm")
     files = []
@@ -880,10 +884,57 @@ def test_rms_norm_reaches_its_launch_through_five_files(device):
         name = "/".join(f.filename.split("/")[-2:])
         if not files or files[-1] != name:
             files.append(name)
-    assert files == [
-        "norm/api.py",
-        "_core/registry.py",
-        "norm/function.py",
-        "norm/plan.py",
-        "_core/launch.py",
-    ]
+    return files
+
+
+def test_rms_norm_reaches_its_launch_through_five_files(device):
+    """A warm rms_norm call on the Python path, at its kernel launch, from the public function
+    down: the public function, registry.apply, the autograd Function, the plan, the launch;
+    each file entered once. Under the interpreter every call takes this path (CPU tensors are
+    never recorded); on a GPU a call whose key has no replay plan does, which
+    ``replay.suspended()`` makes of every call here (the recorded and replayed calls: the test
+    below)."""
+    from tritonkit.ops._core import replay
+
+    x = torch.randn(4, 96, device=device)
+    w = torch.randn(96, device=device)
+    with replay.suspended():
+        rms_norm(x, (96,), w)  # cold: validation and the plan are built here
+        assert _launch_route(lambda: rms_norm(x, (96,), w)) == PYTHON_PATH
+
+
+def test_rms_norm_is_recorded_then_replayed(device):
+    """The replay route of one key (ops/_core/replay.py), call by call: the first call takes
+    the Python path (five files), the second is recorded on its way down (replay.py between
+    registry.apply and the Function). On a GPU the third runs from C++: no launch from Python,
+    the same bits. Under the interpreter (CPU tensors keyed with ``replay.on_host``) the
+    recording fails, since the interpreter launches through Triton's own launcher, which
+    replay.cpp cannot repeat: the third call takes the Python path again."""
+    from tritonkit.ops._core import registry, replay
+
+    if not registry._REPLAY:
+        pytest.skip(f"replay turned off ({replay.ENV}=0)")
+    if replay.extension(wait=True) is None:
+        pytest.skip(f"replay not built: {replay.STATS.disabled}")
+    x = torch.randn(4, 96, device=device)
+    w = torch.randn(96, device=device)
+    outs = []
+
+    def call():
+        outs.append(rms_norm(x, (96,), w))
+
+    replay.reset()
+    try:
+        with replay.on_host():
+            routes = [_launch_route(call) for _ in range(3)]
+        stats = (replay.STATS.recordings, replay.STATS.replays, dict(replay.STATS.failures))
+    finally:
+        replay.reset()
+    assert routes[:2] == [PYTHON_PATH, RECORDED_PATH]
+    if device.type == "cuda":
+        assert routes[2] is None and stats[:2] == (1, 1), stats
+        assert torch.equal(outs[2], outs[0])
+    else:
+        assert routes[2] == PYTHON_PATH and stats[:2] == (0, 0)
+        assert any("launched through Triton's launcher" in why for why in stats[2]), stats
+    torch.testing.assert_close(outs[2], F.rms_norm(x, (96,), w), rtol=1e-5, atol=1e-5)

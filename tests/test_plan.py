@@ -30,7 +30,7 @@ def test_private_interfaces_resolve(name):
         pytest.fail(f"{owner}.{path} ({name}) moved in this PyTorch/Triton: {exc}")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-only names")
+@pytest.mark.gpu  # CUDA-only names
 @pytest.mark.parametrize("name", sorted(internals.CUDA_NAMES))
 def test_private_cuda_interfaces_resolve(name):
     owner, path = internals.CUDA_NAMES[name]
@@ -289,9 +289,7 @@ def test_a_plan_is_never_served_under_another_env(device):
 # ---- threads ---------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="Triton's CPU interpreter is not thread-safe"
-)
+@pytest.mark.gpu  # Triton's CPU interpreter is not thread-safe
 def test_two_threads_calling_different_ops(device):
     """Two threads calling different ops at once: each gets its own op's answer."""
     import tritonkit

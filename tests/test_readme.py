@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -30,7 +29,7 @@ NESTED = "TRITONKIT_README_TEST"  # set in the commands' environment: no test ru
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(torch.cuda.is_available(), reason="the README's CPU path; this has a GPU"),
+    pytest.mark.interpreter,  # the README's CPU path
     pytest.mark.skipif(bool(os.environ.get(NESTED)), reason="already inside the README's run"),
 ]
 

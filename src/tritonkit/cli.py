@@ -231,10 +231,14 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from tritonkit.scaffold import ScaffoldError, scaffold
+    from tritonkit.scaffold import ScaffoldError, remove, scaffold
 
     _enable_interpreter_without_gpu()
     try:
+        if args.remove:
+            for path in remove(args.name, root=args.root):
+                print(f"{'edited' if path.exists() else 'removed'} {path}")
+            return 0
         written = scaffold(args.name, root=args.root)
     except ScaffoldError as exc:
         raise UsageError(str(exc)) from None
@@ -392,6 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("new", "scaffold a new operator: family package, spec and test")
     s.add_argument("name", help="operator name, a lowercase identifier (e.g. scaled_add)")
     s.add_argument("--root", help="repository root (default: the checkout tritonkit runs from)")
+    s.add_argument(
+        "--remove",
+        action="store_true",
+        help="undo `tritonkit new NAME` (refused if its files changed since)",
+    )
     s.set_defaults(func=cmd_new)
     quant_report.add_parser(sub, parents=[common])  # harness/quant_report.py
     return p
