@@ -189,6 +189,8 @@ def test_a_computing_aten_op_is_not_replayed():
         torch.testing.assert_close(y, x * 3.0)
     assert replay.STATS.replays == 0 and replay.STATS.recordings == 0
     assert any("computes" in why for why in replay.STATS.failures)
+    # A key whose recording failed is marked unreplayable and never recorded again.
+    assert sum(replay.STATS.failures.values()) == 1, replay.STATS.failures
 
 
 class ViewOutputFunction(ScaleFunction):

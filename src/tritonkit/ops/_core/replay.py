@@ -314,7 +314,7 @@ def call(function: type, args: tuple) -> Any:
     if entry.__class__ is _Ready:
         outs = _ext.run(entry.plan, tensors, grad)
         return outs[0] if entry.single else tuple(outs)
-    if _due(key, env, entry or 0):
+    if _due(key, env, entry if entry is not None else 0):  # False: unreplayable, kept
         return _record(function, key, env, args, grad)
     return WITH_GRAD if grad else FORWARD_ONLY
 
