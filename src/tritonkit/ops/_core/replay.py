@@ -27,6 +27,7 @@ says why.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -82,6 +83,11 @@ def extension(wait: bool = False) -> Any:
     with _ext_lock:
         global _builder
         if _builder is None:
+            # Triton's binder imports triton.experimental.gluon on its first use. Imported on
+            # this thread while the builder thread imports torch.utils.cpp_extension, it was
+            # once left half initialised (on a GPU: "cannot import name 'hopper' from
+            # partially initialized module"), so it is imported before the thread starts.
+            importlib.import_module("triton.experimental.gluon")
             _builder = threading.Thread(target=_build, name="tritonkit-replay-build", daemon=True)
             _builder.start()
     if wait:
