@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shapes",
         nargs="+",
         help="test, bench, or shapes such as '(64, 64)' (default: one bench shape per operator, "
-        "its first test shape for the checks); without a GPU the checks run at these",
+        "and for the checks the cheapest test shape that can show an error); without a GPU the "
+        "checks run at these",
     )
     s.add_argument(
         "--out",
