@@ -11,11 +11,9 @@ traceback ``--debug`` shows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import traceback
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -92,7 +90,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     plan = _plan_checks(specs, dtypes, shapes_of)
     from tritonkit.harness import selection
     from tritonkit.harness.check import CASES
-    from tritonkit.harness.progress import Progress, duration
+    from tritonkit.harness.progress import Progress, duration, plural
 
     items = [
         selection.Item(s, tuple(dtypes or s.dtypes), tuple(shapes_of(s)), CASES, (), (), False)
@@ -113,16 +111,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         compile_s = selection.compile_seconds(items, 0)
         seconds += selection.GPU_WORKERS_START_S + compile_s / jobs
     if interpreted and args.shapes == "bench":
-        _confirm(f"{sum(plan.values())} checks at the bench shapes", seconds, args.yes)
+        _confirm(f"{plural(sum(plan.values()), 'check')} at the bench shapes", seconds, args.yes)
     seed = _seed(args)
     where = "Triton interpreter (CPU)" if interpreted else torch.cuda.get_device_name()
     print(
-        f"checking {len(specs)} operators on {where}, seed {seed}: {sum(plan.values())} "
-        f"checks, about {duration(seconds)}",
+        f"checking {plural(len(specs), 'operator')} on {where}, seed {seed}: "
+        f"{plural(sum(plan.values()), 'check')}, about {duration(seconds)}",
         file=sys.stderr,
     )
     if warmed:
-        warm.compile_ahead(items, (), None, seed, jobs=jobs)
+        warm.compile_ahead(
+            items, (), None, seed, jobs=jobs, quiet=not getattr(args, "debug", False)
+        )
     progress = Progress(sum(plan.values()), "check", expected=seconds)
     checks = _run_item_checks(items, seed, plan, progress, gpu, warmed)
     progress.close()
@@ -221,8 +221,19 @@ def cmd_regress(args: argparse.Namespace) -> int:
     from tritonkit.harness import regress
     from tritonkit.harness.report import load_json
 
+    # What is wrong with the command line first, all of it in one line: a file that does not
+    # exist, a missing --against.
+    missing = [p for p in (args.new, args.against) if p is not None and not Path(p).exists()]
+    problems = [f"{p} does not exist" for p in missing]
+    if args.against is None:
+        problems.append("--against OLD.json is required (the results to compare with)")
+    if problems:
+        raise UsageError("regress: " + "; ".join(problems))
     try:
         new, old = load_json(Path(args.new)), load_json(Path(args.against))
+    except ValueError as exc:
+        raise UsageError(f"regress: {exc}") from None
+    try:
         rows = regress.compare(new, old, args.threshold)
     except ValueError as exc:
         raise UsageError(f"regress: refusing to compare: {exc}") from None
@@ -312,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shapes",
         nargs="+",
         help="test, bench, or shapes such as '(64, 64)' (default: one bench shape per operator, "
-        "its first test shape for the checks); without a GPU the checks run at these",
+        "and for the checks the cheapest test shape that can show an error); without a GPU the "
+        "checks run at these",
     )
     s.add_argument(
         "--out",
@@ -387,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("regress", "fail when an operator got slower or less accurate")
     s.add_argument("new", help="new results.json (or its directory)")
-    s.add_argument("--against", required=True, help="old results.json (or its directory)")
+    s.add_argument("--against", help="old results.json (or its directory); required")
     s.add_argument(
         "--threshold", type=_threshold, default=0.10, help="allowed slowdown (default: 0.10)"
     )
@@ -406,31 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def _quiet(debug: bool) -> Iterator[None]:
-    """Keep numpy's and torch's warnings out of the output (--debug shows them).
+def _quiet(debug: bool):
+    """Library warnings and log records off stderr unless ``--debug`` (harness/quiet.py)."""
+    from tritonkit.harness.quiet import quiet
 
-    The interpreter computes with NumPy, which warns about the NaN and inf the special-value
-    checks put in on purpose; torch and triton warn about their own deprecations. tritonkit's
-    own warnings (e.g. a corrupt tuning cache) stay, as one line each.
-    """
-    with warnings.catch_warnings():
-        if not debug:
-            warnings.simplefilter("ignore", RuntimeWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.filterwarnings("ignore", module=r"(torch|triton|numpy)(\.|$)")
-
-            def show(message, category, filename, lineno, file=None, line=None) -> None:
-                print(f"tritonkit: warning: {message}", file=sys.stderr)
-
-            warnings.showwarning = show
-        yield
+    return quiet(debug)
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, limit: int | None = 400) -> str:
+    """The message on one line; an unexpected error's cut at ``limit`` characters (a usage
+    error is ours, and whole: it may list every valid choice)."""
     text = " ".join(str(exc).split())
-    return text if len(text) <= 400 else text[:397] + "..."
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -445,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         if debug:
             traceback.print_exc()
-        print(f"tritonkit: {_one_line(exc)}", file=sys.stderr)
+        print(f"tritonkit: {_one_line(exc, None)}", file=sys.stderr)
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:

@@ -279,7 +279,7 @@ def _confirm(what: str, seconds: float, yes: bool) -> None:
 
     if yes:
         return
-    message = f"{what} take roughly {duration(seconds)} under Triton's CPU interpreter"
+    message = f"{what} would take roughly {duration(seconds)} under Triton's CPU interpreter"
     if not sys.stdin.isatty():
         raise UsageError(f"{message}; pass --yes to run them")
     answer = input(f"tritonkit: {message}. Run them? [y/N] ")

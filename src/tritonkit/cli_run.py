@@ -128,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tritonkit.harness import selection
     from tritonkit.harness.check import planned_cases
     from tritonkit.harness.device import fingerprint
-    from tritonkit.harness.progress import Progress, duration
+    from tritonkit.harness.progress import Progress, duration, plural
     from tritonkit.harness.report import make_results, write_report
 
     gpu = torch.cuda.is_available() and not interpreted
@@ -200,20 +200,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
         warm_s = selection.GPU_WORKERS_START_S + compile_s / jobs
     if not gpu and shapes not in (None, "test"):
         what = "bench shapes" if shapes == "bench" else "those shapes"
-        _confirm(f"{sum(plan.values())} checks at the {what}", check_s, args.yes)
+        _confirm(f"{plural(sum(plan.values()), 'check')} at the {what}", check_s, args.yes)
     out_dir = _fresh_out_dir(Path(args.out), args.force)
     seed = _seed(args)
     what = "every dtype, shape and case" if args.full else "each at its main dtype and one shape"
-    timed = f" and {len(steps)} timings" if gpu else ""
+    timed = f" and {plural(len(steps), 'timing')}" if gpu else ""
     more = "" if args.full or dtypes or shapes else "; --full runs every dtype and shape"
     print(
-        f"bench: {sum(plan.values())} checks{timed} of {len(specs)} operators ({what}), about "
+        f"bench: {plural(sum(plan.values()), 'check')}{timed} of {plural(len(specs), 'operator')} "
+        f"({what}), about "
         f"{duration(warm_s + check_s + bench_s)}{more}",
         file=sys.stderr,
     )
     t0 = time.perf_counter()
     if warmed:
-        warm.compile_ahead(items, modes, baselines, seed, jobs=jobs, checks=not args.no_check)
+        warm.compile_ahead(
+            items,
+            modes,
+            baselines,
+            seed,
+            jobs=jobs,
+            checks=not args.no_check,
+            quiet=not getattr(args, "debug", False),
+        )
     progress = Progress(len(steps) * gpu + sum(plan.values()), "bench", expected=check_s + bench_s)
     checks = [] if args.no_check else _run_item_checks(items, seed, plan, progress, gpu, warmed)
     bench: list[dict[str, Any]] = []

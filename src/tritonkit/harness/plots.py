@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tritonkit.harness.report import baselines_in
+from tritonkit.harness.report import baselines_in, shapes_checked
 
 
 def _pyplot():
@@ -19,6 +20,13 @@ def _pyplot():
     except ImportError:
         return None
     return plt
+
+
+def safe_stem(name: str) -> str:
+    """A baseline's name as part of a file name: letters, digits, ``_`` and ``-`` only
+    (``torch.compile`` -> ``torch_compile``, ``bf16 linear`` -> ``bf16_linear``), so that no
+    plot's name needs quoting in a shell or a Markdown link."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or "baseline"
 
 
 def _short(dtype: str) -> str:
@@ -122,9 +130,19 @@ def plot_speedups(results: dict[str, Any], out_dir: Path) -> list[Path]:
     if plt is None:
         return []
     bench = [r for r in results["bench"] if not r.get("note")]
-    written = []
+    written: list[Path] = []
     for baseline in baselines_in(bench):
-        recs = [r for r in bench if baseline in r.get("comparison", {})]
+        # A ratio without a finite baseline time (n/a in the tables) has no bar.
+        recs = [
+            r
+            for r in bench
+            if baseline in r.get("comparison", {})
+            and all(
+                isinstance(r["comparison"][baseline].get(k), (int, float))
+                and math.isfinite(r["comparison"][baseline][k])
+                for k in ("speedup", "ci_low", "ci_high")
+            )
+        ]
         if not recs:
             continue
         cmps = [r["comparison"][baseline] for r in recs]
@@ -155,7 +173,11 @@ def plot_speedups(results: dict[str, Any], out_dir: Path) -> list[Path]:
             fontsize=9,
         )
         fig.tight_layout()
-        path = out_dir / f"speedup_vs_{baseline.replace('.', '_')}.png"
+        path = out_dir / f"speedup_vs_{safe_stem(baseline)}.png"
+        n = 2
+        while path in written:  # two names that differ only in punctuation
+            path = out_dir / f"speedup_vs_{safe_stem(baseline)}-{n}.png"
+            n += 1
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
@@ -202,10 +224,10 @@ def plot_bandwidth(results: dict[str, Any], out_dir: Path) -> Path | None:
     return path
 
 
-def plot_accuracy(results: dict[str, Any], out_dir: Path) -> Path | None:
-    """Per operator and dtype, tritonkit's worst relative L2 error against the float64
-    reference beside PyTorch's own in the same dtype (log scale); on the CPU as on a GPU."""
-    plt = _pyplot()
+def accuracy_rows(results: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    """What accuracy.png draws, per operator and dtype checked: its label (with the shapes
+    checked), tritonkit's worst relative L2 error over the checks run, and PyTorch's own worst
+    in the same dtype on the same inputs (None where none was measured: too few elements)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for c in results["checks"]:
         if not c.get("skipped"):
@@ -216,29 +238,43 @@ def plot_accuracy(results: dict[str, Any], out_dir: Path) -> Path | None:
         return max(xs) if xs else None
 
     rows = [
-        (op, dtype, worst(cs, "rel_l2"), worst(cs, "torch_rel_l2"))
+        (
+            f"{op} {_short(dtype)} {shapes_checked(cs)}",
+            worst(cs, "rel_l2"),
+            worst(cs, "torch_rel_l2"),
+        )
         for (op, dtype), cs in groups.items()
     ]
-    rows = [r for r in rows if r[2] is not None]
+    return [r for r in rows if r[1] is not None]
+
+
+def plot_accuracy(results: dict[str, Any], out_dir: Path) -> Path | None:
+    """Per operator and dtype, two bars (``accuracy_rows``): tritonkit's worst relative L2
+    error against the float64 reference and, beside it, PyTorch's own in the same dtype (log
+    scale; an exact result is drawn at the axis' floor and marked 0, an error not measured is
+    marked n/a); on the CPU as on a GPU."""
+    plt = _pyplot()
+    rows = accuracy_rows(results)
     if plt is None or not rows:
         return None
     floor = 1e-12  # an exact result (error 0) is drawn at the floor of the log axis
     ys = list(range(len(rows)))
-    fig, ax = plt.subplots(figsize=(8, max(3, 0.2 * len(rows) + 1.2)))
-    ax.barh(ys, [max(r[2], floor) for r in rows], color="tab:blue", label="tritonkit")
-    theirs = [(y, r[3]) for y, r in zip(ys, rows) if r[3] is not None]
-    ax.scatter(
-        [max(t, floor) for _, t in theirs],
-        [y for y, _ in theirs],
-        color="k",
-        marker="|",
-        s=80,
-        zorder=3,
-        label="PyTorch, same dtype",
-    )
+    height = 0.4
+    fig, ax = plt.subplots(figsize=(9, max(3, 0.32 * len(rows) + 1.2)))
+    for offset, index, color, label in (
+        (-height / 2, 1, "tab:blue", "tritonkit"),
+        (height / 2, 2, "tab:gray", "PyTorch, same dtype"),
+    ):
+        values = [r[index] for r in rows]
+        at = [y + offset for y in ys]
+        ax.barh(at, [max(v or 0.0, floor) for v in values], height=height, color=color, label=label)
+        for y, v in zip(at, values):
+            if v is None or v == 0:
+                ax.text(floor * 1.5, y, "n/a" if v is None else "0", va="center", fontsize=5)
     ax.set_xscale("log")
+    ax.set_xlim(left=floor)
     ax.set_yticks(ys)
-    ax.set_yticklabels([f"{op} {_short(dtype)}" for op, dtype, *_ in rows], fontsize=6)
+    ax.set_yticklabels([r[0] for r in rows], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("worst relative L2 error against the float64 reference")
     where = results["fingerprint"].get("gpu") or "Triton interpreter (CPU)"

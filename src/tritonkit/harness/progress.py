@@ -14,6 +14,11 @@ import time
 from typing import TextIO
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 operator``, ``3 operators``: a count with its noun (regular plurals only)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def duration(seconds: float) -> str:
     """``42s``, ``3m05s``, ``1h12m``: short enough for a progress line."""
     seconds = max(0, round(seconds))

@@ -33,8 +33,13 @@ class Row:
 
 
 def _key(r: dict[str, Any]) -> str:
-    params = json.dumps(r.get("params", {}), sort_keys=True)
-    return f"{r['op']} {params} {r['shape']} {r['dtype']} {r['mode']}"
+    """A timed case as the table names it (and matches it): operator, [parameters], shape,
+    dtype, mode."""
+    params = ", ".join(
+        f"{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted((r.get("params") or {}).items())
+    )
+    params = f" [{params}]" if params else ""
+    return f"{r['op']}{params} {r['shape']} {r['dtype']} {r['mode']}"
 
 
 def _timed(results: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -114,10 +114,16 @@ def load_json(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"results file {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        if not isinstance(data, dict):
+            found = f"it holds a JSON {type(data).__name__}"
+        elif "schema" in data:
+            found = f"its schema is {data['schema']!r}"
+        else:  # another script's output (benchmarks/, experiments/): say what it holds
+            keys = ", ".join(list(data)[:6]) + (", ..." if len(data) > 6 else "")
+            found = f"it has no schema (its keys: {keys})"
         raise ValueError(
-            f"results file {path} is not a tritonkit results document (schema {SCHEMA}; "
-            f"found {found!r})"
+            f"results file {path} is not a tritonkit results document (what `tritonkit bench` "
+            f"writes, schema {SCHEMA}): {found}"
         )
     validate(data, path)
     return data
@@ -243,11 +249,14 @@ def environment_lines(results: dict[str, Any]) -> list[str]:
 CHECK_LEGEND = (
     "Each check runs the operator on fresh random inputs (and on re-laid-out inputs, NaN and "
     "infinities, empty tensors, gradients: the `case`) and compares every output with a float64 "
-    "reference computed on the same inputs upcast. Columns: `checks passed`, the checks that met "
+    "reference computed on the same inputs upcast. Columns: `shapes`, the shapes checked (what "
+    "each means is the operator's spec's; the empty tensors' are left out); `checks passed`, "
+    "the checks that met "
     "the spec's bound out of those run; `worst rel. L2 error`, the largest ||out - ref|| / ||ref|| "
     "over the operator's checks in that dtype; `worst ratio to PyTorch's error`, the largest "
     "ratio of that error to PyTorch's own in the same dtype against the same reference (below "
-    "1: closer than PyTorch; n/a where PyTorch's error is 0 or too few elements were compared)."
+    "1: closer than PyTorch; 1 where both are exact; n/a where only PyTorch's is exact or too "
+    "few elements were compared)."
 )
 EXCUSED_RULE = (
     "Passed on PyTorch's own error. The rule: an output passes when every element is within "
@@ -256,6 +265,21 @@ EXCUSED_RULE = (
     "still passes when its largest error is no more than the stated multiple of PyTorch's own "
     "largest error on the same inputs. These checks passed that way:"
 )
+
+
+def shapes_checked(checks: list[dict[str, Any]]) -> str:
+    """The shapes of these checks that computed something (not the empty tensors' cases, not a
+    skipped dtype's), in the order run, joined by ``; ``; ``—`` when there are none."""
+    shapes = dict.fromkeys(
+        c["shape"] for c in checks if c.get("case") != "empty" and not c.get("skipped")
+    )
+    return "; ".join(shapes) or "—"
+
+
+def _check_case(c: dict[str, Any]) -> str:
+    """One check named: operator, [parameters], shape, dtype, case."""
+    params = f" [{c['params']}]" if c.get("params") else ""
+    return f"{c['op']}{params} {c['shape']} {c['dtype']} {c['case']}"
 
 
 def render_checks(checks: list[dict[str, Any]]) -> str:
@@ -278,6 +302,7 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
             [
                 op,
                 dtype,
+                shapes_checked(cs),
                 f"skipped: {skipped[0]}" if skipped and not run else f"{passed}/{run}",
                 fmt(max(rels) if rels else None),
                 fmt(max(ratios)) if ratios else "n/a",
@@ -290,6 +315,7 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
             [
                 "operator",
                 "dtype",
+                "shapes",
                 "checks passed",
                 "worst rel. L2 error",
                 "worst ratio to PyTorch's error",
@@ -300,15 +326,11 @@ def render_checks(checks: list[dict[str, Any]]) -> str:
     excused = [c for c in checks if c["passed"] and c.get("detail")]
     if excused:
         out += "\n\n" + EXCUSED_RULE + "\n\n"
-        out += "\n".join(
-            f"- {c['op']} {c['params']} {c['shape']} {c['dtype']} {c['case']}: {c['detail']}"
-            for c in excused
-        )
+        out += "\n".join(f"- {_check_case(c)}: {c['detail']}" for c in excused)
     failed = [c for c in checks if not c["passed"] and not c.get("skipped")]
     if failed:
         out += "\n\nFailed checks:\n\n" + "\n".join(
-            f"- {c['op']} {c['params']} {c['shape']} {c['dtype']} {c['case']}: "
-            f"{c['detail'].splitlines()[0] if c['detail'] else ''}"
+            f"- {_check_case(c)}: {c['detail'].splitlines()[0] if c['detail'] else ''}"
             for c in failed
         )
     return out

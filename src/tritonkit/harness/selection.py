@@ -5,8 +5,11 @@ dtype; under the interpreter the first one it can compute), at one test shape fo
 accuracy checks (a random draw, a mixed layout, NaN/inf, the gradients, empty tensors) and one
 bench shape for the timings. Every operator is a spec, so the fused paths (``bias_act``,
 ``add_rms_norm``, ``linear``) and the low-precision ones (``scaled_matmul``, ``int8_matmul``,
-``quantize``, ``float8_linear``) are in it. ``--full`` is every dtype, shape and case; dtypes
-or shapes asked for on the command line replace the selection's.
+``quantize``, ``float8_linear``) are in it. The checks' shape is one that can show an error
+(``check_shape``: hundreds of elements, in several rows): a spec's first test shapes are its
+degenerate ones ((1, 1), one number), where a kernel is exact by construction and PyTorch's
+own error cannot be measured; they stay in the test suite. ``--full`` is every dtype, shape
+and case; dtypes or shapes asked for on the command line replace the selection's.
 
 The estimate is a cost model in seconds per case, a prior the progress display corrects by
 the time the run's own cases took (``Progress`` with ``expected``). Under the interpreter a
@@ -81,6 +84,79 @@ def main_dtype(spec: OpSpec) -> torch.dtype:
     return order[0]
 
 
+# A check shape must give the comparison this many elements in one tensor (an output, or a
+# gradient): enough for several blocks of a kernel and for the ratio to PyTorch's own error
+# (compare.MIN_ELEMENTS_FOR_RATIO).
+MIN_CHECK_ELEMENTS = 256
+# A row this long holds hundreds of elements: a reduction over it spans several steps of a
+# kernel's inner loop or a wide block, as real rows do.
+LONG_ROW = 100
+_COMPARED: dict[tuple[str, str, str], list[tuple[int, ...]]] = {}
+
+
+def compared_shapes(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[int, ...]]:
+    """The shapes of the tensors a check at ``shape`` compares with the float64 reference: the
+    reference's outputs, the inputs the operator mutates, and with a backward the gradients
+    (their inputs' shapes). Found by running the reference on the CPU (milliseconds at test
+    shapes); empty where it cannot run there."""
+    key = (spec.name, repr(shape), str(dtype))
+    if key not in _COMPARED:
+        from tritonkit.harness.compare import _flatten, _upcast
+
+        try:
+            inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
+            out = spec.reference(*_upcast(inputs), **dict(spec.params[0]))
+            shapes = [tuple(t.shape) for t in (_flatten(out) if out is not None else [])]
+            shapes += [tuple(inputs[i].shape) for i in spec.mutates]
+            if spec.backward:
+                shapes += [tuple(inputs[i].shape) for i in spec.grad_indices(inputs)]
+        except Exception:  # a shape the CPU cannot build or run is not chosen
+            shapes = []
+        _COMPARED[key] = shapes
+    return _COMPARED[key]
+
+
+def _shape_rank(spec: OpSpec, shape: Any, dtype: torch.dtype) -> tuple | None:
+    """How well a check at ``shape`` can show an error, lower better: None below
+    MIN_CHECK_ELEMENTS; else, of its compared tensors that reach it, the best of (one row only,
+    rows a power of two long, rows shorter than LONG_ROW)."""
+    ranks = []
+    for dims in compared_shapes(spec, shape, dtype):
+        n = math.prod(dims)
+        if n < MIN_CHECK_ELEMENTS:
+            continue
+        row = dims[-1] if dims else 1
+        ranks.append((n // max(row, 1) < 2, row & (row - 1) == 0, row < LONG_ROW))
+    return min(ranks) if ranks else None
+
+
+def check_shape(spec: OpSpec, dtype: torch.dtype) -> Any:
+    """The shape the representative selection checks ``spec`` at: the cheapest of its test
+    shapes that gives the comparison at least MIN_CHECK_ELEMENTS elements in one tensor,
+    preferring several rows, rows not a power of two long and rows of LONG_ROW elements or more
+    (in that order). A spec with no such test shape is checked at the one that compares the
+    most elements; a distributed one at its first (its reference runs on its ranks). A spec's
+    ``Shapes.check`` overrides the choice."""
+    if spec.shapes.check is not None:
+        return spec.shapes.check
+    tests = list(spec.shapes.test)
+    if spec.distributed is not None or len(tests) < 2:
+        return tests[0]
+
+    def cost(shape: Any) -> float:
+        return case_seconds(spec, shape, "random", gpu=False, first=False)
+
+    ranked = [(_shape_rank(spec, s, dtype), cost(s), i) for i, s in enumerate(tests)]
+    good = [r for r in ranked if r[0] is not None]
+    if good:
+        return tests[min(good)[2]]
+
+    def largest(i: int) -> int:
+        return max((math.prod(d) for d in compared_shapes(spec, tests[i], dtype)), default=0)
+
+    return tests[max(range(len(tests)), key=lambda i: (largest(i), -ranked[i][1], -i))]
+
+
 def choose(
     specs: Sequence[OpSpec],
     *,
@@ -105,7 +181,8 @@ def choose(
             check_dtypes = bench_dtypes = (main_dtype(spec),)
         every_bench = (*spec.shapes.bench, *(spec.shapes.small if small else ()))
         if shapes is None and not full:
-            check_shapes = tuple(spec.shapes.test[:1])
+            first = check_dtypes[0] if check_dtypes else main_dtype(spec)
+            check_shapes = (check_shape(spec, first),)
             bench_shapes = (*spec.shapes.bench[:1], *(spec.shapes.small[:1] if small else ()))
         elif shapes is None or shapes == "bench":
             # Without a GPU the checks are the run, at the shapes asked for; with one, the

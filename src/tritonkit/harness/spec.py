@@ -107,6 +107,10 @@ class Shapes:
     # Where a call's host time sets the pace (e.g. (64, 3000) rows, 256^3 GEMMs): timed with
     # ``tritonkit bench --small`` beside the bench shapes.
     small: Sequence[Any] = ()
+    # The one shape ``tritonkit bench`` checks at by default, where the choice of
+    # ``selection.check_shape`` (the cheapest test shape that can show an error, by a cost
+    # model) is slow for this operator; None: that choice.
+    check: Any = None
 
 
 class Unavailable(Exception):
@@ -232,8 +236,21 @@ def get_spec(name: str) -> OpSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise UnknownOp(f"unknown operator {name!r}; known operators: {known}") from None
+        raise UnknownOp(_unknown(name)) from None
+
+
+def _unknown(name: str) -> str:
+    """Says what exists: every operator and family (a user reads the name they meant there),
+    the closest ones first when some are close."""
+    import difflib
+
+    families = sorted({s.family for s in _REGISTRY.values()})
+    close = difflib.get_close_matches(name, [*_REGISTRY, *families], n=3)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    return (
+        f"unknown operator {name!r}{hint}; known operators: {', '.join(sorted(_REGISTRY))}; "
+        f"families: {', '.join(families)} (`tritonkit list` describes them)"
+    )
 
 
 def select(names: Sequence[str] | None) -> list[OpSpec]:

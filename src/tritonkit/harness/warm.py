@@ -63,9 +63,14 @@ def tasks(
     return out
 
 
-def _init_worker(memory_fraction: float) -> None:
+def _init_worker(memory_fraction: float, quiet: bool = True) -> None:
     os.environ["TRITONKIT_AUTOTUNE"] = "0"
     import torch
+
+    if quiet:  # the workers' stderr is the command's: the same library noise kept off it
+        from tritonkit.harness.quiet import silence_process
+
+        silence_process()
 
     if torch.cuda.is_available():
         torch.cuda.set_per_process_memory_fraction(memory_fraction)
@@ -136,10 +141,17 @@ def _call_candidates(spec, shape, dtype, modes, baselines, variants, seed) -> No
 
 
 def compile_ahead(
-    items, modes, baselines, seed: int, jobs: int | None = None, checks: bool = True
+    items,
+    modes,
+    baselines,
+    seed: int,
+    jobs: int | None = None,
+    checks: bool = True,
+    quiet: bool = True,
 ) -> int:
     """Run the calls of a bench run once in ``jobs`` worker processes; returns how many
-    failed there (they run again, and are reported, in the run)."""
+    failed there (they run again, and are reported, in the run). ``quiet``: library warnings
+    and logs off the workers' stderr (harness/quiet.py), as off the command's."""
     from tritonkit.harness.progress import Progress
 
     work = tasks(items, modes, baselines, seed, checks)
@@ -155,7 +167,7 @@ def compile_ahead(
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     fraction = min(0.9, 1.8 / jobs)
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
-                             initargs=(fraction,)) as pool:  # fmt: skip
+                             initargs=(fraction, quiet)) as pool:  # fmt: skip
         futures = {pool.submit(run_task, t): t for t in work}
         for future in as_completed(futures):
             task = futures[future]
