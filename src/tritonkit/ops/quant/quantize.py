@@ -9,7 +9,8 @@ Paths, by which elements share a scale:
 - groups of k along another dimension: one pass (strided.py) for k up to 512;
 - a whole column (per channel), groups of channels, the whole tensor: an amax pass with
   atomics, then the cast pass (twopass.py): two reads, the fewest for a scale that depends on
-  elements other programs read.
+  elements other programs read; except a small tensor with one scale (a decode step's
+  activations): one launch in which every program reads all of it (small.py).
 
 A scale given by the caller (static, delayed or EMA scaling) needs no amax pass: the cast pass
 alone, which can return the amax of what it cast (``quantize_with_scale``).
@@ -30,6 +31,7 @@ from tritonkit.ops.quant import twopass
 from tritonkit.ops.quant.dequant import dequantize_2d
 from tritonkit.ops.quant.formats import FLOAT8, QFormat, empty_group_scale, int_format
 from tritonkit.ops.quant.groups import MAX_GROUP, quantize_groups
+from tritonkit.ops.quant.small import SMALL_TENSOR, quantize_tensor_small
 from tritonkit.ops.quant.strided import fits_one_pass, quantize_strided
 
 LAYOUTS = ("row", "col", "both")
@@ -158,7 +160,9 @@ def quantize_fwd(
     scale = torch.empty(p.scale_shape, dtype=torch.float32, device=dev)
     nothing = torch.empty(0, dtype=torch.float32, device=dev)
     zp = torch.empty(p.scale_shape, dtype=torch.int32, device=dev) if not fmt.symmetric else None
-    zp_out = zp if zp is not None else nothing.to(torch.int32)
+    # An allocation, not nothing.to(int32): a copy is an op that computes, which replay's
+    # recording (replay.py) cannot repeat.
+    zp_out = zp if zp is not None else torch.empty(0, dtype=torch.int32, device=dev)
     if x.numel() == 0:  # nothing to cast; every scale is that of an all-zero group
         s, z = empty_group_scale(fmt, pow2)
         scale.fill_(s)
@@ -166,6 +170,10 @@ def quantize_fwd(
             zp.fill_(z)
         amax = torch.zeros(p.scale_shape, dtype=torch.float32, device=dev)
         return data, data_t, scale, zp_out, amax if return_amax else nothing
+    if p.kind == "tensor" and layout == "row" and SMALL_TENSOR.takes(x, fmt):
+        amax = torch.empty(p.scale_shape, dtype=torch.float32, device=dev) if return_amax else None
+        quantize_tensor_small(x, data, scale, amax, fmt, pow2, emulate)
+        return data, data_t, scale, zp_out, amax if amax is not None else nothing
     one_pass_rows = p.kind == "lastdim" and layout == "row" and p.group <= MAX_GROUP
     if one_pass_rows and (x.dim() < 2 or x.stride(-1) == 1 or fmt.packed):
         amax = torch.empty(p.scale_shape, dtype=torch.float32, device=dev) if return_amax else None
