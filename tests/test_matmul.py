@@ -50,7 +50,7 @@ from tritonkit.ops.matmul import (
 )
 from tritonkit.ops.matmul import configs as C
 from tritonkit.ops.matmul import plan as P
-from tritonkit.ops.matmul.decode import DecodeConfig, DecodeLaunch, decode_launch
+from tritonkit.ops.matmul.decode import DecodeGemmConfig, DecodeGemmLaunch, decode_launch
 from tritonkit.ops.matmul.ieee import fma_copies_b
 from tritonkit.ops.matmul.splitk import SPLIT_K
 
@@ -464,7 +464,7 @@ def test_decode_linear_forward_and_backward(dtype, device):
         x = base[:, ::2]  # every other column: a strided view
         r = torch.randn(m, n, device=device, generator=gen).to(dtype)
         plan = linear_plan(x, w, b, r, "gelu_tanh", False)
-        assert isinstance(plan.gemm.launch, DecodeLaunch) == (m <= 16), m
+        assert isinstance(plan.gemm.launch, DecodeGemmLaunch) == (m <= 16), m
         xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
         y = linear(xg, wg, b, "gelu_tanh", r)
         x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
@@ -491,7 +491,7 @@ def test_decode_split_k_sums_in_order_and_applies_the_epilogue_once(device):
         z = torch.full((m, n), float("nan"), device=device)
         epi = Epilogue(bias=b, activation="relu", residual=r, z=z)
         p = Problem(matrix(x), matrix(w.t()), matrix(y), m, n, k)
-        launch = decode_launch(p, epi, DecodeConfig(BLOCK_N=16, BLOCK_K=64, SPLIT_K=split))
+        launch = decode_launch(p, epi, DecodeGemmConfig(BLOCK_N=16, BLOCK_K=64, SPLIT_K=split))
         launch(x, w, y, epi.tensors())
         first = y.clone()
         launch(x, w, y, epi.tensors())  # bound once, launched again: the same bits
@@ -509,7 +509,7 @@ def test_decode_low_precision_products(m, device):
     a = torch.randint(-128, 128, (m, k), device=device, generator=gen, dtype=torch.int8)
     b = torch.randint(-128, 128, (n, k), device=device, generator=gen, dtype=torch.int8).t()
     plan = scaled_matmul_plan(a, b, None, None, None, torch.int32)
-    assert isinstance(plan.gemm.launch, DecodeLaunch)
+    assert isinstance(plan.gemm.launch, DecodeGemmLaunch)
     assert torch.equal(int8_matmul(a, b), _int_mm_ref(a, b))
     assert torch.equal(int8_matmul(a, b.contiguous()), _int_mm_ref(a, b))  # row-major b
     sb = torch.rand(1, n, device=device, generator=gen)
@@ -531,34 +531,37 @@ def test_decode_configs():
              (16, 4096, 14336, 2, 1), (8, 8192, 8192, 1, 1), (4, 1024, 8192, 2, 2),
              (16, 64, 4096, 4, 4), (3, 45, 70, 2, 2)]  # fmt: skip
     for m, n, k, a_bytes, b_bytes in cases:
-        cfg = DecodeConfig.heuristic(m, n, k, a_bytes, b_bytes, sms)
+        cfg = DecodeGemmConfig.heuristic(m, n, k, a_bytes, b_bytes, sms)
         programs = -(-n // cfg.BLOCK_N) * cfg.SPLIT_K
         # bands that keep A's reads at a quarter of B's bytes, K blocks of at most 256 bytes
         # of B, a stage within STAGE_BYTES, two programs per SM where K can be split
-        assert cfg.BLOCK_N * b_bytes >= min(128 * b_bytes, DecodeConfig.A_READS * m * a_bytes)
+        assert cfg.BLOCK_N * b_bytes >= min(128 * b_bytes, DecodeGemmConfig.A_READS * m * a_bytes)
         assert 16 <= cfg.BLOCK_N <= 128 and cfg.BLOCK_K >= 32 and cfg.BLOCK_K * b_bytes <= 256
         stage = cfg.smem_bytes(a_bytes, b_bytes) // cfg.num_stages
-        assert stage <= DecodeConfig.STAGE_BYTES or cfg.BLOCK_K == 32
+        assert stage <= DecodeGemmConfig.STAGE_BYTES or cfg.BLOCK_K == 32
         assert cfg.fits(k)
         assert (
             programs >= 2 * sms
-            or cfg.SPLIT_K == DecodeConfig.MAX_SPLIT
-            or (k // (2 * cfg.SPLIT_K) < DecodeConfig.MIN_BLOCKS_PER_SPLIT * cfg.BLOCK_K)
+            or cfg.SPLIT_K == DecodeGemmConfig.MAX_SPLIT
+            or (k // (2 * cfg.SPLIT_K) < DecodeGemmConfig.MIN_BLOCKS_PER_SPLIT * cfg.BLOCK_K)
         )
-        space = DecodeConfig.space(m, n, k, a_bytes, b_bytes, sms)
+        space = DecodeGemmConfig.space(m, n, k, a_bytes, b_bytes, sms)
         assert space[0] == cfg and len(set(space)) == len(space)
         for c in space + cfg.neighbours(k, b_bytes):
-            assert c.fits(k) and DecodeConfig.from_tuning(c.tuning()) == c
+            assert c.fits(k) and DecodeGemmConfig.from_tuning(c.tuning()) == c
             assert _tuning.fits_shared_memory(c.smem_bytes(a_bytes, b_bytes))
     # one token against 8192 x 8192 bf16: 512 bands of 16 columns, no split
-    assert DecodeConfig.heuristic(1, 8192, 8192, 2, 2, sms) == DecodeConfig(16, 128, 1)
+    assert DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms) == DecodeGemmConfig(16, 128, 1)
+    # an N-major B (x @ w, w row-major) is loaded along N: bands of 256-byte rows
+    cfg = DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms, b_kmajor=False)
+    assert cfg.BLOCK_N == 128 and cfg.SPLIT_K > 1
 
 
 def test_decode_can_be_turned_off(device):
     a, w = torch.randn(4, 64, device=device), torch.randn(24, 64, device=device)
     on = linear_plan(a, w, None, None, "none", False)
     off = linear_plan(a, w, None, None, "none", False, options=GemmOptions(decode_max_m=0))
-    assert isinstance(on.gemm.launch, DecodeLaunch)
+    assert isinstance(on.gemm.launch, DecodeGemmLaunch)
     assert isinstance(off.gemm.launch, P.GemmLaunch)
     forced = linear_plan(a, w, None, None, "none", False, config=MatmulConfig(16, 32, 32))
     assert isinstance(forced.gemm.launch, P.GemmLaunch)  # a forced config is the tiled kernel

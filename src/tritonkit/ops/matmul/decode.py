@@ -3,26 +3,29 @@ bound by reading B once.
 
 At M <= 16 the product is a matrix-vector product in disguise: its time is the time to stream
 the weight (``N * K`` elements) from memory, and the tiled GEMM's 128-wide tiles give too few
-programs to keep every SM's loads in flight (a 16 x 128 tile over 8192 x 8192 leaves 64 tiles
-for 132 SMs). Here each program owns a narrow band of ``BLOCK_N`` output columns (weight rows)
-and walks a slice of K, loading ``(BLOCK_N, BLOCK_K)`` weight tiles along their contiguous K
-axis (16-byte loads, ``num_stages`` deep in shared memory) and every row of A with them, and
-multiplies on the tensor cores with all M rows in one 16-row tile; the accumulator is fp32
-(int32 for INT8 x INT8). Bands are narrow enough that ``cdiv(N, BLOCK_N)`` programs fill the
-GPU; where they cannot (small N, long K) K is split and a second pass (``splitk.py``'s
-reduction) sums the fp32 partial tiles in a fixed order and applies the epilogue: no atomics,
-the same bits on every run.
+programs to keep every SM's loads in flight (16 x 128 tiles over an 8192 x 8192 weight: 64
+tiles for 132 SMs). Here each program owns a band of ``BLOCK_N`` output columns (weight rows)
+and walks a range of K, loading ``(BLOCK_N, BLOCK_K)`` weight tiles along their contiguous K
+axis (16-byte loads, ``num_stages`` deep in shared memory) with the same K columns of every
+row of A, and multiplies on the tensor cores, all M rows in one 16-row tile; the accumulator
+is fp32 (int32 for INT8 x INT8). Rows of A past M are masked: they load nothing.
+
+Every band reads all of A's rows over its K range (from L2), so narrow bands multiply A's
+reads; the band is the narrowest that keeps them at a quarter of B's bytes (16 columns for
+one token, wider for 16). Where the bands are fewer than two per SM, K is split and a second
+pass (``splitk.py``'s reduction) sums the fp32 partial tiles in a fixed order and applies the
+epilogue: no atomics, the same bits on every run.
 
 Operands may differ in dtype: a 16-bit or float32 A against an INT8 weight (weight-only
 quantization: the codes widened in registers, exactly), FP8 against FP8 (both widened to
 float16, exactly: every product is exact in fp32, so the sum is as accurate as fp32
 accumulation makes it, more than the tensor cores' FP8 accumulator), INT8 against INT8 (an
-int32 accumulator: exact). Scales per tensor, per
-row of A and per column of B, the bias, the activation, the residual and the saved
-pre-activation are ``_core.gemm.epilogue``'s, as in the tiled GEMM.
+int32 accumulator: exact). Scales per tensor, per row of A and per column of B, the bias, the
+activation, the residual and the saved pre-activation are ``_core.gemm.epilogue``'s, as in the
+tiled GEMM.
 
-``DecodeConfig`` holds the launch; ``DecodeConfig.heuristic`` is the untimed default and
-``DecodeConfig.space`` what tuning times on a GPU (``decode_config``).
+``DecodeGemmConfig`` holds a launch: ``heuristic`` is the untimed default, ``space`` and
+``neighbours`` what tuning times on a GPU (``decode_config``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from tritonkit.ops._core.gemm import (
     Epilogue,
     Problem,
     epilogue,
+    layout_flags,
     scale_mode,
     tf32_enabled,
 )
@@ -73,7 +77,7 @@ def _mac(a, w, acc, OPERANDS: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAS
 
 
 @kernel
-def decode_kernel(
+def decode_gemm_kernel(
     a_ptr,  # A (M, K), any strides, M <= BLOCK_M
     b_ptr,  # B (K, N), any strides; fastest K-major (B = W^T of an (N, K) row-major weight)
     c_ptr,  # C (M, N) when SPLIT_K == 1, else the (SPLIT_K, M, N) partial tiles, contiguous
@@ -165,8 +169,8 @@ def decode_kernel(
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    """One launch of ``decode_kernel``: the band of output columns per program, the K block,
+class DecodeGemmConfig:
+    """One launch of ``decode_gemm_kernel``: the band of output columns per program, the K block,
     the K splits (a second pass sums them) and the pipeline."""
 
     BLOCK_N: int = 32
@@ -191,14 +195,21 @@ class DecodeConfig:
     MAX_SPLIT = 16
 
     @classmethod
-    def heuristic(cls, m: int, n: int, k: int, a_bytes: int, b_bytes: int, sms: int):
+    def heuristic(
+        cls, m: int, n: int, k: int, a_bytes: int, b_bytes: int, sms: int, b_kmajor: bool = True
+    ) -> DecodeGemmConfig:
         """The untimed default for an (M <= 16, K) x (K, N) product whose operands have
         ``a_bytes`` and ``b_bytes`` per element: the narrowest band (16 to 128 columns) that
-        keeps the reads of A at a quarter of B's bytes (``A_READS``), K blocks of 256 bytes of
-        B (fewer where a stage would exceed ``STAGE_BYTES``), and K split in powers of 2 while
-        there are fewer than ``PROGRAMS_PER_SM`` programs per SM and each split keeps
-        ``MIN_BLOCKS_PER_SPLIT`` K blocks. 8 warps for the widest tiles."""
-        block_n = max(16, min(128, next_power_of_2(cdiv(cls.A_READS * m * a_bytes, b_bytes))))
+        keeps the reads of A at a quarter of B's bytes (``A_READS``), and for an N-major B
+        (``b_kmajor`` False: the row-major b of ``x @ w``) one whose rows are ``ROW_BYTES``
+        long, since its loads run along N; K blocks of ``ROW_BYTES`` of B (fewer where a stage
+        would exceed ``STAGE_BYTES``); K split in powers of 2 while there are fewer than
+        ``PROGRAMS_PER_SM`` programs per SM and each split keeps ``MIN_BLOCKS_PER_SPLIT`` K
+        blocks; 8 warps for the widest tiles."""
+        band = cdiv(cls.A_READS * m * a_bytes, b_bytes)
+        if not b_kmajor:
+            band = max(band, cls.ROW_BYTES // b_bytes)
+        block_n = max(16, min(128, next_power_of_2(band)))
         block_k = max(32, min(cls.ROW_BYTES // b_bytes, next_power_of_2(k)))
         while block_k > 32 and block_k * (MAX_M * a_bytes + block_n * b_bytes) > cls.STAGE_BYTES:
             block_k //= 2
@@ -214,13 +225,15 @@ class DecodeConfig:
         return cls(block_n, block_k, split, warps)
 
     @classmethod
-    def space(cls, m: int, n: int, k: int, a_bytes: int, b_bytes: int, sms: int):
+    def space(
+        cls, m: int, n: int, k: int, a_bytes: int, b_bytes: int, sms: int, b_kmajor: bool = True
+    ) -> list[DecodeGemmConfig]:
         """What tuning times first (the heuristic first): the heuristic's K block with bands of
         half, the same and twice its width, each with the split that gives as many programs
         and with none; ``neighbours`` then walks from the best (bands of 16 to 128, K blocks
         of 32 elements to 512 bytes, splits up to ``MAX_SPLIT``, 4 or 8 warps, 3 to 5
         stages)."""
-        first = cls.heuristic(m, n, k, a_bytes, b_bytes, sms)
+        first = cls.heuristic(m, n, k, a_bytes, b_bytes, sms, b_kmajor)
         grid = [first]
         for block_n in (first.BLOCK_N // 2, first.BLOCK_N, first.BLOCK_N * 2):
             if not 16 <= block_n <= 128:
@@ -232,7 +245,7 @@ class DecodeConfig:
                     grid.append(cand)
         return grid
 
-    def neighbours(self, k: int, b_bytes: int) -> list[DecodeConfig]:
+    def neighbours(self, k: int, b_bytes: int) -> list[DecodeGemmConfig]:
         """Configs one step away from this one (tuning's hill climb)."""
         out = []
         block_k_max = max(32, min(512 // b_bytes, next_power_of_2(k)))
@@ -269,13 +282,13 @@ class DecodeConfig:
         return _tuning.Config(params, self.num_warps, self.num_stages)
 
     @classmethod
-    def from_tuning(cls, c: _tuning.Config) -> DecodeConfig:
+    def from_tuning(cls, c: _tuning.Config) -> DecodeGemmConfig:
         p = c.params
         return cls(p["BLOCK_N"], p["BLOCK_K"], p["SPLIT_K"], c.num_warps, c.num_stages)
 
 
 def operands_mode(a_dtype: torch.dtype, b_dtype: torch.dtype) -> int | None:
-    """How ``decode_kernel`` multiplies A and B of these dtypes (SAME, F16, INT8), or None for
+    """How ``decode_gemm_kernel`` multiplies A and B of these dtypes (SAME, F16, INT8), or None for
     a pair it does not take."""
     floats = (torch.float32, torch.float16, torch.bfloat16)
     if a_dtype in floats and (b_dtype == a_dtype or b_dtype == torch.int8):
@@ -309,7 +322,7 @@ def input_precision(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
     return "tf32" if b_dtype == torch.float32 and tf32_enabled() else "ieee"
 
 
-def decode_config(p: Problem, epi: Epilogue, sms: int | None = None) -> DecodeConfig:
+def decode_config(p: Problem, epi: Epilogue, sms: int | None = None) -> DecodeGemmConfig:
     """The config of ``p``'s decode launch: tuned per (M's power of 2, N, K, dtypes, B's
     layout, precision) where tuning runs, the heuristic elsewhere; kept in the plan cache."""
     a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
@@ -328,29 +341,29 @@ def decode_config(p: Problem, epi: Epilogue, sms: int | None = None) -> DecodeCo
     }
 
     def prune(cfg: _tuning.Config) -> bool:
-        cand = DecodeConfig.from_tuning(cfg)
+        cand = DecodeGemmConfig.from_tuning(cfg)
         return _tuning.fits_shared_memory(cand.smem_bytes(a.element_size(), b_bytes))
 
-    launches: dict[DecodeConfig, DecodeLaunch] = {}
+    launches: dict[DecodeGemmConfig, DecodeGemmLaunch] = {}
 
     def run(cfg: _tuning.Config) -> None:
-        config = DecodeConfig.from_tuning(cfg)
+        config = DecodeGemmConfig.from_tuning(cfg)
         launch = launches.get(config)
         if launch is None:
-            launch = launches[config] = DecodeLaunch(p, epi, config)
+            launch = launches[config] = DecodeGemmLaunch(p, epi, config)
         launch(a, b, c, epi.tensors())
 
     def neighbours(cfg: _tuning.Config) -> list[_tuning.Config]:
-        return [n.tuning() for n in DecodeConfig.from_tuning(cfg).neighbours(p.k, b_bytes)]
+        return [n.tuning() for n in DecodeGemmConfig.from_tuning(cfg).neighbours(p.k, b_bytes)]
 
-    def choose() -> DecodeConfig:
+    def choose() -> DecodeGemmConfig:
         # M's power of 2, as the key holds it: every M of the class gets the same candidates
         m = next_power_of_2(p.m)
-        space = DecodeConfig.space(m, p.n, p.k, a.element_size(), b_bytes, sms)
+        space = DecodeGemmConfig.space(m, p.n, p.k, a.element_size(), b_bytes, sms, key["b_kmajor"])
         cands = [cfg.tuning() for cfg in space]
         cands = [cfg for cfg in cands if prune(cfg)] or cands
         best = _tuning.tune("matmul_decode", key, cands, run, neighbours=neighbours, prune=prune)
-        return DecodeConfig.from_tuning(best)
+        return DecodeGemmConfig.from_tuning(best)
 
     return cached("matmul.decode_config", (tuple(key.items()), sms), choose)
 
@@ -364,24 +377,24 @@ def _dtype_key(dtype: torch.dtype) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-class DecodeLaunch:
+class DecodeGemmLaunch:
     """The decode kernel's launches for one problem signature and config (with SPLIT_K > 1,
     the reduction too), each bound once; called as ``GemmLaunch`` is, with the operands, the
     output and the epilogue's tensors."""
 
     __slots__ = ("config", "int64", "layout", "main", "reduce", "use_tma", "ws")
 
-    def __init__(self, p: Problem, epi: Epilogue, cfg: DecodeConfig) -> None:
+    def __init__(self, p: Problem, epi: Epilogue, cfg: DecodeGemmConfig) -> None:
         a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
         mode = operands_mode(a.dtype, b.dtype)
         if mode is None or not 0 < p.m <= MAX_M or p.n_batch != 1:
             raise ValueError(
-                f"decode_kernel: A ({p.m} x {p.k}, {a.dtype}) and B ({b.dtype}) are not a "
+                f"decode_gemm_kernel: A ({p.m} x {p.k}, {a.dtype}) and B ({b.dtype}) are not a "
                 f"decode product (at most {MAX_M} rows, one matrix, supported dtypes)"
             )
         self.config = cfg
         self.use_tma, self.int64 = False, True
-        self.layout = (p.a.strides[2] == 1 and p.m > 1, p.b.strides[2] == 1)
+        self.layout = layout_flags(p)
         split = cfg.SPLIT_K
         k_split = cdiv(cdiv(p.k, cfg.BLOCK_K), split) * cfg.BLOCK_K
         acc_dtype = torch.int32 if mode == INT8.value else torch.float32
@@ -399,7 +412,7 @@ class DecodeLaunch:
         )
         epi_strides = epi.strides()
         target = c if split == 1 else ws
-        self.main = decode_kernel.bind(
+        self.main = decode_gemm_kernel.bind(
             (cdiv(p.n, cfg.BLOCK_N), split), a, b, target, *epi.tensors(), p.m, p.n, p.k,
             k_split, p.a.strides[2], p.a.strides[3], p.b.strides[2], p.b.strides[3],
             p.c.strides[2], p.c.strides[3], *epi_strides,
@@ -433,10 +446,10 @@ class DecodeLaunch:
 
 
 def decode_launch(
-    p: Problem, epi: Epilogue, config: DecodeConfig | None = None, sms: int | None = None
-) -> DecodeLaunch:
+    p: Problem, epi: Epilogue, config: DecodeGemmConfig | None = None, sms: int | None = None
+) -> DecodeGemmLaunch:
     """The bound decode launch of ``p`` (``decode_ok``) with ``epi``; its config is
     ``decode_config``'s for ``sms`` SMs (None: the device's) unless given."""
     if config is None:
         config = decode_config(p, epi, sms)
-    return DecodeLaunch(p, epi, config)
+    return DecodeGemmLaunch(p, epi, config)

@@ -45,7 +45,7 @@ from tritonkit.ops.matmul.configs import (
     operand_class,
     promotion,
 )
-from tritonkit.ops.matmul.decode import DecodeLaunch, decode_launch, decode_ok
+from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch, decode_ok
 from tritonkit.ops.matmul.ieee import fma_copies_b
 from tritonkit.ops.matmul.persistent import matmul_persistent_kernel
 from tritonkit.ops.matmul.splitk import split_k_for, splitk_reduce_kernel
@@ -324,7 +324,7 @@ class GemmPlan:
     __slots__ = ("copies", "launch", "n_copies", "prep_a", "prep_b")
 
     def __init__(
-        self, launch: GemmLaunch | DecodeLaunch, prep_a: Prep, prep_b: Prep, copies: tuple
+        self, launch: GemmLaunch | DecodeGemmLaunch, prep_a: Prep, prep_b: Prep, copies: tuple
     ) -> None:
         self.launch, self.prep_a, self.prep_b, self.copies = launch, prep_a, prep_b, copies
         self.n_copies = sum(2 if c == "batch" else 1 for c in copies if c)

@@ -22,7 +22,7 @@ from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.reduce import sum_partials
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.matmul.decode import DecodeLaunch, decode_launch
+from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch
 from tritonkit.ops.matmul.plan import signature
 
 
@@ -192,7 +192,7 @@ class WeightOnlyPlan:
 
     __slots__ = ("config", "decode", "shape")
 
-    def __init__(self, shape, decode: DecodeLaunch | None, config: WeightOnlyConfig | None):
+    def __init__(self, shape, decode: DecodeGemmLaunch | None, config: WeightOnlyConfig | None):
         self.shape, self.decode, self.config = shape, decode, config
 
     def run(self, x2, w, scale, bias) -> torch.Tensor:
