@@ -533,15 +533,15 @@ def test_decode_configs():
     for m, n, k, a_bytes, b_bytes in cases:
         cfg = DecodeGemmConfig.heuristic(m, n, k, a_bytes, b_bytes, sms)
         programs = -(-n // cfg.BLOCK_N) * cfg.SPLIT_K
-        # bands that keep A's reads at a quarter of B's bytes, K blocks of at most 256 bytes
-        # of B, a stage within STAGE_BYTES, two programs per SM where K can be split
+        # bands that keep A's reads at half of B's bytes, K blocks of at most 256 bytes of B,
+        # a stage within STAGE_BYTES, a program per SM where K can be split
         assert cfg.BLOCK_N * b_bytes >= min(128 * b_bytes, DecodeGemmConfig.A_READS * m * a_bytes)
         assert 16 <= cfg.BLOCK_N <= 128 and cfg.BLOCK_K >= 32 and cfg.BLOCK_K * b_bytes <= 256
         stage = cfg.smem_bytes(a_bytes, b_bytes) // cfg.num_stages
         assert stage <= DecodeGemmConfig.STAGE_BYTES or cfg.BLOCK_K == 32
         assert cfg.fits(k)
         assert (
-            programs >= 2 * sms
+            programs >= sms
             or cfg.SPLIT_K == DecodeGemmConfig.MAX_SPLIT
             or (k // (2 * cfg.SPLIT_K) < DecodeGemmConfig.MIN_BLOCKS_PER_SPLIT * cfg.BLOCK_K)
         )
@@ -550,8 +550,12 @@ def test_decode_configs():
         for c in space + cfg.neighbours(k, b_bytes):
             assert c.fits(k) and DecodeGemmConfig.from_tuning(c.tuning()) == c
             assert _tuning.fits_shared_memory(c.smem_bytes(a_bytes, b_bytes))
-    # one token against 8192 x 8192 bf16: 512 bands of 16 columns, no split
+    # one token against 8192 x 8192 bf16: 512 bands of 16 columns, no split; 16 tokens: 256
+    # bands of 32; 16 tokens against int8 4096 x 14336: 64 bands of 64, K split in 4
     assert DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms) == DecodeGemmConfig(16, 128, 1)
+    assert DecodeGemmConfig.heuristic(16, 8192, 8192, 2, 2, sms) == DecodeGemmConfig(32, 128, 1)
+    cfg = DecodeGemmConfig.heuristic(16, 4096, 14336, 2, 1, sms)
+    assert (cfg.BLOCK_N, cfg.SPLIT_K) == (64, 4)
     # an N-major B (x @ w, w row-major) is loaded along N: bands of 256-byte rows
     cfg = DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms, b_kmajor=False)
     assert cfg.BLOCK_N == 128 and cfg.SPLIT_K > 1

@@ -11,9 +11,9 @@ row of A, and multiplies on the tensor cores, all M rows in one 16-row tile; the
 is fp32 (int32 for INT8 x INT8). Rows of A past M are masked: they load nothing.
 
 Every band reads all of A's rows over its K range (from L2), so narrow bands multiply A's
-reads; the band is the narrowest that keeps them at a quarter of B's bytes (16 columns for
-one token, wider for 16). Where the bands are fewer than two per SM, K is split and a second
-pass (``splitk.py``'s reduction) sums the fp32 partial tiles in a fixed order and applies the
+reads; the band is the narrowest that keeps them at half of B's bytes (16 columns for one
+token, wider for 16). Where the bands are fewer than the SMs, K is split and a second pass
+(``splitk.py``'s reduction) sums the fp32 partial tiles in a fixed order and applies the
 epilogue: no atomics, the same bits on every run.
 
 Operands may differ in dtype: a 16-bit or float32 A against an INT8 weight (weight-only
@@ -185,11 +185,8 @@ class DecodeGemmConfig:
     STAGE_BYTES = 24 * 1024
     # Every program reads all M rows of its K range of A (from L2): with bands of BLOCK_N
     # columns, A is read N / BLOCK_N times. The band is at least this many times M * a_bytes /
-    # b_bytes wide, so that those reads stay at a quarter of B's bytes or less.
-    A_READS = 4
-    # Programs per SM the heuristic aims for: two resident bands keep loads in flight while
-    # the other multiplies.
-    PROGRAMS_PER_SM = 2
+    # b_bytes wide, so that those reads (L2 hits) stay at half of B's bytes (misses) or less.
+    A_READS = 2
     # K blocks each split keeps at least (shorter splits spend more on the reduction).
     MIN_BLOCKS_PER_SPLIT = 4
     MAX_SPLIT = 16
@@ -200,12 +197,14 @@ class DecodeGemmConfig:
     ) -> DecodeGemmConfig:
         """The untimed default for an (M <= 16, K) x (K, N) product whose operands have
         ``a_bytes`` and ``b_bytes`` per element: the narrowest band (16 to 128 columns) that
-        keeps the reads of A at a quarter of B's bytes (``A_READS``), and for an N-major B
+        keeps the reads of A at half of B's bytes (``A_READS``), and for an N-major B
         (``b_kmajor`` False: the row-major b of ``x @ w``) one whose rows are ``ROW_BYTES``
         long, since its loads run along N; K blocks of ``ROW_BYTES`` of B (fewer where a stage
-        would exceed ``STAGE_BYTES``); K split in powers of 2 while there are fewer than
-        ``PROGRAMS_PER_SM`` programs per SM and each split keeps ``MIN_BLOCKS_PER_SPLIT`` K
-        blocks; 8 warps for the widest tiles."""
+        would exceed ``STAGE_BYTES``: a program's pipeline then keeps 72 KB of loads in
+        flight, more than an SM's share of the memory's bandwidth-latency product); K split in
+        powers of 2 only while there are fewer programs than SMs (a bandwidth-bound band runs
+        as well one or two to an SM; the split costs a second launch) and each split keeps
+        ``MIN_BLOCKS_PER_SPLIT`` K blocks; 8 warps for the widest tiles."""
         band = cdiv(cls.A_READS * m * a_bytes, b_bytes)
         if not b_kmajor:
             band = max(band, cls.ROW_BYTES // b_bytes)
@@ -213,10 +212,9 @@ class DecodeGemmConfig:
         block_k = max(32, min(cls.ROW_BYTES // b_bytes, next_power_of_2(k)))
         while block_k > 32 and block_k * (MAX_M * a_bytes + block_n * b_bytes) > cls.STAGE_BYTES:
             block_k //= 2
-        want = cls.PROGRAMS_PER_SM * sms
         split = 1
         while (
-            cdiv(n, block_n) * split < want
+            cdiv(n, block_n) * split < sms
             and split < cls.MAX_SPLIT
             and k // (2 * split) >= cls.MIN_BLOCKS_PER_SPLIT * block_k
         ):
