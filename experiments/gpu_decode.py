@@ -17,8 +17,13 @@ process with ``TRITONKIT_REPLAY=0``, on the Python path alone. The acceptance: e
 path's wall time at most torch's, at every M, with replay.
 
     python experiments/gpu_decode.py --out DIR            # GPU: about two minutes
+    python experiments/gpu_decode.py --out DIR --autotune 1   # tune every decode key first
     python experiments/gpu_decode.py --out DIR --tiny     # CPU interpreter: small shapes, a
                                                           # run-through (its timings mean nothing)
+
+``--autotune`` sets TRITONKIT_AUTOTUNE for the run (default: as a user's run finds it, "auto":
+on a GPU without shipped tables, e.g. an H100, each new decode key is timed on its first call,
+up to 10 s each; "0": the heuristic configs, untimed).
 
 Writes DIR/decode.json and DIR/decode.md and prints the table last.
 """
@@ -141,6 +146,7 @@ def run(args) -> dict:
         "replay": ext is not None,
         "replay_disabled": replay.STATS.disabled,
         "calls": args.calls,
+        "autotune": os.environ.get("TRITONKIT_AUTOTUNE", "auto"),
         "rows": {},
     }
     with torch.no_grad():
@@ -189,7 +195,7 @@ def table(doc: dict) -> str:
     lines = [
         f"Decode GEMMs, bf16, {doc['gpu']} (torch {doc['torch']}); us per call; wall: "
         f"{doc['calls']} back-to-back calls (replay {'on' if doc['replay'] else 'OFF'}; "
-        "python: TRITONKIT_REPLAY=0); SQNR against float64.",
+        f"python: TRITONKIT_REPLAY=0); autotune {doc['autotune']}; SQNR against float64.",
         "",
         "| weight | M | path | GPU us | wall us | host us | wall us, python | SQNR dB | "
         "<= torch wall |",
@@ -226,7 +232,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=None, help="back-to-back calls per wall time")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-python-path", action="store_true", help="skip the replay-off timing")
+    ap.add_argument("--autotune", choices=("0", "1"), help="TRITONKIT_AUTOTUNE for the run")
     args = ap.parse_args()
+    if args.autotune is not None:  # read at every call (plan.Env): the child inherits it
+        os.environ["TRITONKIT_AUTOTUNE"] = args.autotune
     args.calls = args.calls or (5 if TINY else 300)
     if args.child:
         print(json.dumps(run_wall_only(args)))

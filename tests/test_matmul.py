@@ -767,9 +767,13 @@ def _int_mm_ref(a, b):
 
 @pytest.fixture
 def kmajor_route(tma_in_interpreter):
-    """Options with TMA under the interpreter and the K-major copy threshold low."""
+    """Options with TMA under the interpreter and the K-major copy threshold low (and no decode
+    kernel, which reads any layout in place: 16 rows stay on the tiled route here)."""
     return GemmOptions(
-        interpreter_tma=True, kmajor_copy_min_mnk=1, descriptors=tma_in_interpreter.descriptors
+        interpreter_tma=True,
+        kmajor_copy_min_mnk=1,
+        descriptors=tma_in_interpreter.descriptors,
+        decode_max_m=0,
     )
 
 
