@@ -25,7 +25,7 @@ import torch
 
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES
-from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops._core.registry import define_op, eager_direct
 from tritonkit.ops.quant import twopass
 from tritonkit.ops.quant.dequant import dequantize_2d
@@ -72,8 +72,9 @@ def block_error(shape: tuple[int, ...], block: tuple[int, ...]) -> str | None:
 
 
 def plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:
-    """The path for ``shape`` with ``block`` (validated by ``block_error`` first)."""
-    return cached("quantize.plan", (shape, block), lambda: _plan(shape, block))
+    """The path for ``shape`` with ``block`` (validated by ``block_error`` first). It depends on
+    nothing else (no setting of the Env): kept in the plan cache without one."""
+    return PLANS.get(("quantize.plan", shape, block), None, lambda: _plan(shape, block))
 
 
 def _plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:

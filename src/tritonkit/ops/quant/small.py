@@ -18,7 +18,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import Bound, kernel
 from tritonkit.ops._core.layout import cdiv
-from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops.quant._jit import encode, finite_abs, symmetric_scales
 from tritonkit.ops.quant.formats import QFormat
 
@@ -108,7 +108,7 @@ def quantize_tensor_small(
             BLOCK=config.block, num_warps=config.num_warps,
         )  # fmt: skip
 
-    launch = cached("quant.small_tensor", key, bind)
+    launch = PLANS.get(("quant.small_tensor", key), None, bind)  # no setting of the Env changes it
     if amax is None:
         launch(x, q, scale)
     else:
