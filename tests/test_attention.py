@@ -16,7 +16,7 @@ import tritonkit
 from tritonkit.nn import sdpa_patch
 from tritonkit.ops.attention import (
     BwdConfig,
-    DecodeConfig,
+    DecodeGemmConfig,
     Tile,
     UnsupportedAttention,
     attention_backward,
@@ -428,10 +428,10 @@ def test_varlen(lens_q, lens_k, causal, window, device):
 @pytest.mark.parametrize(
     "n_q, n_k, h, h_kv, kind, config",
     [
-        (1, 200, 8, 2, "full", DecodeConfig(16, splits=5)),
-        (3, 77, 4, 4, "padding", DecodeConfig(32, splits=3)),
-        (16, 120, 4, 1, "causal", DecodeConfig(16, splits=4)),
-        (5, 90, 6, 2, "window", DecodeConfig(16, splits=6)),  # splits outside the window
+        (1, 200, 8, 2, "full", DecodeGemmConfig(16, splits=5)),
+        (3, 77, 4, 4, "padding", DecodeGemmConfig(32, splits=3)),
+        (16, 120, 4, 1, "causal", DecodeGemmConfig(16, splits=4)),
+        (5, 90, 6, 2, "window", DecodeGemmConfig(16, splits=6)),  # splits outside the window
         (2, 64, 2, 2, "additive", None),
     ],
 )

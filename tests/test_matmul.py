@@ -18,7 +18,15 @@ from tritonkit import _tuning
 from tritonkit.nn.linear import Linear
 from tritonkit.ops import matmul as mm
 from tritonkit.ops._core.device import interpreter_enabled
-from tritonkit.ops._core.gemm import NO_EPILOGUE, layout_flags, size_class, tf32_enabled
+from tritonkit.ops._core.gemm import (
+    NO_EPILOGUE,
+    Epilogue,
+    Problem,
+    layout_flags,
+    matrix,
+    size_class,
+    tf32_enabled,
+)
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops.matmul import (
@@ -42,6 +50,7 @@ from tritonkit.ops.matmul import (
 )
 from tritonkit.ops.matmul import configs as C
 from tritonkit.ops.matmul import plan as P
+from tritonkit.ops.matmul.decode import DecodeGemmConfig, DecodeGemmLaunch, decode_launch
 from tritonkit.ops.matmul.ieee import fma_copies_b
 from tritonkit.ops.matmul.splitk import SPLIT_K
 
@@ -415,7 +424,8 @@ def test_split_k_heuristic():
 
 
 def test_split_k_is_chosen_for_skinny_shapes_and_correct(device):
-    opts = GemmOptions(sms=132)  # the schedule of an H200, on any device
+    # the schedule of an H200, on any device; 16 rows without the decode kernel
+    opts = GemmOptions(sms=132, decode_max_m=0)
     a = torch.randn(16, 4096, device=device)
     b = torch.randn(4096, 64, device=device)
     assert (
@@ -434,6 +444,132 @@ def test_split_k_is_chosen_for_skinny_shapes_and_correct(device):
     # and with the device's own SM count, through the public function
     out = linear(x, w, bias, "gelu", r)
     torch.testing.assert_close(out, F.gelu(F.linear(x, w, bias)) + r, rtol=1e-4, atol=1e-4)
+
+
+# ---- decode: at most 16 rows -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_decode_linear_forward_and_backward(dtype, device):
+    """Every M from 1 to 16 takes the decode kernel (17 does not), with the whole epilogue,
+    odd K and N, x read through its strides; the backward's dX (M rows again) too."""
+    # relative L2: a few units in the output's last place (fp32: the accumulation's sqrt(K) ulps)
+    tol = {torch.float32: 1e-5, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[dtype]
+    gen = torch.Generator(device=device).manual_seed(3)
+    k, n = 300, 45
+    w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(dtype)
+    b = torch.randn(n, device=device, generator=gen).to(dtype)
+    for m in (1, 2, 5, 11, 16, 17):
+        base = torch.randn(m, 2 * k, device=device, generator=gen).to(dtype)
+        x = base[:, ::2]  # every other column: a strided view
+        r = torch.randn(m, n, device=device, generator=gen).to(dtype)
+        plan = linear_plan(x, w, b, r, "gelu_tanh", False)
+        assert isinstance(plan.gemm.launch, DecodeGemmLaunch) == (m <= 16), m
+        xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y = linear(xg, wg, b, "gelu_tanh", r)
+        x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+        ref = F.gelu(F.linear(x64, w64, b.double()), approximate="tanh") + r.double()
+        assert (y.double() - ref).norm() <= tol * ref.norm(), m
+        dy = torch.randn(m, n, device=device, generator=gen).to(dtype)
+        y.backward(dy)
+        ref.backward(dy.double())
+        for got, want in ((xg.grad, x64.grad), (wg.grad, w64.grad)):
+            # dZ = dY * act'(Z) is rounded to the dtype once more on the way (as in PyTorch)
+            assert (got.double() - want).norm() <= 2 * tol * want.norm(), m
+
+
+def test_decode_split_k_sums_in_order_and_applies_the_epilogue_once(device):
+    gen = torch.Generator(device=device).manual_seed(4)
+    m, n, k = 3, 50, 1000
+    x = torch.randn(m, k, device=device, generator=gen)
+    w = torch.randn(n, k, device=device, generator=gen) / k**0.5
+    b, r = torch.randn(n, device=device, generator=gen), torch.randn(m, n, device=device)
+    ref_z = x.double() @ w.double().t() + b.double()
+    ref = F.relu(ref_z) + r.double()
+    for split in (1, 2, 3, 7):  # 3 and 7 leave a short last split and a partial K block
+        y = torch.full((m, n), float("nan"), device=device)
+        z = torch.full((m, n), float("nan"), device=device)
+        epi = Epilogue(bias=b, activation="relu", residual=r, z=z)
+        p = Problem(matrix(x), matrix(w.t()), matrix(y), m, n, k)
+        launch = decode_launch(p, epi, DecodeGemmConfig(BLOCK_N=16, BLOCK_K=64, SPLIT_K=split))
+        launch(x, w, y, epi.tensors())
+        first = y.clone()
+        launch(x, w, y, epi.tensors())  # bound once, launched again: the same bits
+        assert torch.equal(y, first)
+        _close(z, ref_z)
+        _close(y, ref)
+
+
+@pytest.mark.parametrize("m", [1, 6, 16])
+def test_decode_low_precision_products(m, device):
+    """At most 16 rows, FP8 and INT8 GEMMs take the decode kernel: INT8 exact in int32, FP8
+    products exact and summed in fp32 (more accurate than the FP8 tensor cores)."""
+    gen = torch.Generator(device=device).manual_seed(m)
+    k, n = 200, 40
+    a = torch.randint(-128, 128, (m, k), device=device, generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, (n, k), device=device, generator=gen, dtype=torch.int8).t()
+    plan = scaled_matmul_plan(a, b, None, None, None, torch.int32)
+    assert isinstance(plan.gemm.launch, DecodeGemmLaunch)
+    assert torch.equal(int8_matmul(a, b), _int_mm_ref(a, b))
+    assert torch.equal(int8_matmul(a, b.contiguous()), _int_mm_ref(a, b))  # row-major b
+    sb = torch.rand(1, n, device=device, generator=gen)
+    _close(int8_matmul(a, b, scale_b=sb, out_dtype=torch.float32), _int_mm_ref(a, b) * sb)
+    for a_dtype, b_dtype in [(torch.float8_e4m3fn,) * 2, (torch.float8_e5m2, torch.float8_e4m3fn)]:
+        fa = torch.randn(m, k, device=device, generator=gen).to(a_dtype)
+        fb = (torch.randn(n, k, device=device, generator=gen) / 4).to(b_dtype).t()
+        sa = torch.rand(m, 1, device=device, generator=gen) + 0.5
+        one = torch.tensor(0.5, device=device)
+        bias = torch.randn(n, device=device, generator=gen)
+        out = scaled_matmul(fa, fb, sa, one, torch.float32, bias)
+        expected = (fa.double() @ fb.double()) * sa.double() * 0.5 + bias.double()
+        assert (out.double() - expected).norm() <= 1e-6 * expected.norm()
+
+
+def test_decode_configs():
+    sms = 132
+    cases = [(1, 8192, 8192, 2, 2), (16, 8192, 8192, 2, 2), (1, 8192, 8192, 2, 1),
+             (16, 4096, 14336, 2, 1), (8, 8192, 8192, 1, 1), (4, 1024, 8192, 2, 2),
+             (16, 64, 4096, 4, 4), (3, 45, 70, 2, 2)]  # fmt: skip
+    for m, n, k, a_bytes, b_bytes in cases:
+        cfg = DecodeGemmConfig.heuristic(m, n, k, a_bytes, b_bytes, sms)
+        programs = -(-n // cfg.BLOCK_N) * cfg.SPLIT_K
+        # bands that keep A's reads at half of B's bytes, K blocks of at most 256 bytes of B,
+        # a stage within STAGE_BYTES, a program per SM where K can be split
+        assert cfg.BLOCK_N * b_bytes >= min(128 * b_bytes, DecodeGemmConfig.A_READS * m * a_bytes)
+        assert 16 <= cfg.BLOCK_N <= 128 and cfg.BLOCK_K >= 32 and cfg.BLOCK_K * b_bytes <= 256
+        stage = cfg.smem_bytes(a_bytes, b_bytes) // cfg.num_stages
+        assert stage <= DecodeGemmConfig.STAGE_BYTES or cfg.BLOCK_K == 32
+        assert cfg.fits(k)
+        assert (
+            programs >= sms
+            or cfg.SPLIT_K == DecodeGemmConfig.MAX_SPLIT
+            or (k // (2 * cfg.SPLIT_K) < DecodeGemmConfig.MIN_BLOCKS_PER_SPLIT * cfg.BLOCK_K)
+        )
+        space = DecodeGemmConfig.space(m, n, k, a_bytes, b_bytes, sms)
+        assert space[0] == cfg and len(set(space)) == len(space)
+        for c in space + cfg.neighbours(k, b_bytes):
+            assert c.fits(k) and DecodeGemmConfig.from_tuning(c.tuning()) == c
+            assert _tuning.fits_shared_memory(c.smem_bytes(a_bytes, b_bytes))
+    # one token against 8192 x 8192 bf16: 512 bands of 16 columns, no split; 16 tokens: 256
+    # bands of 32; 16 tokens against int8 4096 x 14336: 64 bands of 64, K split in 4
+    assert DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms) == DecodeGemmConfig(16, 128, 1)
+    assert DecodeGemmConfig.heuristic(16, 8192, 8192, 2, 2, sms) == DecodeGemmConfig(32, 128, 1)
+    cfg = DecodeGemmConfig.heuristic(16, 4096, 14336, 2, 1, sms)
+    assert (cfg.BLOCK_N, cfg.SPLIT_K) == (64, 4)
+    # an N-major B (x @ w, w row-major) is loaded along N: bands of 256-byte rows
+    cfg = DecodeGemmConfig.heuristic(1, 8192, 8192, 2, 2, sms, b_kmajor=False)
+    assert cfg.BLOCK_N == 128 and cfg.SPLIT_K > 1
+
+
+def test_decode_can_be_turned_off(device):
+    a, w = torch.randn(4, 64, device=device), torch.randn(24, 64, device=device)
+    on = linear_plan(a, w, None, None, "none", False)
+    off = linear_plan(a, w, None, None, "none", False, options=GemmOptions(decode_max_m=0))
+    assert isinstance(on.gemm.launch, DecodeGemmLaunch)
+    assert isinstance(off.gemm.launch, P.GemmLaunch)
+    forced = linear_plan(a, w, None, None, "none", False, config=MatmulConfig(16, 32, 32))
+    assert isinstance(forced.gemm.launch, P.GemmLaunch)  # a forced config is the tiled kernel
+    _close(off.run(a, w, None, None)[0], on.run(a, w, None, None)[0])
 
 
 def test_sixty_four_bit_offsets(device):
@@ -631,9 +767,13 @@ def _int_mm_ref(a, b):
 
 @pytest.fixture
 def kmajor_route(tma_in_interpreter):
-    """Options with TMA under the interpreter and the K-major copy threshold low."""
+    """Options with TMA under the interpreter and the K-major copy threshold low (and no decode
+    kernel, which reads any layout in place: 16 rows stay on the tiled route here)."""
     return GemmOptions(
-        interpreter_tma=True, kmajor_copy_min_mnk=1, descriptors=tma_in_interpreter.descriptors
+        interpreter_tma=True,
+        kmajor_copy_min_mnk=1,
+        descriptors=tma_in_interpreter.descriptors,
+        decode_max_m=0,
     )
 
 

@@ -205,12 +205,12 @@ def test_interpreter_fp8_cast_is_emulated(device):
         o = tl.arange(0, N)
         tl.store(y_ptr + o, tl.load(x_ptr + o).to(tl.float8e4nv))
 
-    x = torch.tensor([0.0019, 3.375, 2.5625, 3.4] * 4)  # a subnormal and round-half cases
-    raw = torch.empty(16, dtype=E4)
+    x = torch.tensor([0.0019, 3.375, 2.5625, 3.4] * 4, device=device)  # subnormal, round-half
+    raw = torch.empty(16, dtype=E4, device=device)
     cast[(1,)](x, raw, N=16)
     torch_cast = x.to(E4)
     assert not torch.equal(raw.view(torch.uint8), torch_cast.view(torch.uint8))
-    q = quantize(x, E4, scale=torch.ones(()))  # x * 1, cast by the kernel
+    q = quantize(x, E4, scale=torch.ones((), device=device))  # x * 1, cast by the kernel
     assert torch.equal(q.data.view(torch.uint8), torch_cast.view(torch.uint8))
 
 
@@ -417,6 +417,25 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def _assert_fp8_gemm(out, a, b, dtype, device, bias=None):
+    """``out`` is the FP8 GEMM ``a @ b (+ bias)`` of dequantized operands (float64, on the CPU).
+
+    float32 out: on the interpreter the products (exact) are summed in fp32, so out is within
+    float32's accumulation error, far below 1e-6 relative. On a GPU's FP8 tensor cores
+    (Hopper) the sum of a K block is kept in an accumulator of about 14 significant bits that
+    truncates, between promotions to fp32: each element is then within a few 2**-14 of
+    sum_k |a_ik b_kj| (the bound of test_matmul's test_scaled_matmul), where one wrong code
+    would cost about 2**-4 |a_ik b_kj| and a wrong scale all of it. float16 out: its rounding,
+    2**-11 of each element, dominates.
+    """
+    ref = a @ b if bias is None else a @ b + bias
+    if dtype == torch.float32 and device.type == "cuda":
+        bound = 2.0**-10 * (a.abs() @ b.abs())
+        assert ((out.detach().double().cpu() - ref).abs() <= bound).all()
+    else:
+        assert _rel(out, ref) < (1e-6 if dtype == torch.float32 else 2e-3)
+
+
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_float8_linear_forward_backward(scaling, dtype, device):
@@ -431,19 +450,64 @@ def test_float8_linear_forward_backward(scaling, dtype, device):
     m, k, n = 21, 48, 40
     if scaling == "tensorwise":
         xh, wh = _deq(x2, E4, (m, k)), _deq(w, E4, (n, k))
-        gh = _deq(d2, E5, (m, n))
-        dx, dw = gh @ wh, gh.t() @ xh
+        gh = gx = _deq(d2, E5, (m, n))
+        gw, wx, xw = gh.t(), wh, xh
     else:
         xh, wh = _deq(x2, E4, (1, k), True), _deq(w, E4, (1, k), True)
-        dx = _deq(d2, E4, (1, n), True) @ _deq(w, E4, (n, 1), True)
-        dw = _deq(d2, E4, (m, 1), True).t() @ _deq(x2, E4, (m, 1), True)
-    y_ref = xh @ wh.t() + lin.bias.detach().double().cpu()
-    tol = 1e-6 if dtype == torch.float32 else 2e-3
-    assert _rel(y.reshape(m, n), y_ref) < tol
-    assert _rel(x.grad.reshape(m, k), dx) < tol
-    assert _rel(lin.weight.grad, dw) < tol
-    assert _rel(lin.bias.grad, d2.double().sum(0)) < tol
+        gx, wx = _deq(d2, E4, (1, n), True), _deq(w, E4, (n, 1), True)
+        gw, xw = _deq(d2, E4, (m, 1), True).t(), _deq(x2, E4, (m, 1), True)
+    bias = lin.bias.detach().double().cpu()
+    _assert_fp8_gemm(y.reshape(m, n), xh, wh.t(), dtype, device, bias)
+    _assert_fp8_gemm(x.grad.reshape(m, k), gx, wx, dtype, device)
+    _assert_fp8_gemm(lin.weight.grad, gw, xw, dtype, device)
+    assert _rel(lin.bias.grad, d2.double().sum(0)) < (1e-6 if dtype == torch.float32 else 2e-3)
     assert y.dtype == dtype and lin.weight.grad.dtype == dtype
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_float8_linear_inference_keeps_the_weight_codes(scaling, device, monkeypatch):
+    """Without gradients the weight is cast once and its codes kept; an in-place update (an
+    optimizer step), another weight tensor or train()/eval() cast it again. The output is the
+    forward's with gradients, bit for bit."""
+    import tritonkit.nn.quantized as nq
+
+    casts = []
+    real = nq.float8_weight
+
+    def counting(w, s):
+        casts.append(s)
+        return real(w, s)
+
+    monkeypatch.setattr(nq, "float8_weight", counting)  # counts the casts, changes nothing
+    torch.manual_seed(5)
+    f = Float8Linear(70, 33, device=device, scaling=scaling)
+    x = torch.randn(3, 70, device=device)
+    opt = torch.optim.SGD(f.parameters(), lr=0.5)
+    for step in range(2):
+        y_grad = f(x)  # with gradients: the training forward, which casts the weight itself
+        assert len(casts) == step
+        with torch.no_grad():
+            y1, y2 = f(x), f(x)
+        assert len(casts) == step + 1  # cast once for both calls
+        assert torch.equal(y1, y2) and torch.equal(y1, y_grad.detach())
+        y_grad.square().sum().backward()
+        opt.step()  # in place: the weight's version moves on
+        opt.zero_grad()
+    with torch.no_grad():
+        f(x)
+        assert len(casts) == 3
+        f.weight = torch.nn.Parameter(f.weight.detach() * 2)  # another tensor
+        y = f(x)
+        assert len(casts) == 4
+        f.eval()
+        assert torch.equal(f(x), y) and len(casts) == 5  # eval() forgot the codes
+        f(x)
+        assert len(casts) == 5
+    expected = _deq(x, E4, (3, 70) if scaling == "tensorwise" else (1, 70), scaling == "rowwise")
+    w_hat = _deq(f.weight.detach(), E4, (33, 70) if scaling == "tensorwise" else (1, 70),
+                 scaling == "rowwise")  # fmt: skip
+    bias = f.bias.detach().double().cpu()
+    _assert_fp8_gemm(y, expected, w_hat.t(), torch.float32, device, bias)
 
 
 def test_float8_linear_compiles(device):
@@ -498,6 +562,71 @@ def test_int8_weight_only_split_k(device):
     ref = (x.double() @ w.double().t()) * s.double()
     for cfg in (WeightOnlyConfig(16, 32, 64, 1), WeightOnlyConfig(16, 64, 128, 4)):
         assert _rel(weight_only_fwd(x, w, s, None, cfg), ref) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_int8_weight_only_decode(dtype, device):
+    """1 to 16 rows of x take the matmul family's decode kernel (17 the tiled one): against
+    the float64 product with the dequantized weight, odd K and N, strided x, a bias, an
+    (N, 1) scale (Int8Linear's buffer), through the layer too."""
+    from tritonkit.ops.matmul.decode import DecodeGemmLaunch
+    from tritonkit.ops.quant.weight_only import weight_only_fwd, weight_only_plan
+
+    gen = torch.Generator(device=device).manual_seed(6)
+    k, n = 333, 45
+    w = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
+    s = torch.rand(n, 1, generator=gen, device=device) / (127 * k**0.5)
+    b = torch.randn(n, generator=gen, device=device).to(dtype)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    for m in (1, 2, 7, 16, 17):
+        x = torch.randn(m, 2 * k, generator=gen, device=device).to(dtype)[:, 1::2]
+        plan = weight_only_plan(x, w, s, b)
+        assert isinstance(plan.decode, DecodeGemmLaunch) == (m <= 16), m
+        ref = (x.double() @ w.double().t()) * s.double().t() + b.double()
+        assert _rel(weight_only_fwd(x, w, s, b), ref) < tol, m
+        assert _rel(weight_only_fwd(x, w, s.reshape(-1), b), ref) < tol, m
+    lin = torch.nn.Linear(k, n, device=device, dtype=dtype)
+    layer = Int8Linear.from_float(lin, "weight_only")
+    x = torch.randn(2, 3, k, generator=gen, device=device).to(dtype)
+    w_hat = layer.weight_int8.double() * layer.weight_scale.double()
+    ref = x.double() @ w_hat.t() + lin.bias.double()
+    with torch.no_grad():
+        assert _rel(layer(x), ref) < tol
+    assert _rel(layer(x), ref) < tol  # grad mode on, nothing requires a gradient
+
+
+def test_small_tensor_quantize_in_one_pass_matches_two(device):
+    """One scale for a small tensor: one launch whose programs each take the amax of the whole
+    tensor, bit for bit the two passes' codes, scale and amax (here with many programs)."""
+    from tritonkit.ops.quant import twopass
+    from tritonkit.ops.quant.small import SMALL_TENSOR, SmallTensorConfig, quantize_tensor_small
+
+    x = _randn((37, 96), torch.bfloat16, device, seed=21)
+    x[3, 5], x[7, 1] = float("inf"), float("nan")
+    emulate = INTERPRETED
+    for dtype in (E4, E5, I8):
+        fmt = get_format(dtype)
+        for pow2 in (False, True):
+            q1 = torch.empty(x.shape, dtype=fmt.storage, device=device)
+            s1 = torch.empty((), device=device)
+            a1 = torch.empty((), device=device)
+            cfg = SmallTensorConfig(block=256, num_warps=4)
+            quantize_tensor_small(x, q1, s1, a1, fmt, pow2, emulate, cfg)
+            q2 = torch.empty_like(q1)
+            s2 = torch.empty((1,), device=device)
+            hi = torch.zeros((1,), device=device)
+            twopass.amax_pass(x, hi, None, twopass.TENSOR, 1, twopass.ROW_MAJOR_TILES)
+            twopass.cast_pass(
+                x, q2, None, hi, None, s2, None, None, twopass.TENSOR, twopass.FROM_AMAX, 1, fmt,
+                pow2, emulate, twopass.ROW_MAJOR_TILES,
+            )  # fmt: skip
+            assert torch.equal(_bits(q1), _bits(q2)), (dtype, pow2)
+            assert torch.equal(s1.reshape(1), s2) and torch.equal(a1.reshape(1), hi)
+    # quantize() takes it for a contiguous tensor, the two passes for a strided view
+    assert SMALL_TENSOR.takes(x, get_format(E4)) and not SMALL_TENSOR.takes(x.t(), get_format(E4))
+    q, qt = quantize(x, E4, "tensor"), quantize(x.t().contiguous().t(), E4, "tensor")
+    assert torch.equal(_bits(q.data), _bits(qt.data)) and torch.equal(q.scale, qt.scale)
+    _assert_exact(x, q)
 
 
 def test_convert_and_calibrate(device):

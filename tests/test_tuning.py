@@ -230,6 +230,7 @@ def _expected_params():
 
     from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
     from tritonkit.ops.matmul.configs import MatmulConfig
+    from tritonkit.ops.matmul.decode import DecodeGemmConfig
     from tritonkit.ops.quant.weight_only import WeightOnlyConfig
 
     tile = set(INTERPRETER_FWD.tuning().params)
@@ -243,6 +244,7 @@ def _expected_params():
         "attention_decode": set(INTERPRETER_DECODE.tuning().params),
         "transpose": {"BLOCK_M", "BLOCK_N"},
         "int8_weight_only": weight_only,
+        "matmul_decode": set(DecodeGemmConfig().tuning().params),
     }
 
 

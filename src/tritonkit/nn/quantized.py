@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
+from tritonkit.ops._core.plan import arg_facts, validated
 from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
 from tritonkit.ops.quant.linear import (
     SCALINGS,
     float8_linear,
+    float8_linear_inference,
+    float8_weight,
     int8_linear_w8a8,
     int8_linear_weight_only,
 )
@@ -28,12 +33,37 @@ def _check_input(op: str, x: object, weight: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_F8 = "tritonkit.nn.Float8Linear"
+_I8 = "tritonkit.nn.Int8Linear"
+
+
+def _check_float8(x, weight, bias) -> bool:
+    _check_input(_F8, x, weight)
+    check_tensor(_F8, "weight", weight)
+    if bias is not None:
+        check_tensor(_F8, "bias", bias)
+    return True
+
+
+def _check_int8(x, weight, bias) -> bool:
+    x = _check_input(_I8, x, weight)
+    if bias is not None:
+        check_operand(_I8, "bias", bias, "x", x)
+    return True
+
+
 class Float8Linear(nn.Linear):
     """``nn.Linear`` whose forward and backward GEMMs run in FP8 (torchao's float8 training):
     x, W and the output gradient are cast to float8 with dynamic scales per tensor
     ("tensorwise") or per row of each GEMM operand ("rowwise"); the weight and its gradient
     stay in the parameter's dtype. The output is in x's dtype (the autocast dtype under
     ``torch.autocast``).
+
+    Where no gradient follows (``torch.no_grad()``, inference), the weight's float8 codes and
+    scale are kept from one call to the next (half the weight's bytes again, in FP8) and cast
+    again only when the weight changes: another tensor, an in-place update (an optimizer step:
+    PyTorch counts it in the tensor's version), or a call of ``train()`` / ``eval()``. A
+    forward with gradients casts the weight itself, as training needs.
 
     Args:
         in_features, out_features, bias, device, dtype: as ``nn.Linear``.
@@ -56,15 +86,41 @@ class Float8Linear(nn.Linear):
         new.weight, new.bias, new.scaling = linear.weight, linear.bias, scaling
         return new
 
+    def _weight_codes(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The weight's (codes, scale) for a forward no gradient follows: kept while the weight
+        is the same tensor (same storage) at the same version; None where the weight cannot be
+        told apart from its later values (an inference tensor has no version counter)."""
+        w = self.weight
+        if w.is_inference():
+            return None
+        key = (w.data_ptr(), w._version, w.dtype, w.shape, w.device, self.scaling)
+        cached = self.__dict__.get("_fp8_weight")
+        if cached is not None and cached[0]() is w and cached[1] == key:
+            return cached[2]
+        codes = float8_weight(w.detach(), self.scaling)
+        self.__dict__["_fp8_weight"] = (weakref.ref(w), key, codes)
+        return codes
+
+    def train(self, mode: bool = True) -> Float8Linear:
+        # A switch between training and evaluation forgets the cached codes: an update that
+        # PyTorch's version counter does not see (a kernel writing the weight in place outside
+        # ATen) cannot outlive it.
+        self.__dict__.pop("_fp8_weight", None)
+        return super().train(mode)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        op = "tritonkit.nn.Float8Linear"
         if torch.is_autocast_enabled(x.device.type):
             x = x.to(torch.get_autocast_dtype(x.device.type))
-        x = _check_input(op, x, self.weight)
-        check_tensor(op, "weight", self.weight)
-        if self.bias is not None:
-            check_tensor(op, "bias", self.bias)
-        return float8_linear(x, self.weight, self.bias, self.scaling)
+        weight, bias = self.weight, self.bias
+        validated(_F8, arg_facts(x, weight, bias), lambda: _check_float8(x, weight, bias))
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        )
+        if not grad and not torch.compiler.is_compiling():
+            codes = self._weight_codes()
+            if codes is not None:
+                return float8_linear_inference(x, *codes, bias, self.scaling)
+        return float8_linear(x, weight, bias, self.scaling)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scaling={self.scaling}"
@@ -119,14 +175,11 @@ class Int8Linear(nn.Module):
         self.input_scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        op = "tritonkit.nn.Int8Linear"
-        x = _check_input(op, x, self.weight_int8)
-        bias = self.bias
-        if bias is not None:
-            bias = check_operand(op, "bias", bias, "x", x)
+        w, bias = self.weight_int8, self.bias
+        validated(_I8, arg_facts(x, w, bias), lambda: _check_int8(x, w, bias))
         if self.mode == "weight_only":
-            return int8_linear_weight_only(x, self.weight_int8, self.weight_scale, bias)
-        return int8_linear_w8a8(x, self.weight_int8, self.weight_scale, bias, self.input_scale)
+            return int8_linear_weight_only(x, w, self.weight_scale, bias)
+        return int8_linear_w8a8(x, w, self.weight_scale, bias, self.input_scale)
 
     def extra_repr(self) -> str:
         return (

@@ -146,6 +146,7 @@ register(
                 ((2, 1, 5, 7), (3, 7, 4)),
                 ((3, 6, 9), (9, 5)),
                 ((7,), (7, 5)),
+                (6, 45, 300),  # decode: at most 16 rows (ops/matmul/decode.py)
             ],
             bench=SQUARES + LLM_SHAPES,
             empty=[((0, 5), (5, 3)), ((3, 0), (0, 4)), ((2, 0, 4), (4, 3))],
@@ -225,7 +226,7 @@ register(
         reference=_linear_ref,
         make_inputs=_linear_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1), (17, 33, 65), ((2, 3), 10, 12, "residual")],
+            test=[(1, 1, 1), (17, 33, 65), ((2, 3), 10, 12, "residual"), (5, 45, 300)],
             bench=[(8192, 4096, 4096)],
             empty=[(0, 5, 4), (3, 4, 0), ((2, 3), 0, 5)],
             small=[(256, 256, 256)],
@@ -356,6 +357,7 @@ register(
                 (17, 33, 65, "row", True),
                 (40, 24, 130, "tensor", True),
                 (40, 32, 96, "row", False, "b row-major"),
+                (9, 40, 200, "row", True),  # decode
             ],
             # b column-major (torch._scaled_mm's only layout), and row-major as in a plain
             # a @ b: then both sides' times include a copy of b (see _torch_scaled_mm).
@@ -447,7 +449,13 @@ register(
         reference=_int8_ref,
         make_inputs=_int8_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1), (17, 33, 65), (17, 33, 65, "dequant"), (17, 33, 65, "b row-major")],
+            test=[
+                (1, 1, 1),
+                (17, 33, 65),
+                (17, 33, 65, "dequant"),
+                (17, 33, 65, "b row-major"),
+                (7, 40, 200, "dequant"),  # decode
+            ],
             # Both layouts of B: torch._int_mm is fast only with B column-major; the acceptance
             # anchor is B row-major, where tritonkit copies B K-major first (variants: both
             # routes forced).

@@ -8,7 +8,7 @@ Modules, one per kernel path: ``tiles`` (the device helpers every kernel is buil
 public functions).
 """
 
-from tritonkit.ops.attention.config import BwdConfig, DecodeConfig, Tile
+from tritonkit.ops.attention.config import BwdConfig, DecodeGemmConfig, Tile
 from tritonkit.ops.attention.function import (
     VARIANTS,
     AttentionFunction,

@@ -69,7 +69,7 @@ class BwdConfig:
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
+class DecodeGemmConfig:
     """Split-KV decoding: keys per step, warps, stages, and the number of key splits
     (0: enough programs for two per SM, each at least MIN_SPLIT_KEYS keys)."""
 
@@ -82,8 +82,8 @@ class DecodeConfig:
         return _tuning.Config({"BLOCK_N": self.BLOCK_N}, self.num_warps, self.num_stages)
 
     @staticmethod
-    def from_tuning(cfg: _tuning.Config, splits: int = 0) -> DecodeConfig:
-        return DecodeConfig(int(cfg.params["BLOCK_N"]), cfg.num_warps, cfg.num_stages, splits)
+    def from_tuning(cfg: _tuning.Config, splits: int = 0) -> DecodeGemmConfig:
+        return DecodeGemmConfig(int(cfg.params["BLOCK_N"]), cfg.num_warps, cfg.num_stages, splits)
 
 
 MIN_SPLIT_KEYS = 256
@@ -93,7 +93,7 @@ DECODE_MAX_QUERIES = 16  # queries per (batch, head) up to which the split-KV pa
 # unequal so that row and column block logic are told apart.
 INTERPRETER_FWD = Tile(32, 16, 4, 1)
 INTERPRETER_BWD = BwdConfig(Tile(16, 32, 4, 1), Tile(32, 16, 4, 1))
-INTERPRETER_DECODE = DecodeConfig(16, 4, 1)
+INTERPRETER_DECODE = DecodeGemmConfig(16, 4, 1)
 
 # The "flash" variant of the workbench: the same kernel with no software pipelining.
 UNPIPELINED_FWD = Tile(64, 64, 4, 1)
@@ -160,16 +160,16 @@ def _dq_candidates(block_d: int) -> list[Tile]:
     return [Tile(64, 64, 8, 2), Tile(32, 32, 4, 3), Tile(64, 32, 8, 2)]
 
 
-def _decode_candidates(block_d: int) -> list[DecodeConfig]:
+def _decode_candidates(block_d: int) -> list[DecodeGemmConfig]:
     if block_d <= 128:
         return [
-            DecodeConfig(64, 4, 3),
-            DecodeConfig(128, 4, 3),
-            DecodeConfig(128, 8, 3),
-            DecodeConfig(64, 4, 4),
-            DecodeConfig(256, 8, 2),
+            DecodeGemmConfig(64, 4, 3),
+            DecodeGemmConfig(128, 4, 3),
+            DecodeGemmConfig(128, 8, 3),
+            DecodeGemmConfig(64, 4, 4),
+            DecodeGemmConfig(256, 8, 2),
         ]
-    return [DecodeConfig(64, 4, 2), DecodeConfig(32, 4, 3), DecodeConfig(64, 8, 2)]
+    return [DecodeGemmConfig(64, 4, 2), DecodeGemmConfig(32, 4, 3), DecodeGemmConfig(64, 8, 2)]
 
 
 @dataclass(frozen=True)
@@ -269,16 +269,16 @@ def decode_splits(p: Problem, device: torch.device, rows_per_block: int) -> int:
     return max(1, min(want, cdiv(p.seq_k, MIN_SPLIT_KEYS)))
 
 
-def decode_config(p: Problem, run) -> DecodeConfig:
+def decode_config(p: Problem, run) -> DecodeGemmConfig:
     """The split-KV tile for ``p`` (tuned on a GPU; splits are chosen by ``decode_splits``)."""
     if interpreter_enabled():
         return INTERPRETER_DECODE
 
-    def choose() -> DecodeConfig:
+    def choose() -> DecodeGemmConfig:
         cands = [c.tuning() for c in _decode_candidates(p.block_d)]
-        return DecodeConfig.from_tuning(
+        return DecodeGemmConfig.from_tuning(
             _tuning.tune(
-                "attention_decode", p.key(), cands, lambda c: run(DecodeConfig.from_tuning(c))
+                "attention_decode", p.key(), cands, lambda c: run(DecodeGemmConfig.from_tuning(c))
             )
         )
 

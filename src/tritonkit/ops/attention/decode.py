@@ -19,7 +19,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops.attention.config import DecodeConfig, Problem, decode_config, decode_splits
+from tritonkit.ops.attention.config import DecodeGemmConfig, Problem, decode_config, decode_splits
 from tritonkit.ops.attention.forward import common_meta, head_strides, load_rows
 from tritonkit.ops.attention.tiles import LOG2E, mma, scores
 
@@ -149,7 +149,7 @@ def launch_decode(
     lse: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    config: DecodeConfig | None,
+    config: DecodeGemmConfig | None,
 ) -> None:
     """Write O and lse for a dense, dropout-free ``p`` with few queries, split over the keys."""
     meta = common_meta(p, q.device)
@@ -158,7 +158,7 @@ def launch_decode(
     block_m = decode_rows(p)
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
 
-    def run(cfg: DecodeConfig) -> None:
+    def run(cfg: DecodeGemmConfig) -> None:
         splits = cfg.splits or decode_splits(p, q.device, block_m)
         split_len = cdiv(cdiv(p.seq_k, splits), cfg.BLOCK_N) * cfg.BLOCK_N
         splits = cdiv(p.seq_k, split_len)

@@ -106,7 +106,7 @@ def attention_forward(
     """(O, base-2 lse) along ``path``: "auto" (split-KV decoding for at most
     DECODE_MAX_QUERIES queries without dropout, else the flash kernel), "flash", "decode", or
     "naive" (three kernels, no lse: returned as None). ``config``: the path's Tile or
-    DecodeConfig (None: tuned). Inputs are validated by the public functions."""
+    DecodeGemmConfig (None: tuned). Inputs are validated by the public functions."""
     p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
     if p.varlen and not q.is_cuda:
         # Here rather than in the public function: the values are known only to the real

@@ -19,7 +19,9 @@ import torch
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
 from tritonkit.ops._core.bias_act import call_bias_act_backward
 from tritonkit.ops._core.gemm import FP8_DTYPES
+from tritonkit.ops._core.internals import any_autocast as _any_autocast
 from tritonkit.ops._core.layout import LAYOUT_COPIES
+from tritonkit.ops._core.plan import arg_facts, validated
 from tritonkit.ops._core.registry import apply, define_op, eager_direct
 from tritonkit.ops._core.validate import (
     FLOAT_DTYPES,
@@ -180,9 +182,9 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, residual, activation, options=None):
         n, k = weight.shape
-        lead = x.shape[:-1]
-        x2 = _as_matrix(x, k)
-        r2 = _as_matrix(residual, n) if residual is not None else None
+        flat = x.dim() == 2  # the usual case: no views in or out
+        x2 = x if flat else _as_matrix(x, k)
+        r2 = residual if flat or residual is None else _as_matrix(residual, n)
         needs = ctx.needs_input_grad
         save_z = activation != "none" and any(needs[:3])
         if options is None:
@@ -198,7 +200,7 @@ class LinearFunction(torch.autograd.Function):
             bias,
             z if save_z else None,
         )
-        return y.view(*lead, n)
+        return y if flat else y.view(*x.shape[:-1], n)
 
     @staticmethod
     def backward(ctx, grad):
@@ -304,6 +306,36 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return apply(MatmulFunction, a, b)
 
 
+def _check_linear(x, weight, bias, activation, residual) -> bool:
+    op = "tritonkit.linear"
+    check_tensor(op, "x", x)
+    check_operand(op, "weight", weight, "x", x)
+    check_choice(op, "activation", activation, _LINEAR_ACTIVATIONS)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least 1 dimension, got a 0-d tensor")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"{op}: x.shape[-1] must equal weight.shape[1] (in_features = {k}), got {x.shape[-1]} "
+            f"(x {tuple(x.shape)}, weight {tuple(weight.shape)})"
+        )
+    if bias is not None:
+        check_operand(op, "bias", bias, "x", x, (n,), "(out_features,)")
+    if residual is not None:
+        check_operand(op, "residual", residual, "x", x)
+        expected = (*x.shape[:-1], n)
+        if tuple(residual.shape) != expected:
+            raise ValueError(
+                f"{op}: residual must have the output's shape {expected}, "
+                f"got {tuple(residual.shape)}"
+            )
+    return True
+
+
 @policy(cuda=LOWER, cpu=LOWER)
 def linear(
     x: torch.Tensor,
@@ -332,36 +364,17 @@ def linear(
     ``F.linear``'s are; a residual in another dtype is then added after the GEMM, with
     PyTorch's type promotion, as ``act(F.linear(...)) + residual`` would be.
     """
-    op = "tritonkit.linear"
-    dtype = autocast_dtype("linear", x)
-    x, weight, bias = cast(dtype, x, weight, bias)
-    if dtype is not None and isinstance(residual, torch.Tensor) and residual.dtype != dtype:
-        return linear(x, weight, bias, activation) + residual
-    check_tensor(op, "x", x)
-    check_operand(op, "weight", weight, "x", x)
-    check_choice(op, "activation", activation, _LINEAR_ACTIVATIONS)
-    if x.dim() == 0:
-        raise ValueError(f"{op}: x must have at least 1 dimension, got a 0-d tensor")
-    if weight.dim() != 2:
-        raise ValueError(
-            f"{op}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
-        )
-    n, k = weight.shape
-    if x.shape[-1] != k:
-        raise ValueError(
-            f"{op}: x.shape[-1] must equal weight.shape[1] (in_features = {k}), got {x.shape[-1]} "
-            f"(x {tuple(x.shape)}, weight {tuple(weight.shape)})"
-        )
-    if bias is not None:
-        check_operand(op, "bias", bias, "x", x, (n,), "(out_features,)")
-    if residual is not None:
-        check_operand(op, "residual", residual, "x", x)
-        expected = (*x.shape[:-1], n)
-        if tuple(residual.shape) != expected:
-            raise ValueError(
-                f"{op}: residual must have the output's shape {expected}, "
-                f"got {tuple(residual.shape)}"
-            )
+    if _any_autocast():  # one C call; under autocast, its casts first
+        dtype = autocast_dtype("linear", x)
+        x, weight, bias = cast(dtype, x, weight, bias)
+        if dtype is not None and isinstance(residual, torch.Tensor) and residual.dtype != dtype:
+            return linear(x, weight, bias, activation) + residual
+    # Validation reads only the arguments' facts (types, shapes, dtypes, devices): a call with
+    # facts seen before is valid, and its check is one lookup in the plan cache.
+    facts = arg_facts(x, weight, bias, residual, activation)
+    validated(
+        "tritonkit.linear", facts, lambda: _check_linear(x, weight, bias, activation, residual)
+    )
     return apply(LinearFunction, x, weight, bias, residual, activation or "none")
 
 

@@ -220,6 +220,9 @@ class GemmOptions:
     kmajor_copy_min_mnk: int = 512**3
     splitk: SplitKConfig = SPLIT_K
     space: TuningSpace = TUNING_SPACE
+    # Products of at most this many rows (<= 16) take the decode kernel (decode.py), unless a
+    # config is forced; 0: never.
+    decode_max_m: int = 16
 
     def __post_init__(self) -> None:
         if self.descriptors not in ("device", "host"):

@@ -53,6 +53,8 @@ def _kmajor_plan(
     if not (copy_a or copy_b) or not tma_after:
         return False, False
     if force is None:
+        if config is None and m <= options.decode_max_m:
+            return False, False  # the decode kernel reads any layout in place
         if config is not None and (not config.tma or config.SPLIT_K > 1):
             return False, False  # a forced pointer-path config would not read the copies
         if m * n * k < options.kmajor_copy_min_mnk:

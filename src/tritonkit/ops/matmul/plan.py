@@ -45,6 +45,7 @@ from tritonkit.ops.matmul.configs import (
     operand_class,
     promotion,
 )
+from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch, decode_ok
 from tritonkit.ops.matmul.ieee import fma_copies_b
 from tritonkit.ops.matmul.persistent import matmul_persistent_kernel
 from tritonkit.ops.matmul.splitk import split_k_for, splitk_reduce_kernel
@@ -322,7 +323,9 @@ class GemmPlan:
 
     __slots__ = ("copies", "launch", "n_copies", "prep_a", "prep_b")
 
-    def __init__(self, launch: GemmLaunch, prep_a: Prep, prep_b: Prep, copies: tuple) -> None:
+    def __init__(
+        self, launch: GemmLaunch | DecodeGemmLaunch, prep_a: Prep, prep_b: Prep, copies: tuple
+    ) -> None:
         self.launch, self.prep_a, self.prep_b, self.copies = launch, prep_a, prep_b, copies
         self.n_copies = sum(2 if c == "batch" else 1 for c in copies if c)
 
@@ -366,7 +369,12 @@ def build_plan(
     b2d: Prep = as_is,
 ) -> GemmPlan:
     """The plan of problem ``p`` (built on the first call's tensors); ``b2d`` maps the
-    launcher's b to the problem's 2-D B, for the row-major copy of a K-major fp32 B."""
+    launcher's b to the problem's 2-D B, for the row-major copy of a K-major fp32 B.
+
+    At most ``options.decode_max_m`` rows (and no forced config or variant): the decode
+    kernel, which reads every operand in place."""
+    if config is None and path == "best" and decode_ok(p, options.decode_max_m):
+        return GemmPlan(decode_launch(p, epi, sms=options.sms), prep_a, prep_b, copies)
     if config is None and path == "best" and fma_copies_b(p, options):
         b_rows = transpose_fwd(p.b.tensor.t())
         p = Problem(p.a, matrix(b_rows), p.c, p.m, p.n, p.k)

@@ -22,6 +22,7 @@ import torch
 
 from tritonkit.functional import int8_matmul, scaled_matmul
 from tritonkit.ops._core.registry import apply
+from tritonkit.ops.matmul.api import call_scaled_matmul
 from tritonkit.ops.quant.quantize import call_quantize
 from tritonkit.ops.quant.weight_only import call_weight_only
 
@@ -91,6 +92,52 @@ class Float8LinearFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def float8_weight(weight: torch.Tensor, scaling: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale) of ``weight`` as Float8Linear's forward GEMM reads it: e4m3 codes, (N, K)
+    row-major, with one scale (tensorwise) or a power-of-two scale per row (rowwise, (N, 1))."""
+    n, k = weight.shape
+    if scaling == "rowwise":
+        wd, _, ws = _q(weight, E4M3, [1, k], True, "row")
+    else:
+        wd, _, ws = _q(weight, E4M3, [n, k], False, "row")
+    return wd, ws
+
+
+class Float8InferenceFunction(torch.autograd.Function):
+    """Float8Linear's forward with the weight already cast (``float8_weight``): x cast in one
+    pass, then one FP8 GEMM; the same kernels and arguments as ``Float8LinearFunction``'s
+    forward, so the same output. Only for calls no gradient follows (``registry.apply`` runs
+    its forward alone there, or replays it)."""
+
+    @staticmethod
+    def forward(ctx, x2, wd, ws, bias, rowwise: bool):
+        m, k = x2.shape
+        n = wd.shape[0]
+        b = bias.to(x2.dtype) if bias is not None else None
+        if rowwise:
+            xd, _, xs = _q(x2, E4M3, [1, k], True, "row")
+            return call_scaled_matmul(xd, wd.t(), xs, ws.reshape(1, n), b, x2.dtype)
+        xd, _, xs = _q(x2, E4M3, [m, k], False, "row")
+        return call_scaled_matmul(xd, wd.t(), xs, ws, b, x2.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        raise RuntimeError(
+            "tritonkit.nn.Float8Linear: the cached-weight forward has no backward (it runs only "
+            "where no gradient follows)"
+        )
+
+
+def float8_linear_inference(
+    x: torch.Tensor, wd: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None, scaling: str
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` in FP8 with the weight's codes and scale given
+    (``float8_weight``), where no gradient follows (checked by the caller: Float8Linear)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    y = apply(Float8InferenceFunction, x2, wd, ws, bias, scaling == "rowwise")
+    return y.reshape(*x.shape[:-1], wd.shape[0])
+
+
 def float8_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scaling: str
 ) -> torch.Tensor:
@@ -128,10 +175,31 @@ def int8_linear_w8a8(
     return y.reshape(*x.shape[:-1], n)
 
 
+class WeightOnlyFunction(torch.autograd.Function):
+    """The weight-only int8 GEMM as a Function, so that ``registry.apply`` can run (and replay)
+    its forward alone; only for calls no gradient follows (the GEMM has no derivative)."""
+
+    @staticmethod
+    def forward(ctx, x2, w_int8, w_scale, bias):
+        return call_weight_only(x2, w_int8, w_scale, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        raise RuntimeError("tritonkit.nn.Int8Linear: the int8 weight-only GEMM has no backward")
+
+
 def int8_linear_weight_only(
     x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Weight-only int8: ``x @ (w_int8 * w_scale).T + bias`` with W read as int8."""
-    x2 = x.reshape(-1, x.shape[-1])
-    y = call_weight_only(x2, w_int8, w_scale.reshape(-1), bias)
+    """Weight-only int8: ``x @ (w_int8 * w_scale).T + bias`` with W read as int8; ``w_scale``
+    (N,) or (N, 1)."""
+    if torch.is_grad_enabled() and (
+        x.requires_grad or (bias is not None and bias.requires_grad)
+    ):  # the op refuses a gradient, as it always did
+        x2 = x.reshape(-1, x.shape[-1])
+        y = call_weight_only(x2, w_int8, w_scale.reshape(-1), bias)
+        return y.reshape(*x.shape[:-1], w_int8.shape[0])
+    if x.dim() == 2:
+        return apply(WeightOnlyFunction, x, w_int8, w_scale, bias)
+    y = apply(WeightOnlyFunction, x.reshape(-1, x.shape[-1]), w_int8, w_scale, bias)
     return y.reshape(*x.shape[:-1], w_int8.shape[0])

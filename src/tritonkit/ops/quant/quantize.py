@@ -9,7 +9,8 @@ Paths, by which elements share a scale:
 - groups of k along another dimension: one pass (strided.py) for k up to 512;
 - a whole column (per channel), groups of channels, the whole tensor: an amax pass with
   atomics, then the cast pass (twopass.py): two reads, the fewest for a scale that depends on
-  elements other programs read.
+  elements other programs read; except a small tensor with one scale (a decode step's
+  activations): one launch in which every program reads all of it (small.py).
 
 A scale given by the caller (static, delayed or EMA scaling) needs no amax pass: the cast pass
 alone, which can return the amax of what it cast (``quantize_with_scale``).
@@ -24,12 +25,13 @@ import torch
 
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES
-from tritonkit.ops._core.plan import cached
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops._core.registry import define_op, eager_direct
 from tritonkit.ops.quant import twopass
 from tritonkit.ops.quant.dequant import dequantize_2d
 from tritonkit.ops.quant.formats import FLOAT8, QFormat, empty_group_scale, int_format
 from tritonkit.ops.quant.groups import MAX_GROUP, quantize_groups
+from tritonkit.ops.quant.small import SMALL_TENSOR, quantize_tensor_small
 from tritonkit.ops.quant.strided import fits_one_pass, quantize_strided
 
 LAYOUTS = ("row", "col", "both")
@@ -70,8 +72,9 @@ def block_error(shape: tuple[int, ...], block: tuple[int, ...]) -> str | None:
 
 
 def plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:
-    """The path for ``shape`` with ``block`` (validated by ``block_error`` first)."""
-    return cached("quantize.plan", (shape, block), lambda: _plan(shape, block))
+    """The path for ``shape`` with ``block`` (validated by ``block_error`` first). It depends on
+    nothing else (no setting of the Env): kept in the plan cache without one."""
+    return PLANS.get(("quantize.plan", shape, block), None, lambda: _plan(shape, block))
 
 
 def _plan(shape: tuple[int, ...], block: tuple[int, ...]) -> Plan:
@@ -158,7 +161,9 @@ def quantize_fwd(
     scale = torch.empty(p.scale_shape, dtype=torch.float32, device=dev)
     nothing = torch.empty(0, dtype=torch.float32, device=dev)
     zp = torch.empty(p.scale_shape, dtype=torch.int32, device=dev) if not fmt.symmetric else None
-    zp_out = zp if zp is not None else nothing.to(torch.int32)
+    # An allocation, not nothing.to(int32): a copy is an op that computes, which replay's
+    # recording (replay.py) cannot repeat.
+    zp_out = zp if zp is not None else torch.empty(0, dtype=torch.int32, device=dev)
     if x.numel() == 0:  # nothing to cast; every scale is that of an all-zero group
         s, z = empty_group_scale(fmt, pow2)
         scale.fill_(s)
@@ -166,6 +171,10 @@ def quantize_fwd(
             zp.fill_(z)
         amax = torch.zeros(p.scale_shape, dtype=torch.float32, device=dev)
         return data, data_t, scale, zp_out, amax if return_amax else nothing
+    if p.kind == "tensor" and layout == "row" and SMALL_TENSOR.takes(x, fmt):
+        amax = torch.empty(p.scale_shape, dtype=torch.float32, device=dev) if return_amax else None
+        quantize_tensor_small(x, data, scale, amax, fmt, pow2, emulate)
+        return data, data_t, scale, zp_out, amax if amax is not None else nothing
     one_pass_rows = p.kind == "lastdim" and layout == "row" and p.group <= MAX_GROUP
     if one_pass_rows and (x.dim() < 2 or x.stride(-1) == 1 or fmt.packed):
         amax = torch.empty(p.scale_shape, dtype=torch.float32, device=dev) if return_amax else None

@@ -1,7 +1,11 @@
 """Weight-only int8 linear: ``y = (x @ W_int8^T) * scale + bias`` with the int8 weight read as
-stored (half the bytes of a bf16 weight) and widened in registers. For decode (a few rows of
-x) the GEMM is bound by reading W: split-K gives every SM weight rows to stream, and the
-fp32 partial products are summed in a fixed order (``sum_partials``)."""
+stored (half the bytes of a bf16 weight) and widened in registers.
+
+Decode (at most 16 rows of x) is bound by reading W once: it runs the matmul family's decode
+kernel (``ops/matmul/decode.py``: narrow bands of output channels, 16-byte loads of W, the
+scale and bias in the epilogue). More rows run the tiled kernel below, with split-K where the
+tiles are too few and the fp32 partial products summed in a fixed order (``sum_partials``).
+A call's plan (``weight_only_plan``) is cached per input signature."""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ import triton.language as tl
 
 from tritonkit import _tuning
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.gemm import Epilogue, Problem, matrix
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.reduce import sum_partials
 from tritonkit.ops._core.registry import define_op, eager_direct
+from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch
+from tritonkit.ops.matmul.plan import signature
 
 
 @kernel
@@ -178,6 +185,55 @@ def _config(x2, w, scale, bias, out) -> WeightOnlyConfig:
     return cached("int8_weight_only", tuple(key.items()), choose)
 
 
+class WeightOnlyPlan:
+    """``weight_only_fwd``'s plan for one input signature: the output's shape and either the
+    decode kernel's bound launch (at most ``DECODE_MAX_M`` rows) or the tiled kernel's config.
+    """
+
+    __slots__ = ("config", "decode", "shape")
+
+    def __init__(self, shape, decode: DecodeGemmLaunch | None, config: WeightOnlyConfig | None):
+        self.shape, self.decode, self.config = shape, decode, config
+
+    def run(self, x2, w, scale, bias) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=x2.dtype, device=x2.device)
+        if self.decode is not None:
+            self.decode(x2, w, out, (None, scale, bias, None, None))
+            return out
+        if out.numel() == 0:
+            return out
+        if x2.shape[1] == 0:
+            return out.zero_() if bias is None else out.copy_(bias.expand(self.shape))
+        scale = scale.reshape(-1).contiguous()  # (N,) vectors, read with unit stride
+        bias = bias.contiguous() if bias is not None else None
+        cfg = self.config or _config(x2, w, scale, bias, out)
+        _launch(x2, w, scale, bias, out, cfg)
+        return out
+
+
+# Decode-sized x (a few tokens) takes the matmul family's decode kernel: W streamed once in
+# 16-byte loads by enough narrow bands of columns to fill the GPU, the scale per output
+# channel and the bias in its epilogue.
+DECODE_MAX_M = 16
+
+
+def weight_only_plan(x2, w, scale, bias, config: WeightOnlyConfig | None = None) -> WeightOnlyPlan:
+    """The plan ``weight_only_fwd`` runs for these inputs (cached; built now if new)."""
+    key = (signature(x2), signature(w), signature(scale), signature(bias), x2.device, config)
+
+    def build() -> WeightOnlyPlan:
+        m, k = x2.shape
+        n = w.shape[0]
+        if config is None and 0 < m <= DECODE_MAX_M and n > 0 and k > 0:
+            out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+            p = Problem(matrix(x2), matrix(w.t()), matrix(out), m, n, k)
+            epi = Epilogue(scale_b=scale, scale_b_cols=True, bias=bias)
+            return WeightOnlyPlan((m, n), decode_launch(p, epi), None)
+        return WeightOnlyPlan((m, n), None, config)
+
+    return cached("int8_weight_only.plan", key, build)
+
+
 def weight_only_fwd(
     x2: torch.Tensor,
     w: torch.Tensor,
@@ -185,19 +241,11 @@ def weight_only_fwd(
     bias: torch.Tensor | None,
     config: WeightOnlyConfig | None = None,
 ) -> torch.Tensor:
-    """``(x2 @ w.T) * scale + bias`` for (M, K) x2 and an (N, K) int8 w; scale (N,) float32."""
-    m = x2.shape[0]
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    if out.numel() == 0:
-        return out
-    if x2.shape[1] == 0:
-        return out.zero_() if bias is None else out.copy_(bias.expand(m, n))
-    scale = scale.contiguous()  # (N,) vectors, read with unit stride
-    bias = bias.contiguous() if bias is not None else None
-    cfg = config or _config(x2, w, scale, bias, out)
-    _launch(x2, w, scale, bias, out, cfg)
-    return out
+    """``(x2 @ w.T) * scale + bias`` for (M, K) x2 and an (N, K) int8 w; scale (N,) float32
+    (or (N, 1), a column with unit stride: Int8Linear's buffer).
+
+    ``config`` forces the tiled kernel with that config (tests)."""
+    return weight_only_plan(x2, w, scale, bias, config).run(x2, w, scale, bias)
 
 
 @define_op("tritonkit::int8_weight_only_linear")
