@@ -57,15 +57,15 @@ def outputs(
     need_grad: bool,
     float32_loss: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss (``loss_dtype``), per-row statistics for the backward (fp32: the logsumexps, and
-    for class probabilities [2, rows] with the rows' target sums; empty unless a gradient will
-    be needed), fp32 [2] for the mean denominator and the weight sum)."""
+    """(loss (``loss_dtype``), per-row statistics for the backward (fp32: the logsumexps; for
+    class probabilities [3, rows]: the rows' maxima, logsumexps less them, target sums; empty
+    unless a gradient will be needed), fp32 [2] for the mean denominator and the weight sum)."""
     n, _, d = dims(logits)
     shape = (logits.shape[0], *logits.shape[2:]) if reduction == "none" else ()
     dtype = loss_dtype(logits, target, weight, float32_loss)
     loss = torch.empty(shape, dtype=dtype, device=logits.device)
     f32 = {"dtype": torch.float32, "device": logits.device}
-    per_row = (2, n * d) if target.is_floating_point() else (n * d,)
+    per_row = (3, n * d) if target.is_floating_point() else (n * d,)
     lse = torch.empty(per_row if need_grad else (0,), **f32)
     stats = torch.empty(2, **f32)
     return loss, lse, stats

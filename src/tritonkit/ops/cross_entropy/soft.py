@@ -16,7 +16,8 @@ non-negative weights and targets): no cancellation however far the logits sit fr
    D_k = sum u (m_k - x).
 2. ``ce_soft_rows_kernel`` merges them: with M the row's maximum,
    ``loss = S log(sum_k s_k exp(m_k - M)) + sum_k (S_k (M - m_k) + D_k)``, and keeps the
-   row's lse and S for the backward.
+   row's lse, as M and lse - M, and S for the backward (x - M is exact where x is near M,
+   where x - lse would round lse to float32 first: 2**-11 at logits near 10^4).
 3. ``ce_soft_grad_kernel`` reads the logits and target again and writes
    ``dx = (softmax(x) S - u) * scale`` in the logits' dtype, and where the target needs a
    gradient (PyTorch differentiates it) ``dt = (1 - e) w (lse - x) * scale`` in the
@@ -112,7 +113,7 @@ def ce_soft_rows_kernel(
     stats_ptr,  # unused: the class-index row kernel's argument, so that both launch alike
     part_ptr,  # fp32 partials [4, n_rows, n_segments] from ce_soft_stats_kernel
     loss_ptr,  # per-row losses: fp32 (summed later) or the loss dtype (reduction "none")
-    rstats_ptr,  # fp32 out [2, n_rows]: each row's lse, then S = sum_c u[c], when HAS_GRAD
+    rstats_ptr,  # fp32 out [3, n_rows], when HAS_GRAD: per row M, lse - M, S = sum_c u[c]
     n_rows,
     n_cols,
     n_segments,
@@ -173,8 +174,9 @@ def ce_soft_rows_kernel(
     loss = log_sum * s_u + dev
     tl.store(loss_ptr + rows, loss.to(loss_ptr.dtype.element_ty), mask=row_in)
     if HAS_GRAD:
-        tl.store(rstats_ptr + rows, shift + log_sum, mask=row_in)
-        tl.store(rstats_ptr + n_rows + rows, s_u, mask=row_in)
+        tl.store(rstats_ptr + rows, shift, mask=row_in)
+        tl.store(rstats_ptr + n_rows + rows, log_sum, mask=row_in)
+        tl.store(rstats_ptr + 2 * n_rows + rows, s_u, mask=row_in)
 
 
 @kernel
@@ -182,7 +184,7 @@ def ce_soft_grad_kernel(
     x_ptr,  # logits [n_rows, n_cols], any strides
     t_ptr,  # target probabilities [n_rows, n_cols], any strides
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
-    rstats_ptr,  # fp32 [2, n_rows]: lse, S per row (ce_soft_rows_kernel)
+    rstats_ptr,  # fp32 [3, n_rows]: M, lse - M, S per row (ce_soft_rows_kernel)
     go_ptr,  # grad_output: one value per row, or a scalar (strides 0)
     grad_ptr,  # out: gradient of the logits [n_rows, n_cols], when LOGITS_GRAD
     tgrad_ptr,  # out: gradient of the target [n_rows, n_cols], when TARGET_GRAD
@@ -217,8 +219,9 @@ def ce_soft_grad_kernel(
 ):
     rows, start, offs = segment(n_segments, BLOCK_M, BLOCK_N, INT64)
     row_in = rows < n_rows
-    lse = tl.load(rstats_ptr + rows, mask=row_in, other=0.0)
-    s_u = tl.load(rstats_ptr + n_rows + rows, mask=row_in, other=0.0)
+    shift = tl.load(rstats_ptr + rows, mask=row_in, other=0.0)
+    log_sum = tl.load(rstats_ptr + n_rows + rows, mask=row_in, other=0.0)
+    s_u = tl.load(rstats_ptr + 2 * n_rows + rows, mask=row_in, other=0.0)
     go_off = row_offset(rows, n_inner, stride_gom, stride_gos)
     scale = tl.load(go_ptr + go_off, mask=row_in, other=0.0).to(tl.float32)
     if MEAN:
@@ -231,7 +234,7 @@ def ce_soft_grad_kernel(
     first = head + start
     col_in = col_mask(offs, n_body, start, ALIGN)
     mask = row_in[:, None] & col_in
-    row = (lse, s_u, scale, smoothing, n_cols)
+    row = (shift, log_sum, s_u, scale, smoothing, n_cols)
     if ALIGN:  # segment 0 also takes the row's edge, loaded first (as ce_grad_kernel's)
         ec, em = edge_cols(head[:, None], n_body[:, None], n_cols, ALIGN)
         em = em & (start == 0) & row_in[:, None]
@@ -264,17 +267,19 @@ def ce_soft_grad_kernel(
 @triton.jit
 def _logits_grad(x, t, mask, w_ptr, cols, cols_in, stride_w, row, HAS_WEIGHT: tl.constexpr):
     """(softmax(x) S - u) * scale at logits ``x`` and target ``t`` ([rows, n])."""
-    lse, s_u, scale, smoothing, n_cols = row
+    shift, log_sum, s_u, scale, smoothing, n_cols = row
     u = smoothed(t, mask, w_ptr, cols, cols_in, stride_w, n_cols, smoothing, HAS_WEIGHT)
-    p = fast_exp(x.to(tl.float32) - lse[:, None])
+    p = fast_exp((x.to(tl.float32) - shift[:, None]) - log_sum[:, None])
     return (p * s_u[:, None] - u) * scale[:, None]
 
 
 @triton.jit
 def _target_grad(x, w_ptr, cols, cols_in, stride_w, row, HAS_WEIGHT: tl.constexpr):
     """(1 - e) w (lse - x) * scale: the gradient of the loss for the unsmoothed target."""
-    lse, _, scale, smoothing, _ = row
-    d = (lse[:, None] - x.to(tl.float32)) * ((1.0 - smoothing) * scale)[:, None]
+    shift, log_sum, _, scale, smoothing, _ = row
+    d = (log_sum[:, None] - (x.to(tl.float32) - shift[:, None])) * ((1.0 - smoothing) * scale)[
+        :, None
+    ]
     if HAS_WEIGHT:
         d = tl.load(w_ptr + cols * stride_w, mask=cols_in, other=0.0).to(tl.float32) * d
     return d
