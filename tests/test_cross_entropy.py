@@ -129,6 +129,20 @@ def test_loss_backward_with_unit_grad_output(device):
     _compare(logits, target, grad_output=torch.tensor(1.0, device=device))
 
 
+@pytest.mark.parametrize("n", [1, 7, 129])
+@pytest.mark.parametrize(
+    "c", [2, 1000, pytest.param(32001, marks=pytest.mark.slow)], ids=["c2", "c1000", "c32001"]
+)
+def test_class_indices_at_odd_shapes(n, c, device):
+    """The default config at the class-probability test's shapes: one segment (C = 2, 1000)
+    or several with a partial last one (32001, an odd width: the aligned walk)."""
+    logits = torch.randn(n, c, device=device) * 2
+    target = torch.randint(0, c, (n,), device=device)
+    target[n // 2] = -100
+    _compare(logits, target, torch.rand(c, device=device) + 0.5, label_smoothing=0.1)
+    _compare(logits, target, reduction="none")
+
+
 @pytest.mark.parametrize("bad", [7, 4, -1, -101])
 def test_out_of_range_target_raises(bad, device):
     """A target outside [0, C) that is not ignore_index raises as in PyTorch: on the CPU an
@@ -946,7 +960,7 @@ def test_soft_and_kdim_specs_pass_one_check_each(device):
     )  # fmt: skip
     assert_spec_passes(
         "cross_entropy", device, shapes=[(2, 7, 3, 5)], dtypes=[torch.float32],
-        cases=("random", "mixed", "grad", "empty"),
+        cases=("random", "mixed", "specials", "grad", "empty"),
     )  # fmt: skip
 
 
