@@ -1,4 +1,5 @@
-"""Cross-entropy: accuracy through the check engine, PyTorch's corner cases, memory, compile."""
+"""Cross-entropy: accuracy through the check engine, PyTorch's corner cases, memory, compile;
+class-index and class-probability targets, (N, C) and K-dimensional (N, C, d1, ...) logits."""
 
 import dataclasses
 import subprocess
@@ -12,7 +13,7 @@ from tritonkit.harness.check import check_spec, fresh_seed, poisoned_allocations
 from tritonkit.harness.spec import get_spec
 from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.ops.cross_entropy import CROSS_ENTROPY, cross_entropy, cross_entropy_loss
-from tritonkit.ops.cross_entropy.config import align_for, ce_config
+from tritonkit.ops.cross_entropy.config import align_for, ce_config, row_strides
 from tritonkit.ops.cross_entropy.forward import ce_stats_kernel
 
 from _checks import assert_spec_passes, compile_backend
@@ -126,6 +127,20 @@ def test_loss_backward_with_unit_grad_output(device):
     logits = torch.randn(5, 8, device=device)
     target = torch.randint(0, 8, (5,), device=device)
     _compare(logits, target, grad_output=torch.tensor(1.0, device=device))
+
+
+@pytest.mark.parametrize("n", [1, 7, 129])
+@pytest.mark.parametrize(
+    "c", [2, 1000, pytest.param(32001, marks=pytest.mark.slow)], ids=["c2", "c1000", "c32001"]
+)
+def test_class_indices_at_odd_shapes(n, c, device):
+    """The default config at the class-probability test's shapes: one segment (C = 2, 1000)
+    or several with a partial last one (32001, an odd width: the aligned walk)."""
+    logits = torch.randn(n, c, device=device) * 2
+    target = torch.randint(0, c, (n,), device=device)
+    target[n // 2] = -100
+    _compare(logits, target, torch.rand(c, device=device) + 0.5, label_smoothing=0.1)
+    _compare(logits, target, reduction="none")
 
 
 @pytest.mark.parametrize("bad", [7, 4, -1, -101])
@@ -422,8 +437,12 @@ def test_no_gradient_work_without_requires_grad(device):
 def test_bad_inputs_are_reported(device):
     x = torch.randn(4, 6, device=device)
     t = torch.randint(0, 6, (4,), device=device)
-    with pytest.raises(TypeError, match=r"target must have dtype int64, got float32"):
+    with pytest.raises(
+        TypeError, match=r"target of shape \(4,\) .* must have dtype int64, got float32"
+    ):
         cross_entropy(x, t.float())
+    with pytest.raises(TypeError, match=r"target must have dtype int64, got int32"):
+        cross_entropy(x, t.int())
     with pytest.raises(ValueError, match=r"target must have shape \(4,\) .* got \(5,\)"):
         cross_entropy(x, torch.zeros(5, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match=r"weight must have shape \(C,\) = \(6,\), got \(5,\)"):
@@ -432,7 +451,9 @@ def test_bad_inputs_are_reported(device):
         cross_entropy(x, t, reduction="avg")
     with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\], got 1.5"):
         cross_entropy(x, t, label_smoothing=1.5)
-    with pytest.raises(ValueError, match="spatial dims are not supported"):
+    with pytest.raises(
+        ValueError, match=r"target must have shape \(1, 6\) for input of shape \(1, 4, 6\)"
+    ):
         cross_entropy(x[None], t[None])
     with pytest.raises(TypeError, match="ignore_index must be an int, got float"):
         cross_entropy(x, t, ignore_index=-100.0)
@@ -474,3 +495,509 @@ def test_compile_fullgraph_traces(device):
     (got,) = torch.autograd.grad(out, x)
     (want,) = torch.autograd.grad(expected, x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ---- class-probability targets ----------------------------------------------------------------
+
+# Each output rounded once from float32 arithmetic: half an ulp of its dtype, relative, over the
+# float32 error (1e-5 relative, 1e-6 absolute, as _compare's).
+_ROUNDING = {torch.float32: 1e-5, torch.float16: 2**-11 + 1e-5, torch.bfloat16: 2**-8 + 1e-5}
+
+
+def _close(got, want, **kwargs):
+    """``got`` within one rounding to its dtype of the float64 ``want`` (NaN and inf where it
+    has them)."""
+    rtol = _ROUNDING[got.dtype]
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=1e-6, equal_nan=True, **kwargs)
+
+
+def _soft(x, t, weight=None, grad_output=None, config=None, target_grad=True, **kwargs):
+    """Loss and the gradients of the logits and of the target against F.cross_entropy in
+    float64 on the same values; returns (loss, logits' gradient, target's gradient)."""
+    xa = x.detach().clone().requires_grad_()
+    ta = t.detach().clone().requires_grad_(target_grad)
+    xd = x.detach().double().requires_grad_()
+    td = t.detach().double().requires_grad_(target_grad)
+    wd = None if weight is None else weight.double()
+    loss = ce(xa, ta, weight, **kwargs, config=config)
+    ref = F.cross_entropy(xd, td, wd, **kwargs)
+    assert loss.dtype == _promoted(x, t, weight) and loss.shape == ref.shape
+    _close(loss, ref)
+    g = torch.randn(loss.shape, device=loss.device) if grad_output is None else grad_output
+    g = g.to(loss.dtype)  # the reference gets the same values
+    wrt = (xa, ta) if target_grad else (xa,)
+    grads = torch.autograd.grad(loss, wrt, g)
+    refs = torch.autograd.grad(ref, (xd, td) if target_grad else (xd,), g.double())
+    for got, want, like in zip(grads, refs, (x, t)):
+        assert got.dtype == like.dtype and got.shape == like.shape
+        _close(got, want)
+    return loss, grads[0], (grads[1] if target_grad else None)
+
+
+def _promoted(x, t, weight):
+    dtype = torch.promote_types(x.dtype, t.dtype)
+    return dtype if weight is None else torch.promote_types(dtype, weight.dtype)
+
+
+def _probs(shape, device, dtype=torch.float32, dim=1, scale=2.0):
+    return torch.softmax(torch.randn(shape, device=device) * scale, dim=dim).to(dtype)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_soft_targets_smoothing_weights_reductions(smoothing, reduction, device):
+    """Targets need not sum to 1 (PyTorch does not ask it): the last row's do not."""
+    x = torch.randn(7, 11, device=device) * 3
+    t = _probs((7, 11), device)
+    t[-1] = torch.rand(11, device=device)
+    for weight in (None, torch.rand(11, device=device) + 0.5):
+        _soft(x, t, weight, reduction=reduction, label_smoothing=smoothing)
+
+
+@pytest.mark.parametrize("n", [1, 7, 129])
+@pytest.mark.parametrize(
+    "c", [2, 1000, pytest.param(32001, marks=pytest.mark.slow)], ids=["c2", "c1000", "c32001"]
+)
+def test_soft_targets_at_odd_shapes(n, c, device):
+    """The default config: a row in one segment (C = 2, 1000) or several with an odd last
+    one (32001, segments of 8192), rows of odd lengths sharing tiles."""
+    x = torch.randn(n, c, device=device)
+    _soft(x, _probs((n, c), device), reduction="mean", label_smoothing=0.1)
+
+
+def test_soft_targets_32001_classes_fast(device):
+    """One row of an odd vocabulary in the fast tier (more rows are in the slow one), weighted:
+    4 segments of 8192 classes, the last partial."""
+    x = torch.randn(1, 32001, device=device)
+    _soft(x, _probs((1, 32001), device), torch.rand(32001, device=device) + 0.5, reduction="sum")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_soft_targets_in_half_precision(dtype, device):
+    """Loss and gradients from 16-bit logits and targets within one rounding of the float64
+    answer on the same values (PyTorch rounds log_softmax to 16 bits first: much further)."""
+    x = (torch.randn(9, 37, device=device) * 3).to(dtype)
+    t = _probs((9, 37), device, dtype)
+    w = (torch.rand(37, device=device) + 0.5).to(dtype)
+    _soft(x, t, reduction="none", label_smoothing=0.1)
+    _soft(x, t, w, reduction="mean")
+
+
+@pytest.mark.parametrize(
+    "x_dtype,t_dtype,w_dtype",
+    [
+        (torch.bfloat16, torch.float32, None),
+        (torch.float16, torch.bfloat16, None),
+        (torch.float32, torch.float16, torch.bfloat16),
+        (torch.bfloat16, torch.bfloat16, torch.float32),
+    ],
+)
+def test_soft_targets_of_their_own_dtype(x_dtype, t_dtype, w_dtype, device):
+    """The loss in PyTorch's promotion of the three dtypes; each gradient in its input's."""
+    x = torch.randn(5, 23, device=device).to(x_dtype)
+    t = _probs((5, 23), device, t_dtype)
+    w = None if w_dtype is None else (torch.rand(23, device=device) + 0.5).to(w_dtype)
+    _soft(x, t, w, reduction="none", label_smoothing=0.2)
+    _soft(x, t, w, reduction="mean")
+
+
+def test_soft_targets_far_from_zero(device):
+    """Logits near 10^4: the loss is summed from non-negative terms around each segment's
+    maximum, so it keeps float32's relative precision (``lse * sum(t) - sum(t * x)`` would
+    lose it in the rounding of lse alone, up to 2**-11 * sum(t): 1e-4 of a loss near 5)."""
+    x = torch.randn(6, 300, device=device) + 1e4
+    t = _probs((6, 300), device, scale=0.3)
+    _soft(x, t, reduction="none")
+    _soft(x, t, reduction="none", config=dataclasses.replace(CROSS_ENTROPY, soft_seg=64))
+
+
+def test_soft_targets_non_contiguous(device):
+    """Logits and target in other layouts than each other (class stride 2, transposed), and a
+    strided grad_output."""
+    base = torch.randn(13, 2 * 10, device=device)
+    t = _probs((10, 13), device, dim=0).t()  # class stride 1, rows 1 apart: transposed
+    go = torch.randn(26, device=device)[::2]
+    _soft(base[:, ::2], t, reduction="none", grad_output=go)
+    _soft(base[:, ::2].contiguous(), t.contiguous()[:, :], label_smoothing=0.1)
+    _soft(base[:, 1::2], _probs((13, 10), device)[:, :], torch.rand(10, device=device) + 0.5)
+
+
+def test_soft_target_one_dim_input(device):
+    x = torch.randn(9, device=device)
+    _soft(x, _probs((9,), device, dim=0), reduction="none")
+    _soft(x, _probs((9,), device, dim=0), torch.rand(9, device=device) + 0.5)
+
+
+def test_soft_target_gradient_only_where_required(device):
+    """Logits that need no gradient: only the target's is written (and the reverse)."""
+    x = torch.randn(4, 9, device=device)
+    t = _probs((4, 9), device).requires_grad_()
+    loss = cross_entropy(x, t, label_smoothing=0.1)
+    (gt,) = torch.autograd.grad(loss, t)
+    td = t.detach().double().requires_grad_()
+    (want,) = torch.autograd.grad(F.cross_entropy(x.double(), td, label_smoothing=0.1), td)
+    _close(gt, want)
+    xg = x.clone().requires_grad_()
+    loss = cross_entropy(xg, t.detach())
+    assert loss.grad_fn is not None
+    (gx,) = torch.autograd.grad(loss, xg)
+    assert gx.shape == x.shape and t.grad is None
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_soft_targets_nan_and_inf_as_torch(reduction, device):
+    """-inf logits where the target is 0 (0 * -inf: NaN, as PyTorch's log_softmax * target)
+    and where it is not (+inf loss); NaN and +inf logits; a row all -inf; and their
+    gradients."""
+    x = torch.randn(6, 8, device=device)
+    t = _probs((6, 8), device)
+    x[0, 1], t[0, 1] = float("-inf"), 0.0  # NaN loss, finite gradient
+    x[1, 2] = float("-inf")  # +inf loss
+    x[2, 3] = float("nan")
+    x[3, 4] = float("inf")
+    x[4] = float("-inf")
+    xa = x.clone().requires_grad_()
+    xd = x.double().requires_grad_()
+    loss = cross_entropy(xa, t, reduction=reduction)
+    ref = F.cross_entropy(xd, t.double(), reduction=reduction)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+    g = torch.ones_like(loss)
+    (got,) = torch.autograd.grad(loss, xa, g)
+    (want,) = torch.autograd.grad(ref, xd, g.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (2, 5, 0), (0, 5, 3, 2)])
+def test_soft_targets_empty(shape, device):
+    """No rows: mean NaN (PyTorch's 0 / 0), sum 0, none empty; empty gradients."""
+    for reduction in ("mean", "sum", "none"):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        t = torch.rand(shape, device=device, requires_grad=True)
+        loss = cross_entropy(x, t, reduction=reduction)
+        ref = F.cross_entropy(x.detach(), t.detach(), reduction=reduction)
+        assert loss.shape == ref.shape
+        torch.testing.assert_close(loss, ref, equal_nan=True)
+        gx, gt = torch.autograd.grad(loss.sum(), (x, t))
+        assert gx.shape == x.shape and gt.shape == t.shape
+
+
+def test_soft_segments(device):
+    """Rows cut into segments of 16 (config.soft_seg): partials merged per row, the maximum in
+    the last (1-class) segment, a segment all -inf, weights and smoothing."""
+    config = dataclasses.replace(CROSS_ENTROPY, soft_seg=SMALL_SEG)
+    n_cols = 3 * SMALL_SEG + 1
+    x = torch.randn(5, n_cols, device=device) * 2
+    x[:, -1] = 30.0
+    x[2, :SMALL_SEG] = float("-inf")
+    t = _probs((5, n_cols), device)
+    w = torch.rand(n_cols, device=device) + 0.5
+    for kwargs in ({"reduction": "none"}, {"reduction": "mean", "label_smoothing": 0.2}):
+        _soft(x, t, None, config=config, **kwargs)
+        _soft(x, t, w, config=config, **kwargs)
+    # Rows shorter than a segment share a tile (BLOCK_M > 1).
+    _soft(x[:, :5], t[:, :5], config=config, reduction="none")
+
+
+@pytest.mark.slow  # aligned walks of class indices: test_align_routing in the fast tier
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_soft_aligned_segments(dtype, device):
+    """An odd width: segments walk each row's aligned body (logits and target, and the
+    gradients, share one head), the edge goes with the row kernel and segment 0."""
+    small = dataclasses.replace(CROSS_ENTROPY, soft_seg=SMALL_SEG)
+    n_cols = 2 * SMALL_SEG + 5
+    x = (torch.randn(9, n_cols, device=device) * 3).to(dtype)
+    x[3, 0] = 12.0  # a row maximum in row 3's head
+    x[4, -1] = 12.0  # and in row 4's tail
+    t = _probs((9, n_cols), device, dtype)
+    w = torch.rand(n_cols, device=device) + 0.5
+    line = 128 // x.element_size()
+    assert align_for(1, small, x, t) == line
+    outs = []
+    for align in (True, False):
+        config = dataclasses.replace(small, align=align)
+        g = torch.linspace(0.5, 1.5, 9, device=device)
+        outs.append(_soft(x, t, w, config=config, reduction="none", grad_output=g,
+                          label_smoothing=0.1))  # fmt: skip
+    # The two walks add the same float32 terms in another order, and each rounds its result
+    # once: 16-bit outputs may land one of their ulps apart.
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=2 * _ROUNDING[a.dtype], atol=1e-6)
+
+
+def test_soft_int64_index_path(device):
+    config = dataclasses.replace(CROSS_ENTROPY, soft_seg=SMALL_SEG, int64=True)
+    x = torch.randn(5, 2 * 37, device=device)[:, ::2]
+    _soft(x, _probs((5, 37), device), torch.rand(37, device=device) + 0.5, config=config,
+          label_smoothing=0.1)  # fmt: skip
+
+
+def test_soft_no_n_by_c_float32_tensor(device, monkeypatch):
+    """bf16 logits and target: the only N x C allocations are the two gradients, in bf16."""
+    n, c = 12, 50
+    x = torch.randn(n, c, device=device, dtype=torch.bfloat16, requires_grad=True)
+    t = _probs((n, c), device, torch.bfloat16).requires_grad_()
+    seen = []
+    for name in ("empty", "empty_like", "empty_strided", "zeros", "zeros_like"):
+        original = getattr(torch, name)
+
+        def record(*args, _original=original, **kwargs):
+            out = _original(*args, **kwargs)
+            seen.append((tuple(out.shape), out.dtype))
+            return out
+
+        monkeypatch.setattr(torch, name, record)
+    for _ in range(2):  # the first call builds the plans (which allocate like the calls)
+        seen.clear()
+        loss = cross_entropy(x, t, label_smoothing=0.1)
+        torch.autograd.grad(loss * 2, (x, t))
+    monkeypatch.undo()
+    assert seen.count(((n, c), torch.bfloat16)) == 2  # the gradients
+    big = [s for s in seen if s[0] and s[0][-1] * s[0][0] >= n * c and s[1] != torch.bfloat16]
+    assert not big, big
+
+
+def test_soft_inputs_untouched_and_gradients_written_everywhere(device):
+    x = torch.randn(9, 33, device=device, requires_grad=True)
+    t = _probs((9, 33), device).requires_grad_()
+    before = (x.detach().clone(), t.detach().clone())
+    with poisoned_allocations():
+        loss = cross_entropy(x, t, torch.rand(33, device=device) + 0.5, label_smoothing=0.1)
+        gx, gt = torch.autograd.grad(loss, (x, t))
+    assert torch.isfinite(gx).all() and torch.isfinite(gt).all()
+    assert torch.equal(x.detach(), before[0]) and torch.equal(t.detach(), before[1])
+
+
+def test_soft_bad_inputs(device):
+    x = torch.randn(4, 6, device=device)
+    t = _probs((4, 6), device)
+    with pytest.raises(ValueError, match=r"target must be class indices \(int64\) of shape \(4,\) "
+                       r"or class probabilities of input's shape \(4, 6\), got a float32 target "
+                       r"of shape \(4, 5\)"):  # fmt: skip
+        cross_entropy(x, t[:, :5])
+    with pytest.raises(TypeError, match=r"target of input's shape \(4, 6\) holds class "
+                       r"probabilities and must have dtype float32, float16 or bfloat16, got "
+                       r"int64"):  # fmt: skip
+        cross_entropy(x, t.long())
+    with pytest.raises(TypeError, match=r"target must have dtype float32, float16, bfloat16, "
+                       r"got float64"):  # fmt: skip
+        cross_entropy(x, t.double())
+    with pytest.raises(ValueError, match=r"ignore_index must be negative .* got 0"):
+        cross_entropy(x, t, ignore_index=0)
+    with pytest.raises(ValueError, match=r"weight must have shape \(C,\) = \(6,\), got \(4,\)"):
+        cross_entropy(x, t, torch.ones(4, device=device))
+    with pytest.raises(TypeError, match=r"weight must have dtype .* got int64"):
+        cross_entropy(x, t, torch.ones(6, device=device, dtype=torch.int64))
+    w = torch.ones(6, device=device, requires_grad=True)
+    with pytest.raises(ValueError, match="weight must not require grad with class-probability"):
+        cross_entropy(x, t, w)
+    with torch.no_grad():
+        cross_entropy(x, t, w)  # no gradient can follow: nothing to refuse
+
+
+# ---- K-dimensional inputs (N, C, d1, ..., dk) ------------------------------------------------
+
+
+def _kdim_cases(device, n=2, c=7, d=(3, 5)):
+    """Logits (N, C, *d) in four layouts: contiguous (class stride d1 * d2), channels-last (one
+    row stride: its rows collapse to (N * d, C)), positions transposed, and a slice whose
+    positions do not flatten into one dim (flatten copies it)."""
+    base = torch.randn(n, c, *d, device=device)
+    return {
+        "contiguous": base,
+        "channels-last": base.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2),
+        "positions-transposed": base.transpose(2, 3).contiguous().transpose(2, 3),
+        "sliced": torch.randn(n, c, d[0], 2 * d[1] + 1, device=device)[..., 1::2],
+    }
+
+
+@pytest.mark.parametrize(
+    "layout", ["contiguous", "channels-last", "positions-transposed", "sliced"]
+)
+def test_kdim_class_indices(layout, device):
+    x = _kdim_cases(device)[layout]
+    target = torch.randint(0, 7, (2, 3, 5), device=device)
+    target[0, 1, 2] = target[1, 2, 4] = -100
+    w = torch.rand(7, device=device) + 0.5
+    go = torch.randn(2, 5, 3, device=device).transpose(1, 2)  # strided (N, d1, d2)
+    _compare(x, target, reduction="none", grad_output=go)
+    _compare(x, target, w, reduction="mean", label_smoothing=0.1)
+    _compare(x, target.transpose(1, 2).contiguous().transpose(1, 2), w, reduction="sum")
+    _compare(x, torch.where(target == -100, 3, target), w, reduction="none", ignore_index=3)
+
+
+@pytest.mark.parametrize(
+    "layout", ["contiguous", "channels-last", "positions-transposed", "sliced"]
+)
+def test_kdim_class_probabilities(layout, device):
+    x = _kdim_cases(device)[layout]
+    t = _probs(x.shape, device)
+    w = torch.rand(7, device=device) + 0.5
+    _soft(x, t, reduction="none", grad_output=torch.randn(2, 5, 3, device=device).transpose(1, 2))
+    _soft(x, t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), w, label_smoothing=0.2)
+    _soft(x, t, w, reduction="sum")
+
+
+def test_kdim_one_and_three_positions_dims(device):
+    x3 = torch.randn(4, 6, 5, device=device)
+    t3 = torch.randint(0, 6, (4, 5), device=device)
+    _compare(x3, t3, reduction="none")
+    _soft(x3, _probs((4, 6, 5), device), label_smoothing=0.1)
+    x5 = torch.randn(2, 3, 2, 3, 2, device=device)
+    _compare(x5, torch.randint(0, 3, (2, 2, 3, 2), device=device), reduction="none")
+    _soft(x5, _probs(x5.shape, device), reduction="none")
+    x1 = torch.randn(3, 4, 1, device=device)  # one position: as (N, C)
+    _compare(x1, torch.randint(0, 4, (3, 1), device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kdim_in_half_precision(dtype, device):
+    x = torch.randn(3, 5, 3, 5, device=device).to(dtype)
+    _soft(x, _probs(x.shape, device, dtype), reduction="none", label_smoothing=0.1)
+    t = torch.randint(0, 5, (3, 3, 5), device=device)
+    xa = x.clone().requires_grad_()
+    xd = x.double().requires_grad_()
+    loss = cross_entropy(xa, t, reduction="none")
+    ref = F.cross_entropy(xd, t, reduction="none")
+    _close(loss, ref)
+    g = torch.randn(loss.shape, device=device).to(dtype)  # the reference gets the same values
+    _close(torch.autograd.grad(loss, xa, g)[0], torch.autograd.grad(ref, xd, g.double())[0])
+
+
+def test_kdim_empty(device):
+    for shape in ((0, 4, 3), (2, 4, 0, 5)):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        t = torch.zeros((shape[0], *shape[2:]), dtype=torch.int64, device=device)
+        for reduction in ("mean", "sum", "none"):
+            loss = cross_entropy(x, t, reduction=reduction)
+            ref = F.cross_entropy(x.detach(), t, reduction=reduction)
+            assert loss.shape == ref.shape
+            torch.testing.assert_close(loss, ref, equal_nan=True)
+            (g,) = torch.autograd.grad(loss.sum(), x)
+            assert g.shape == x.shape
+
+
+def test_kdim_out_of_range_target_raises(device):
+    if device.type == "cuda":
+        pytest.skip("a device-side assert: test_out_of_range_target_raises runs it in a subprocess")
+    x = torch.randn(2, 4, 3, device=device)
+    t = torch.zeros(2, 3, dtype=torch.int64, device=device)
+    t[1, 2] = 4
+    with pytest.raises(IndexError, match=r"target must be in \[0, 4\).* got 4"):
+        cross_entropy(x, t)
+
+
+def test_kdim_bad_target_shape(device):
+    x = torch.randn(2, 4, 3, 5, device=device)
+    with pytest.raises(ValueError, match=r"target must have shape \(2, 3, 5\) for input of shape"):
+        cross_entropy(x, torch.zeros(2, 5, 3, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match=r"class probabilities of input's shape \(2, 4, 3, 5\)"):
+        cross_entropy(x, torch.rand(2, 4, 5, 3, device=device))
+
+
+def test_kdim_rows_collapse_where_evenly_strided(device):
+    """Which layouts the kernels address with one row stride (n_inner 1) and which with two."""
+    x = torch.empty(2, 7, 15, device=device)
+    t = torch.empty(2, 15, dtype=torch.int64, device=device)
+    assert row_strides(2, 15, x, t).n_inner == 15  # classes between positions
+    cl = x.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+    assert row_strides(2, 15, cl, t) == type(row_strides(2, 15, cl, t))(30, 1, ((7, 0), (1, 0)))
+    assert row_strides(1, 15, x, t[:1]).n_inner == 1  # one sample: positions are the rows
+    assert row_strides(2, 1, x[:, :, :1], t[:, :1]).strides == ((105, 0), (15, 0))
+
+
+def _aten_copies(fn):
+    """(fn's result, the ATen ops that copied data while it ran)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    copies = []
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("clone", "copy_", "_to_copy", "contiguous"):
+                copies.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Copies():
+        out = fn()
+    return out, copies
+
+
+def test_kdim_layouts_are_read_in_place_but_the_unflattenable(device):
+    """No copy of the logits or the target where the positions flatten into one stride
+    (contiguous, channels-last); flatten's copy where they do not (positions transposed or
+    sliced): the kernels address a row through two strides, sample and position."""
+    copied = {"positions-transposed", "sliced"}
+    for layout, x in _kdim_cases(device).items():
+        t = _probs(x.shape, device)  # contiguous: flattens as it is
+        _, copies = _aten_copies(lambda x=x, t=t: cross_entropy(x, t))
+        assert len(copies) == (layout in copied), (layout, copies)
+
+
+def test_kdim_channels_last_gradient_keeps_the_layout(device):
+    x = _kdim_cases(device)["channels-last"].requires_grad_()
+    (g,) = torch.autograd.grad(cross_entropy(x, torch.randint(0, 7, (2, 3, 5), device=device)), x)
+    assert g.stride() == x.stride()
+
+
+# ---- class probabilities and K-dim: spec, module, compile, autocast ---------------------------
+
+
+@pytest.mark.slow
+def test_soft_spec_passes_the_check_engine_with_the_target_gradient(device):
+    """Every shape x dtype x variant of cross_entropy_soft, the target's gradient checked too."""
+    spec = dataclasses.replace(get_spec("cross_entropy_soft"), grad_inputs=(0, 1))
+    seed = fresh_seed()
+    results = check_spec(spec, device=device, seed=seed)
+    failed = [r for r in results if not r.passed and not r.skipped]
+    report = "\n".join(f"{r.params} {r.shape} {r.dtype} {r.case}: {r.detail}" for r in failed[:10])
+    assert results and not failed, f"base seed {seed}: {len(failed)} failed\n{report}"
+
+
+def test_soft_and_kdim_specs_pass_one_check_each(device):
+    assert_spec_passes(
+        "cross_entropy_soft", device, shapes=[(2, 7, 3, 5)], dtypes=[torch.float32],
+        cases=("random", "transpose", "specials", "grad-transpose", "empty"),
+    )  # fmt: skip
+    assert_spec_passes(
+        "cross_entropy", device, shapes=[(2, 7, 3, 5)], dtypes=[torch.float32],
+        cases=("random", "mixed", "specials", "grad", "empty"),
+    )  # fmt: skip
+
+
+def test_module_takes_probabilities_and_positions(device):
+    w = torch.rand(5, device=device) + 0.5
+    ref = torch.nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    ours = CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    x = torch.randn(3, 5, 2, 4, device=device)
+    for t in (_probs(x.shape, device), torch.randint(0, 5, (3, 2, 4), device=device)):
+        torch.testing.assert_close(ours(x, t), ref(x, t), rtol=1e-5, atol=1e-6)
+
+
+def test_compile_fullgraph_traces_probabilities_and_positions(device):
+    torch._dynamo.reset()
+    backend = compile_backend(device)
+
+    def fn(f, x, t, tk):
+        return f(x * 2, t, label_smoothing=0.1) + f(x, tk, reduction="sum")
+
+    compiled = torch.compile(lambda *a: fn(cross_entropy, *a), fullgraph=True, backend=backend)
+    x = torch.randn(3, 6, 2, 5, device=device, requires_grad=True)
+    t = _probs(x.shape, device).requires_grad_()
+    tk = torch.randint(0, 6, (3, 2, 5), device=device)
+    out, expected = compiled(x, t, tk), fn(F.cross_entropy, x, t, tk)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    got = torch.autograd.grad(out, (x, t))
+    want = torch.autograd.grad(expected, (x, t))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_soft_loss_is_float32_under_autocast(device):
+    x = torch.randn(4, 9, device=device, dtype=torch.bfloat16, requires_grad=True)
+    t = _probs((4, 9), device, torch.bfloat16)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = cross_entropy(x, t)
+        ref = F.cross_entropy(x, t)
+    assert loss.dtype == ref.dtype == torch.float32
+    (g,) = torch.autograd.grad(loss, x)
+    assert g.dtype == torch.bfloat16

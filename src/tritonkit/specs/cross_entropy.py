@@ -1,4 +1,6 @@
-"""Specs of the cross-entropy family: class-index targets, weights, smoothing, ignore_index."""
+"""Specs of the cross-entropy family: class-index targets (weights, smoothing, ignore_index) and
+class-probability targets (weights, smoothing), over (N, C) and K-dimensional (N, C, d1, d2)
+logits. A shape is the logits' shape."""
 
 import torch
 import torch.nn.functional as F
@@ -12,12 +14,24 @@ IGNORED = -100  # make_inputs marks every fourth row (from the fourth) with this
 
 
 def _inputs(shape, dtype, device, seed):
-    """(logits, targets, class weights): targets int64, some ignored; weights in [0.5, 1.5)."""
-    n, c = shape
+    """(logits, targets, class weights): targets int64 (N, d1, ...), some ignored; weights in
+    [0.5, 1.5)."""
+    n, c, *positions = shape
     gen = generator(device, seed)
     logits = randn(shape, dtype, device, gen)
-    target = torch.randint(0, c, (n,), generator=gen, device=device, dtype=torch.int64)
-    target[3::4] = IGNORED
+    target = torch.randint(0, c, (n, *positions), generator=gen, device=device)
+    target.view(-1)[3::4] = IGNORED
+    weight = (torch.rand(c, generator=gen, device=device) + 0.5).to(dtype)
+    return logits, target, weight
+
+
+def _soft_inputs(shape, dtype, device, seed):
+    """(logits, class probabilities, class weights): the target a softmax over the classes
+    (dim 1) of scaled normals, in the logits' dtype; weights in [0.5, 1.5)."""
+    c = shape[1]
+    gen = generator(device, seed)
+    logits = randn(shape, dtype, device, gen)
+    target = torch.softmax(2 * randn(shape, torch.float32, device, gen), dim=1).to(dtype)
     weight = (torch.rand(c, generator=gen, device=device) + 0.5).to(dtype)
     return logits, target, weight
 
@@ -59,6 +73,24 @@ def _bytes(inputs, mode, weighted=False, **params):
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
+def _soft_bytes(inputs, mode, weighted=False, **params):
+    logits, target, weight = inputs
+    # fwd: read the logits and the target once. bwd: read both again and write the logits'
+    # gradient (the spec's grad_inputs; the target's, where asked for, is as many bytes more).
+    # The per-row statistics (2 floats per row) and losses are not counted.
+    fwd = nbytes(logits, target) + (nbytes(weight) if weighted else 0)
+    bwd = fwd + nbytes(logits)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
+
+
+def _soft_ce(logits, target, weight, weighted=False, **kwargs):
+    return cross_entropy(logits, target, weight if weighted else None, **kwargs)
+
+
+def _soft_ce_ref(logits, target, weight, weighted=False, **kwargs):
+    return F.cross_entropy(logits, target, weight if weighted else None, **kwargs)
+
+
 def _liger():
     try:
         from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
@@ -93,10 +125,11 @@ register(
         reference=_ce_ref,
         make_inputs=_inputs,
         shapes=Shapes(
-            test=[(1, 1), (3, 7), (6, 129)],
+            # (2, 7, 3, 5): K-dimensional logits (N, C, d1, d2), targets (N, d1, d2).
+            test=[(1, 1), (3, 7), (6, 129), (2, 7, 3, 5)],
             # (8192, 50257): GPT-2's vocabulary, an odd width (CrossEntropyConfig.align).
             bench=[(8192, 128256), (8192, 50257)],
-            empty=[(0, 5)],
+            empty=[(0, 5), (2, 5, 0, 3)],
             small=[(64, 3000)],
         ),
         # Every option is covered in five variants (the interpreter is slow): reductions,
@@ -119,6 +152,38 @@ register(
                 description="Liger-Kernel cross-entropy (writes the gradient over the logits)",
             ),
         },
-        description="cross-entropy over (N, C) logits; the gradient is written by the backward",
+        description="cross-entropy over (N, C) or (N, C, d1, ...) logits and class indices; the "
+        "gradient is written by the backward",
+    )
+)
+
+register(
+    OpSpec(
+        name="cross_entropy_soft",
+        family=FAMILY,
+        impl=_soft_ce,
+        reference=_soft_ce_ref,
+        make_inputs=_soft_inputs,
+        shapes=Shapes(
+            test=[(1, 1), (3, 7), (6, 129), (2, 7, 3, 5)],
+            # Distillation over Llama 3's vocabulary: a teacher's probabilities as the target.
+            bench=[(8192, 128256)],
+            empty=[(0, 5), (2, 5, 0, 3)],
+            small=[(64, 3000)],
+        ),
+        params=(
+            {},
+            {"reduction": "none", "label_smoothing": 0.1},
+            {"weighted": True, "reduction": "sum"},
+            {"weighted": True, "label_smoothing": 0.2},
+        ),
+        bytes=_soft_bytes,
+        bench_dtypes=(torch.bfloat16,),
+        # The logits' gradient, as in distillation (the teacher's probabilities detached); the
+        # target's gradient is checked in tests/test_cross_entropy.py.
+        grad_inputs=(0,),
+        baselines=torch_baselines(_soft_ce_ref),
+        description="cross-entropy over class probabilities (a float target of the logits' "
+        "shape); no N x C float32 copy",
     )
 )

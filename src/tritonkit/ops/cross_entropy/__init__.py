@@ -1,4 +1,6 @@
-"""Cross-entropy over class-index targets, with class weights, label smoothing and ignore_index.
+"""Cross-entropy over class-index targets (with class weights, label smoothing and
+ignore_index) or class probabilities (soft.py), over (N, C) or K-dimensional (N, C, d1, ...)
+logits.
 
 ``F.cross_entropy`` in eager mode materializes log_softmax (N x C), then for the backward a
 zero-filled N x C gradient of nll_loss and the log_softmax gradient: three N x C tensors and
@@ -41,10 +43,17 @@ when every target is ignored, as in PyTorch). Targets outside ``[0, C)`` (other 
 ignore_index) raise, as in PyTorch: on the CPU a host check before any launch, on CUDA the row
 kernel's device assert (``CrossEntropyConfig.check_targets``).
 
+Class probabilities (a float target of the logits' shape) take the same segments: the forward
+reads logits and target once, the backward reads both again and writes the gradient of the
+logits (and of the target, where it requires one); see soft.py for the arithmetic. K-dimensional
+logits (N, C, d1, ..., dk) are (N, C, d) with their positions flattened (a view where they are
+evenly strided): a row is a (sample, position) pair, addressed through two strides per tensor
+(segments.row_offset), one where every tensor's rows are evenly strided.
+
 Modules: ``segments.py`` (the segment helpers), ``forward.py`` (the forward's kernels),
-``backward.py`` (the gradient kernel), ``config.py`` (``CrossEntropyConfig`` and the choice of
-launches), ``plan.py`` (launches cached per layout), ``function.py`` (ops, autograd, the public
-function).
+``backward.py`` (the gradient kernel), ``soft.py`` (the class-probability kernels),
+``config.py`` (``CrossEntropyConfig`` and the choice of launches), ``plan.py`` (launches cached
+per layout), ``function.py`` (ops, autograd, the public function).
 """
 
 from tritonkit.ops.cross_entropy.config import CROSS_ENTROPY, CrossEntropyConfig

@@ -10,6 +10,7 @@ from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.math import edge_cols, fast_exp
 from tritonkit.ops.cross_entropy.segments import (
     col_mask,
+    row_offset,
     segment,
     segment_cols,
     segment_offsets,
@@ -24,17 +25,23 @@ def ce_grad_kernel(
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT
     stats_ptr,  # fp32 [2]: the mean's denominator (ce_reduce_kernel), the class weights' sum
     lse_ptr,  # fp32 logsumexp per row [n_rows] from ce_rows_kernel
-    go_ptr,  # grad_output: one value per row, or a scalar (stride_go = 0)
-    grad_ptr,  # out: gradient of the logits [n_rows, n_cols], unit class stride
+    go_ptr,  # grad_output: one value per row, or a scalar (strides 0)
+    grad_ptr,  # out: gradient of the logits [n_rows, n_cols]
     n_rows,
     n_cols,
     n_segments,  # segments per row: cdiv(n_cols, BLOCK_N)
-    stride_xm,  # logits: elements between rows
+    n_inner,  # positions per sample: row r is (r // n_inner, r % n_inner)
+    stride_xm,  # logits: elements between samples
+    stride_xs,  # logits: elements between positions
     stride_xn,  # logits: elements between classes
-    stride_t,  # targets: elements between rows
+    stride_tm,  # targets: elements between samples
+    stride_ts,  # targets: elements between positions
     stride_w,  # weights: elements between classes
-    stride_go,  # grad_output: elements between rows (0 for a reduced loss)
-    stride_gm,  # gradient: elements between rows
+    stride_gom,  # grad_output: elements between samples (0 for a reduced loss)
+    stride_gos,  # grad_output: elements between positions
+    stride_gm,  # gradient: elements between samples
+    stride_gs,  # gradient: elements between positions
+    stride_gn,  # gradient: elements between classes (1 with ALIGN)
     ignore_index,  # rows with this target: zero gradient, logits not read
     smoothing,  # label_smoothing, in [0, 1]
     HAS_WEIGHT: tl.constexpr,
@@ -47,7 +54,8 @@ def ce_grad_kernel(
 ):
     rows, start, offs = segment(n_segments, BLOCK_M, BLOCK_N, INT64)
     row_in = rows < n_rows
-    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    t_off = row_offset(rows, n_inner, stride_tm, stride_ts)
+    t = tl.load(t_ptr + t_off, mask=row_in, other=ignore_index)
     ignored = t == ignore_index
     active = row_in & (t != ignore_index)
     valid = (t >= 0) & (t < n_cols)
@@ -58,7 +66,8 @@ def ce_grad_kernel(
         w_t = w_t.to(tl.float32)
     # d loss / dx[c] = p[c] * ((1 - e) w[t] + e/C sum(w)) - (1 - e) w[t] [c == t] - e/C w[c],
     # times grad_output and the reduction's scale.
-    scale = tl.load(go_ptr + rows * stride_go, mask=active, other=0.0).to(tl.float32)
+    go_off = row_offset(rows, n_inner, stride_gom, stride_gos)
+    scale = tl.load(go_ptr + go_off, mask=active, other=0.0).to(tl.float32)
     if MEAN:
         scale = scale / tl.load(stats_ptr)  # inf when every target is ignored: no row uses it
     coef_t = (1.0 - smoothing) * w_t * scale
@@ -70,7 +79,7 @@ def ce_grad_kernel(
             w_sum = tl.load(stats_ptr + 1)
         coef_p += coef_c * w_sum
     coefs = (lse, coef_p, coef_t, coef_c, valid, ignored)
-    row_off = rows * stride_xm
+    row_off = row_offset(rows, n_inner, stride_xm, stride_xs)
     head, n_body = span(row_off, n_cols, ALIGN)
     first = head + start
     col_in = col_mask(offs, n_body, start, ALIGN)
@@ -91,13 +100,15 @@ def ce_grad_kernel(
     cols = segment_cols(first, start, offs, ALIGN)
     is_t = offs[None, :] == t_off[:, None]
     g = _grad(x, is_t, coefs, w_ptr, cols, col_in, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
-    g_seg = grad_ptr + segment_offsets(rows * stride_gm, first, 1, ALIGN, BLOCK_N)
+    g_row = row_offset(rows, n_inner, stride_gm, stride_gs)
+    g_seg = grad_ptr + segment_offsets(g_row, first, stride_gn, ALIGN, BLOCK_N)
     store_rows = row_in[:, None]  # ignored rows too: written, so the buffer is all defined
     g_type = grad_ptr.dtype.element_ty
-    tl.store(g_seg[:, None] + offs[None, :], g.to(g_type), mask=store_rows & col_in)
+    g_ptrs = g_seg[:, None] + offs[None, :] * stride_gn
+    tl.store(g_ptrs, g.to(g_type), mask=store_rows & col_in)
     if ALIGN:
         ge = _grad(xe, ec == t[:, None], coefs, w_ptr, ec, em, stride_w, HAS_WEIGHT, HAS_SMOOTHING)
-        tl.store(grad_ptr + (rows * stride_gm)[:, None] + ec, ge.to(g_type), mask=em & store_rows)
+        tl.store(grad_ptr + g_row[:, None] + ec, ge.to(g_type), mask=em & store_rows)
 
 
 @triton.jit

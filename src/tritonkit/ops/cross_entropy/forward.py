@@ -1,7 +1,12 @@
-"""The cross-entropy forward: per-segment partials of each row (``ce_stats_kernel``), merged
-per row into its logsumexp and loss (``ce_rows_kernel``), and the reduction's sum or mean
-(``ce_reduce_kernel``, which also takes the mean's denominator); ``ce_weight_sum_kernel`` gives
-the class weights' sum where label smoothing with class weights needs it."""
+"""The cross-entropy forward over class-index targets: per-segment partials of each row
+(``ce_stats_kernel``), merged per row into its logsumexp and loss (``ce_rows_kernel``), and the
+reduction's sum or mean (``ce_reduce_kernel``, which also takes the mean's denominator, for
+class-probability targets too); ``ce_weight_sum_kernel`` gives the class weights' sum where
+label smoothing with class weights needs it.
+
+A row is one (sample, position) of the logits (N, C) or (N, C, d): row r is
+``(r // n_inner, r % n_inner)`` (``segments.row_offset``), each tensor with its own two row
+strides."""
 
 from __future__ import annotations
 
@@ -12,7 +17,10 @@ from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.math import aligned_row, edge_cols, fast_exp
 from tritonkit.ops.cross_entropy.segments import (
     col_mask,
+    max_sumexp,
+    partials_max,
     row_ids,
+    row_offset,
     segment,
     segment_cols,
     segment_offsets,
@@ -41,8 +49,8 @@ def ce_weight_sum_kernel(
 
 @triton.jit
 def _mean_denominator(
-    t_ptr, w_ptr, n_rows, n_cols, stride_t, stride_w, ignore_index, HAS_WEIGHT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    t_ptr, w_ptr, n_rows, n_cols, n_inner, stride_tm, stride_ts, stride_w, ignore_index,
+    HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """The mean's denominator: the sum of w[t] over non-ignored rows (their count without class
     weights, exact for any number of rows), in a fixed order."""
@@ -53,7 +61,8 @@ def _mean_denominator(
         count = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n_rows, BLOCK):
         r = start + offs
-        t = tl.load(t_ptr + r * stride_t, mask=r < n_rows, other=ignore_index)
+        t_off = row_offset(r, n_inner, stride_tm, stride_ts)
+        t = tl.load(t_ptr + t_off, mask=r < n_rows, other=ignore_index)
         keep = (r < n_rows) & (t != ignore_index)
         if HAS_WEIGHT:
             in_range = keep & (t >= 0) & (t < n_cols)
@@ -74,12 +83,15 @@ def ce_stats_kernel(
     t_ptr,  # int64 targets [n_rows]
     w_ptr,  # class weights [n_cols], when HAS_WEIGHT and HAS_SMOOTHING
     part_ptr,  # fp32 out: partials [K, n_rows, n_segments]: max, sum exp(x - max), sum w x
-    n_rows,
+    n_rows,  # N * d (rows of every position)
     n_cols,
     n_segments,  # segments per row: cdiv(n_cols, BLOCK_N)
-    stride_xm,  # logits: elements between rows
+    n_inner,  # positions per sample d: row r is (r // n_inner, r % n_inner)
+    stride_xm,  # logits: elements between samples
+    stride_xs,  # logits: elements between positions
     stride_xn,  # logits: elements between classes
-    stride_t,  # targets: elements between rows
+    stride_tm,  # targets: elements between samples
+    stride_ts,  # targets: elements between positions
     stride_w,  # weights: elements between classes
     stride_pk,  # partials: elements between planes (n_rows * n_segments)
     ignore_index,  # rows with this target: logits not read
@@ -92,9 +104,10 @@ def ce_stats_kernel(
 ):
     rows, start, offs = segment(n_segments, BLOCK_M, BLOCK_N, INT64)
     row_in = rows < n_rows
-    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    t_off = row_offset(rows, n_inner, stride_tm, stride_ts)
+    t = tl.load(t_ptr + t_off, mask=row_in, other=ignore_index)
     active = row_in & (t != ignore_index)  # ignored rows: their logits are never read
-    row_off = rows * stride_xm
+    row_off = row_offset(rows, n_inner, stride_xm, stride_xs)
     head, n_body = span(row_off, n_cols, ALIGN)
     first = head + start
     col_in = col_mask(offs, n_body, start, ALIGN)
@@ -102,11 +115,7 @@ def ce_stats_kernel(
     x_seg = x_ptr + segment_offsets(row_off, first, stride_xn, ALIGN, BLOCK_N)
     x = tl.load(x_seg[:, None] + offs[None, :] * stride_xn, mask=mask, other=float("-inf"))
     x = x.to(tl.float32)
-    seg_max = tl.max(x, axis=1)
-    # A segment all -inf (or masked) has no maximum to shift by: its sum is 0, not NaN.
-    # +inf or NaN make the sum NaN, so the row's loss is NaN, as PyTorch's log_softmax gives.
-    shift = tl.where(seg_max == float("-inf"), 0.0, seg_max)
-    seg_sum = tl.sum(fast_exp(x - shift[:, None]), axis=1)
+    seg_max, _, seg_sum = max_sumexp(x)
     p = part_ptr + rows * n_segments + (tl.program_id(0) % n_segments)
     tl.store(p, seg_max, mask=row_in)
     tl.store(p + stride_pk, seg_sum, mask=row_in)
@@ -128,9 +137,12 @@ def ce_rows_kernel(
     n_rows,
     n_cols,
     n_segments,
-    stride_xm,  # logits: elements between rows
+    n_inner,  # positions per sample: row r is (r // n_inner, r % n_inner)
+    stride_xm,  # logits: elements between samples
+    stride_xs,  # logits: elements between positions
     stride_xn,  # logits: elements between classes
-    stride_t,  # targets: elements between rows
+    stride_tm,  # targets: elements between samples
+    stride_ts,  # targets: elements between positions
     stride_w,  # weights: elements between classes
     stride_pk,  # partials: elements between planes
     stride_l,  # losses: elements between rows
@@ -146,7 +158,8 @@ def ce_rows_kernel(
 ):
     rows = row_ids(tl.program_id(0), BLOCK_R, INT64)
     row_in = rows < n_rows
-    t = tl.load(t_ptr + rows * stride_t, mask=row_in, other=ignore_index)
+    t_off = row_offset(rows, n_inner, stride_tm, stride_ts)
+    t = tl.load(t_ptr + t_off, mask=row_in, other=ignore_index)
     ignored = t == ignore_index
     active = row_in & (t != ignore_index)
     valid = (t >= 0) & (t < n_cols)
@@ -159,17 +172,9 @@ def ce_rows_kernel(
     # sums rescaled to it. Padding partials are (-inf, 0) and add nothing.
     segs = tl.arange(0, BLOCK_S)
     p_rows = part_ptr + rows * n_segments
-    # Elementwise accumulators reduced once after each loop: a reduction inside the loop
-    # (row_max = max(row_max, tl.max(m))) crashes triton 3.6's TritonGPUOptimizeThreadLocality
-    # pass when n_segments is specialized as a multiple of 16.
-    m_acc = tl.full([BLOCK_R, BLOCK_S], float("-inf"), tl.float32)
-    for j in range(0, n_segments, BLOCK_S):
-        mask = active[:, None] & (j + segs < n_segments)[None, :]
-        m = tl.load(p_rows[:, None] + (j + segs)[None, :], mask=mask, other=float("-inf"))
-        m_acc = tl.maximum(m_acc, m)
-    row_max = tl.max(m_acc, axis=1)
+    row_max = partials_max(p_rows, n_segments, active, BLOCK_R, BLOCK_S)
+    row_off = row_offset(rows, n_inner, stride_xm, stride_xs)
     if ALIGN:  # the classes outside each row's aligned body, which no segment read
-        row_off = rows * stride_xm
         head, n_body = aligned_row(row_off, n_cols, ALIGN)
         ec, em = edge_cols(head[:, None], n_body[:, None], n_cols, ALIGN)
         em = em & active[:, None]
@@ -192,7 +197,7 @@ def ce_rows_kernel(
         if HAS_SMOOTHING:
             wx += tl.sum(weighted(xe, em, w_ptr, ec, em, stride_w, HAS_WEIGHT), axis=1)
     lse = shift + tl.log(tl.where(active, row_sum, 1.0))  # ignored rows: 0, no log(0)
-    x_t = tl.load(x_ptr + rows * stride_xm + t_safe * stride_xn, mask=active, other=0.0)
+    x_t = tl.load(x_ptr + row_off + t_safe * stride_xn, mask=active, other=0.0)
     w_t = tl.full([BLOCK_R], 1.0, tl.float32)
     if HAS_WEIGHT:
         w_t = tl.load(w_ptr + t_safe * stride_w, mask=active, other=0.0).to(tl.float32)
@@ -211,17 +216,20 @@ def ce_rows_kernel(
 @kernel
 def ce_reduce_kernel(
     loss_ptr,  # fp32 per-row losses [n_rows], contiguous
-    t_ptr,  # int64 targets [n_rows], when MEAN
-    w_ptr,  # class weights [n_cols], when MEAN and HAS_WEIGHT
+    t_ptr,  # int64 targets [n_rows], when MEAN and not SOFT
+    w_ptr,  # class weights [n_cols], when MEAN and HAS_WEIGHT and not SOFT
     stats_ptr,  # fp32 [2]: out with MEAN: the mean's denominator, first (the backward's too)
-    out_ptr,  # the reduced loss, a scalar in the loss dtype (the logits' or float32)
+    out_ptr,  # the reduced loss, a scalar in the loss dtype
     n_rows,  # losses to sum
     n_cols,  # classes
-    stride_t,  # targets: elements between rows
+    n_inner,  # positions per sample: row r is (r // n_inner, r % n_inner)
+    stride_tm,  # targets: elements between samples
+    stride_ts,  # targets: elements between positions
     stride_w,  # weights: elements between classes
     ignore_index,
     MEAN: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    SOFT: tl.constexpr,  # class-probability targets: the mean divides by the rows, N * d
     BLOCK: tl.constexpr,
 ):
     # One program, fixed summation orders: deterministic. The mean's denominator is taken here
@@ -232,9 +240,13 @@ def ce_reduce_kernel(
         acc += tl.load(loss_ptr + start + offs, mask=start + offs < n_rows, other=0.0)
     total = tl.sum(acc, axis=0)
     if MEAN:
-        den = _mean_denominator(
-            t_ptr, w_ptr, n_rows, n_cols, stride_t, stride_w, ignore_index, HAS_WEIGHT, BLOCK
-        )
+        if SOFT:  # as PyTorch: input.numel() / C, whatever the weights
+            den = n_rows * 1.0
+        else:
+            den = _mean_denominator(
+                t_ptr, w_ptr, n_rows, n_cols, n_inner, stride_tm, stride_ts, stride_w,
+                ignore_index, HAS_WEIGHT, BLOCK,
+            )  # fmt: skip
         tl.store(stats_ptr, den)
         total = total / den  # 0 / 0 = NaN when every target is ignored
     tl.store(out_ptr, total.to(out_ptr.dtype.element_ty))

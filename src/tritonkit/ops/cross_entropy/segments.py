@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.math import aligned_row
+from tritonkit.ops._core.math import aligned_row, fast_exp
 
 
 @triton.jit
@@ -16,6 +16,15 @@ def row_ids(tile, BLOCK_M: tl.constexpr, INT64: tl.constexpr):
     if INT64:  # offsets past 2**31 elements: 64-bit index arithmetic, only when needed
         tile = tl.cast(tile, tl.int64)
     return tile * BLOCK_M + tl.arange(0, BLOCK_M)
+
+
+@triton.jit
+def row_offset(rows, n_inner, stride_outer, stride_inner):
+    """Element offsets of rows ``rows`` of a tensor whose rows run over two dims: row r is
+    (r // n_inner, r % n_inner) of (N, d1 * ... * dk), as in K-dimensional inputs
+    (N, C, d1, ..., dk). n_inner == 1 (2-d input, or rows evenly strided: config.py,
+    row_strides) is specialized to a constant by Triton and this folds to rows * stride_outer."""
+    return (rows // n_inner) * stride_outer + (rows % n_inner) * stride_inner
 
 
 @triton.jit
@@ -85,3 +94,29 @@ def segment_cols(first, start, offs, ALIGN: tl.constexpr):
         return first[:, None] + offs[None, :]
     else:
         return (start + offs)[None, :]
+
+
+@triton.jit
+def max_sumexp(x):
+    """(maximum, shift, sum of exp(x - shift)) over axis 1 of float32 ``x`` [rows, n]: the
+    shift is the maximum, or 0 where that is -inf (all -inf or masked: the sum is 0, not NaN).
+    +inf or NaN make the sum NaN, so the row's loss is NaN, as PyTorch's log_softmax gives."""
+    x_max = tl.max(x, axis=1)
+    shift = tl.where(x_max == float("-inf"), 0.0, x_max)
+    return x_max, shift, tl.sum(fast_exp(x - shift[:, None]), axis=1)
+
+
+@triton.jit
+def partials_max(p_rows, n_segments, active, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The maximum of each row's segment maxima (the partials' first plane, ``p_rows`` each
+    row's first); -inf for inactive rows."""
+    segs = tl.arange(0, BLOCK_S)
+    # Elementwise accumulators reduced once after the loop: a reduction inside the loop
+    # (row_max = max(row_max, tl.max(m))) crashes triton 3.6's TritonGPUOptimizeThreadLocality
+    # pass when n_segments is specialized as a multiple of 16.
+    m_acc = tl.full([BLOCK_R, BLOCK_S], float("-inf"), tl.float32)
+    for j in range(0, n_segments, BLOCK_S):
+        mask = active[:, None] & (j + segs < n_segments)[None, :]
+        m = tl.load(p_rows[:, None] + (j + segs)[None, :], mask=mask, other=float("-inf"))
+        m_acc = tl.maximum(m_acc, m)
+    return tl.max(m_acc, axis=1)
