@@ -230,6 +230,8 @@ def _expected_params():
 
     from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
     from tritonkit.ops.matmul.configs import MatmulConfig
+    from tritonkit.ops.optim.newton_schulz import DEFAULT_NS, NS_KERNEL
+    from tritonkit.ops.optim.tables import CHUNKS_KERNEL, DEFAULT_CHUNKS
     from tritonkit.ops.quant.weight_only import WeightOnlyConfig
 
     tile = set(INTERPRETER_FWD.tuning().params)
@@ -243,6 +245,8 @@ def _expected_params():
         "attention_decode": set(INTERPRETER_DECODE.tuning().params),
         "transpose": {"BLOCK_M", "BLOCK_N"},
         "int8_weight_only": weight_only,
+        NS_KERNEL: set(DEFAULT_NS.tuning().params),
+        CHUNKS_KERNEL: set(DEFAULT_CHUNKS.tuning().params),
     }
 
 
