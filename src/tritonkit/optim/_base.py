@@ -153,7 +153,11 @@ class NonFiniteGuard:
             return None
         found, count = self.buffers(plans[0].table.device)
         found.zero_()
-        return tuple((plan.flags if self.mode == "raise" else None, found, count) for plan in plans)
+        if self.mode != "raise":
+            return tuple((None, found, count) for _ in plans)
+        for plan in plans:  # the names of a check that found one but was never stepped
+            plan.flags.zero_()
+        return tuple((plan.flags, found, count) for plan in plans)
 
     def flag(
         self,
