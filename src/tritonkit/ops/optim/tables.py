@@ -30,10 +30,11 @@ TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 
 @dataclass(frozen=True)
 class ChunkConfig:
-    """How elementwise multi-tensor kernels cut tensors: ``block`` elements per program."""
+    """How elementwise multi-tensor kernels cut tensors: ``block`` elements per program, run
+    by ``num_warps`` warps (``default_chunks`` picks one where none is given)."""
 
-    block: int = 2048
-    num_warps: int = 4
+    block: int
+    num_warps: int
 
     def tuning(self) -> _tuning.Config:
         return _tuning.Config({"BLOCK": self.block}, self.num_warps, 1)
@@ -42,8 +43,6 @@ class ChunkConfig:
     def from_tuning(cfg: _tuning.Config) -> ChunkConfig:
         return ChunkConfig(int(cfg.params["BLOCK"]), cfg.num_warps)
 
-
-DEFAULT_CHUNKS = ChunkConfig()
 
 # The configs a shipped table may name (experiments/gpu_optim_defaults.py times them all).
 CHUNK_CANDIDATES = (
