@@ -129,8 +129,8 @@ def tma_device(device: torch.device) -> bool:
 
 def heuristic_ns_config(n_batch: int, rows: int, cols: int, device: torch.device) -> NSConfig:
     """Where no table says otherwise: the pointer kernel's 128 x 128 tiles, or on Hopper the
-    TMA kernel, with 128 x 256 tiles for the third product (s x max(rows, cols), s =
-    min(rows, cols)) when the batch still has a tile for every SM."""
+    TMA kernel, with 128 x 256 tiles for the third product (whose output is s x n or n x s,
+    s = min(rows, cols), n = max(rows, cols)) when the batch still has a tile for every SM."""
     if interpreter_enabled():
         return INTERPRETER_NS
     if not tma_device(device):
