@@ -4,6 +4,7 @@ curves, inference, attention routes and the fusion cost model, one run per compa
     PYTHONPATH=src python experiments/gpu_models.py --out $OUT                # every section
     PYTHONPATH=src python experiments/gpu_models.py --out $OUT --sections train --configs llama-2k
     PYTHONPATH=src python experiments/gpu_models.py --tiny --out /tmp/m       # CPU smoke test
+    PYTHONPATH=src python experiments/gpu_models.py --sections optim --out $OUT  # issue 43's
 
 Sections (``--sections``, comma-separated; default all):
 
@@ -16,13 +17,23 @@ Sections (``--sections``, comma-separated; default all):
   step: parameters, gradients, optimizer states and activations). Variants: ``eager``,
   ``compile`` (torch.compile), ``liger`` (Liger-Kernel's patch, when importable),
   ``tk`` (tritonkit.patch, torch's fused AdamW), ``tk_adamw`` (tritonkit.patch and
-  tritonkit's AdamW), ``tk_muonw`` (tritonkit MuonW, Llama 2K only), ``tk_compile``
+  tritonkit's AdamW at its defaults), ``tk_muonw`` (tritonkit MuonW at its defaults, Llama 2K
+  only), ``tk_compile``
   (tritonkit.patch under torch.compile), ``tk_rkv`` (patch with K/V repeated for cuDNN,
   Llama only), ``tk_flash`` (patch with tritonkit.attention, Llama only). Configs:
   ``llama-2k`` (the issue's Llama: hidden 2048, intermediate 5632, 8 layers, 16 heads, 8 KV
   heads, vocabulary 32000, batch 4 x 2048),
   ``llama-8k`` (batch 1 x 8192), ``gpt2-2k`` / ``gpt2-8k`` (GPT-2 small: 768 x 12 layers,
   vocabulary 50257, dropout 0.1 as trained; batch 4 x 2048 and 1 x 8192).
+- ``optim``: the optimizers at their defaults in training (issue 43, acceptance 3), each case
+  in a fresh process, 10 timed steps after 3 warm-up ones (wall time of back-to-back steps,
+  one sync after the last, so a host sync inside a step costs what it costs a user): the
+  patched GPT-2 small and Llama (``gpt2-2k``, ``llama-2k``) with torch's fused AdamW
+  (``tk``) and with ``tritonkit.optim.AdamW()`` at its defaults (``tk_adamw``), target >=
+  1.0x in tokens/s; and a Muon step on 8 x 4096 x 4096 fp32 parameters (gradients given),
+  ``torch.optim.Muon`` against ``tritonkit.optim.Muon`` at its defaults, target >= 1.4x.
+  The table ends with the three ratios and whether each meets its target. About 3-4 minutes
+  on an H200.
 - ``cold``: the first three training steps from empty Triton, tritonkit and Inductor caches
   (fresh temporary directories, a fresh process each) for eager, liger, tk, tk_adamw.
 - ``match``: loss and every gradient of the bf16 Llama (batch 1 x 2048) unpatched and patched,
@@ -74,7 +85,7 @@ VARIANTS = (
     "tk_flash",
 )
 CONFIGS = ("llama-2k", "llama-8k", "gpt2-2k", "gpt2-8k")
-SECTIONS = ("attn", "train", "cold", "match", "curve", "infer", "fusion")
+SECTIONS = ("attn", "train", "optim", "cold", "match", "curve", "infer", "fusion")
 
 
 def log(*args) -> None:
@@ -149,14 +160,14 @@ def apply_variant(model, variant: str, fam: str) -> dict:
 
 def make_optimizer(model, variant: str):
     params = [p for p in model.parameters() if p.requires_grad]
-    if variant == "tk_adamw":
+    if variant == "tk_adamw":  # at its defaults (nonfinite="skip": checked, no host sync)
         from tritonkit.optim import AdamW
 
-        return AdamW(params, lr=1e-4, weight_decay=0.01, nonfinite="propagate")
+        return AdamW(params, lr=1e-4, weight_decay=0.01)
     if variant == "tk_muonw":
         from tritonkit.optim import MuonW, muon_param_groups
 
-        return MuonW(muon_param_groups(model), lr=1e-4, nonfinite="propagate")
+        return MuonW(muon_param_groups(model), lr=1e-4)
     fused = next(iter(params)).is_cuda
     return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=fused)
 
@@ -238,6 +249,101 @@ def worker_train(variant: str, names: list[str], tiny: bool) -> list[dict]:
         rows.append(row)
         log(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "patch")}))
     return rows
+
+
+OPTIM_STEPS = (3, 10)  # warm-up steps, timed steps
+MUON_SHAPE = (8, 4096, 4096)  # matrices, rows, cols (fp32)
+
+
+def timed_steps(step, device: str) -> dict:
+    """OPTIM_STEPS's protocol: warm-up steps, a sync, the timed steps back to back and one
+    sync after the last (wall ms per step); CUDA events around each timed step give its GPU
+    time without a sync between steps."""
+    warm, timed = OPTIM_STEPS
+    for _ in range(warm):
+        step()
+    sync(device)
+    events = []
+    t0 = time.perf_counter()
+    for _ in range(timed):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            events.append((start, end))
+        else:
+            step()
+    sync(device)
+    out = {"wall_ms": (time.perf_counter() - t0) * 1e3 / timed, "steps": timed, "warmup": warm}
+    if events:
+        gpu = sorted(s.elapsed_time(e) for s, e in events)
+        out["gpu_ms_median"] = gpu[len(gpu) // 2]
+    return out
+
+
+def worker_optim(variant: str, name: str, tiny: bool) -> dict:
+    """One case of the ``optim`` section, in this (fresh) process."""
+    device = "cpu" if tiny else "cuda"
+    row: dict = {"variant": variant, "config": name}
+    try:
+        torch.manual_seed(0)
+        if variant.startswith("muon_"):
+            n, rows, cols = MUON_SHAPE
+            if tiny:
+                rows, cols = rows // 128, cols // 128
+            g = torch.Generator(device=device).manual_seed(0)
+            params = []
+            for _ in range(n):
+                p = torch.nn.Parameter(torch.randn(rows, cols, generator=g, device=device) * 0.02)
+                p.grad = torch.randn(rows, cols, generator=g, device=device) * 1e-3
+                params.append(p)
+            if variant == "muon_torch":
+                opt = torch.optim.Muon(params, lr=1e-3)
+            else:
+                import tritonkit.optim as tko
+
+                opt = tko.Muon(params)  # every argument at its default (lr 1e-3, as torch's)
+                row["ns_configs"] = [str(c) for p in opt._group_plans(0, opt.param_groups[0])
+                                     for c in p.ns_configs]  # fmt: skip
+            row.update(config="muon 8x4096^2 fp32", shape=[n, rows, cols])
+            row["optimizer"] = f"{type(opt).__module__}.{type(opt).__name__}"
+            row.update(timed_steps(opt.step, device))
+        else:
+            cfg = config(name, tiny)
+            row.update(batch=cfg["batch"], seq=cfg["seq"])
+            model = build(cfg, device)
+            model.train()
+            apply_variant(model, "tk", cfg["family"])  # the same patched model for both
+            opt = make_optimizer(model, variant)
+            row["optimizer"] = f"{type(opt).__module__}.{type(opt).__name__}"
+            ids = tokens(cfg, model.config.vocab_size, device)
+            row.update(timed_steps(train_step_fn(model, opt, ids), device))
+            row["tokens_per_s"] = cfg["batch"] * cfg["seq"] / (row["wall_ms"] / 1e3)
+            if hasattr(opt, "nonfinite_steps"):
+                row["nonfinite_steps"] = int(opt.nonfinite_steps)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        row["traceback"] = traceback.format_exc()[-3000:]
+    log(json.dumps({k: v for k, v in row.items() if k != "traceback"}))
+    return row
+
+
+def optim_summary(rows: list[dict]) -> list[dict]:
+    """The acceptance's three ratios (tritonkit over torch), each with its target."""
+    by = {(r.get("config"), r.get("variant")): r for r in rows if "error" not in r}
+    out = []
+    for name, target in (("gpt2-2k", 1.0), ("llama-2k", 1.0)):
+        a, b = by.get((name, "tk_adamw"), {}), by.get((name, "tk"), {})
+        ratio = a["tokens_per_s"] / b["tokens_per_s"] if a and b else None
+        out.append({"case": f"{name} AdamW tokens/s", "ratio": ratio, "target": target})
+    a = by.get(("muon 8x4096^2 fp32", "muon_tritonkit"), {})
+    b = by.get(("muon 8x4096^2 fp32", "muon_torch"), {})
+    ratio = b["wall_ms"] / a["wall_ms"] if a and b else None
+    out.append({"case": "Muon 8x4096^2 fp32 step", "ratio": ratio, "target": 1.4})
+    for r in out:
+        r["met"] = r["ratio"] is not None and r["ratio"] >= r["target"]
+    return out
 
 
 def worker_cold(variant: str, tiny: bool) -> dict:
@@ -581,6 +687,28 @@ def markdown(results: dict) -> str:
                 f"{r.get('peak_gib', float('nan')):.2f} | {x(e)} | {x(li)} | {r['first3_s']:.2f} |"
             )
         lines.append("")
+    optim_rows = [r for r in results.get("optim", []) if isinstance(r, dict)]
+    if optim_rows:
+        warm, timed = OPTIM_STEPS
+        lines += [f"## Optimizers at their defaults ({timed} steps after {warm}, wall time)", ""]
+        lines += ["| case | variant | optimizer | ms/step (wall) | GPU ms/step (median) | "
+                  "tokens/s |", "|---" * 6 + "|"]  # fmt: skip
+        for r in optim_rows:
+            if "error" in r:
+                lines.append(f"| {r.get('config')} | {r.get('variant')} | error: "
+                             f"{r['error'][:100]} | | | |")  # fmt: skip
+                continue
+            tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
+            lines.append(
+                f"| {r['config']} | {r['variant']} | {r.get('optimizer', '-')} | "
+                f"{r['wall_ms']:.2f} | {r.get('gpu_ms_median', float('nan')):.2f} | {tps} |"
+            )
+        lines += ["", "| acceptance | tritonkit / torch | target | met |", "|---|---|---|---|"]
+        for r in results.get("optim_summary", []):
+            ratio = f"{r['ratio']:.3f}x" if r["ratio"] is not None else "n/a"
+            lines.append(f"| {r['case']} | {ratio} | >= {r['target']}x | "
+                         f"{'yes' if r['met'] else 'NO'} |")  # fmt: skip
+        lines.append("")
     for key, title in (
         ("cold", "Cold start (first three steps, empty caches)"),
         ("attn", "Attention fwd+bwd"),
@@ -660,11 +788,12 @@ def main() -> None:
     if args.worker:  # a child process: one variant's measurements
         kind, variant = args.worker.split(":")
         configs = args.configs.split(",")
-        res = (
-            worker_train(variant, configs, args.tiny)
-            if kind == "train"
-            else worker_cold(variant, args.tiny)
-        )
+        if kind == "train":
+            res = worker_train(variant, configs, args.tiny)
+        elif kind == "optim":
+            res = worker_optim(variant, configs[0], args.tiny)
+        else:
+            res = worker_cold(variant, args.tiny)
         args.worker_out.write_text(json.dumps(res))
         return
     if args.merge:
@@ -730,6 +859,16 @@ def main() -> None:
             rows += res if isinstance(res, list) else [{"variant": v, **res}]
         return rows
 
+    def optim():
+        rows = []
+        cases = [(c, v) for c in ("gpt2-2k", "llama-2k") for v in ("tk", "tk_adamw")]
+        cases += [("muon", "muon_torch"), ("muon", "muon_tritonkit")]
+        for name, v in cases:
+            res = run_worker(["--worker", f"optim:{v}", "--configs", name, *tiny_flag])
+            rows.append(res if "variant" in res else {"variant": v, "config": name, **res})
+        results["optim_summary"] = optim_summary(rows)
+        return rows
+
     def cold():
         rows = []
         for v in ("eager", "liger", "tk", "tk_adamw"):
@@ -748,6 +887,7 @@ def main() -> None:
 
     run("attn", lambda: section_attn(args.tiny))
     run("train", train)
+    run("optim", optim)
     run("cold", cold)
     run("match", lambda: section_match(args.tiny))
     run("curve", lambda: section_curve(args.tiny, 5 if args.tiny else args.steps))

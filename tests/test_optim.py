@@ -1,7 +1,10 @@
 """Optimizer family: tritonkit.optim against torch.optim, state_dicts both ways, non-finite
 gradients, bad hyperparameters, and the workbench specs."""
 
+import contextlib
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -366,31 +369,192 @@ def _poison_grad(model, value):
 def test_nonfinite_raise_leaves_everything(device, cls, value):
     model = _mlp(device)
     params = [p for p in model.parameters() if cls is not tko.Muon or p.dim() == 2]
-    opt = cls(params, lr=1e-2)
+    opt = cls(params, lr=1e-2, nonfinite="raise")
     _train([(model, opt)], device, 2)
     snap = _snapshot(opt, params)
     _poison_grad(model, value)
     with pytest.raises(tko.NonFiniteGradError, match=r"param_groups\[0\]\['params'\]\[\d\]"):
         opt.step()
     _assert_unchanged(opt, params, snap)
+    assert opt.nonfinite_steps.item() == 1  # refused steps are counted too
     _train([(model, opt)], device, 1)  # and the next finite step runs
     assert not torch.equal(params[0], snap[0][0])
 
 
-@pytest.mark.parametrize("cls", [tko.AdamW, tko.Muon])
-def test_nonfinite_skip_leaves_everything(device, cls):
+# ---- no host sync in a default step ------------------------------------------------------------
+
+_SRC = str(Path(tko.__file__).resolve().parents[1])  # .../src/tritonkit
+# Tensor methods that read a device value back to the host (each waits for the GPU).
+_READBACKS = (
+    "item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__float__", "__int__",
+    "__index__", "__array__",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _host_syncs():
+    """The calls that read a tensor back to the host, or wait for the device, made from
+    tritonkit's own code while the block runs: a list of "name at file:line" (the caller's
+    frame; Triton's interpreter, which copies tensors to run kernels, is not tritonkit)."""
+    calls = []
+
+    def guard(name, original):
+        def wrapper(*args, **kwargs):
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith(_SRC):
+                calls.append(f"{name} at {caller.f_code.co_filename}:{caller.f_lineno}")
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in _READBACKS:
+            mp.setattr(torch.Tensor, name, guard(name, getattr(torch.Tensor, name)))
+        mp.setattr(torch.cuda, "synchronize", guard("synchronize", torch.cuda.synchronize))
+        for cls in (torch.cuda.Stream, torch.cuda.Event):
+            mp.setattr(cls, "synchronize", guard("synchronize", cls.synchronize))
+        yield calls
+
+
+@contextlib.contextmanager
+def _no_host_sync():
+    """Fail on a host sync inside the block: by the code path everywhere (``_host_syncs``),
+    and on a GPU by CUDA itself (``set_sync_debug_mode("error")``: any synchronizing call,
+    a blocking copy to or from the device included)."""
+    cuda = torch.cuda.is_available()
+    with _host_syncs() as calls:
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+    assert not calls, f"host syncs from tritonkit: {calls}"
+
+
+def _muonw_groups(model):
+    return tko.muon_param_groups(model, lr=2e-2)
+
+
+# Every optimizer class at its defaults, as a user builds it for the _mlp model.
+OPTIMIZERS = {
+    "Adam": lambda m: tko.Adam(m.parameters(), lr=1e-2),
+    "AdamW": lambda m: tko.AdamW(m.parameters(), lr=1e-2),
+    "Muon": lambda m: tko.Muon([p for p in m.parameters() if p.dim() == 2], lr=2e-2),
+    "MuonW": lambda m: tko.MuonW(m.parameters(), lr=1e-2),
+}
+
+
+def _backward(model, x, poison=None):
+    model.zero_grad(set_to_none=True)  # new gradient tensors: their addresses change
+    model(x).square().mean().backward()
+    if poison is not None:
+        model[2].weight.grad[3, 5] = poison
+
+
+def _cases(fast):
+    """(optimizer, clipped) for every class, with and without a clip; the fast tier runs
+    ``fast`` (Muon's Newton-Schulz products are slow under the interpreter)."""
+    return [
+        pytest.param(name, clip, marks=() if (name, clip) in fast else SLOW)
+        for name in OPTIMIZERS
+        for clip in (False, True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "clip"),
+    _cases({("Adam", False), ("Adam", True), ("AdamW", False), ("AdamW", True),
+            ("Muon", False), ("MuonW", True)}),
+)  # fmt: skip
+def test_default_step_never_syncs(device, name, clip):
+    """The first step (tables built), later steps with reallocated gradients, a step that
+    meets a NaN (skipped on the device) and ``clip_grad_norm_`` fused into the step: no call
+    from tritonkit reads a tensor back or waits for the device, and on a GPU CUDA sees no
+    synchronizing call. Then the counter and the flag read what happened."""
     model = _mlp(device)
-    params = [p for p in model.parameters() if cls is not tko.Muon or p.dim() == 2]
-    opt = cls(params, lr=1e-2, nonfinite="skip")
-    _train([(model, opt)], device, 2)
+    opt = OPTIMIZERS[name](model)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(8, 13, generator=gen).to(device) for _ in range(4)]
+    for k, x in enumerate(xs):
+        _backward(model, x, float("nan") if k == 2 else None)
+        with _no_host_sync():
+            if clip:
+                opt.clip_grad_norm_(0.5)
+            opt.step()
+    assert opt.nonfinite_steps.item() == 1
+    assert opt.found_inf_flag.item() == 0  # the last step was finite
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_sync_check_sees_a_sync(device):
+    """The checks above can fail: ``nonfinite="raise"`` reads the flag back (its documented
+    host sync), and the guard says where."""
+    model = _mlp(device)
+    opt = tko.AdamW(model.parameters(), lr=1e-2, nonfinite="raise")
+    _backward(model, torch.randn(8, 13, device=device))
+    with _host_syncs() as calls:
+        opt.step()
+    assert calls and calls[0].startswith("item at ") and "_base.py" in calls[0], calls
+    if torch.cuda.is_available():
+        with pytest.raises(AssertionError, match="host syncs"), _no_host_sync():
+            opt.step()
+
+
+@pytest.mark.parametrize(
+    ("name", "clip"), _cases({("Adam", False), ("AdamW", True), ("MuonW", True)})
+)
+def test_nonfinite_skip_leaves_no_trace(device, name, clip):
+    """At the defaults a step with a NaN or an infinity is skipped on the device, without a
+    sync: parameters, every state tensor, step counts and gradients untouched; the counter
+    grows by one and the flag is set. A twin that never saw that step ends bit-identical after
+    the finite steps that follow."""
+    model, twin = _mlp(device), _mlp(device)
+    opt, twin_opt = OPTIMIZERS[name](model), OPTIMIZERS[name](twin)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(8, 13, generator=gen).to(device) for _ in range(4)]
+
+    def step(m, o):
+        if clip:
+            o.clip_grad_norm_(0.5)
+        o.step()
+
+    for x in xs[:2]:
+        for m, o in ((model, opt), (twin, twin_opt)):
+            _backward(m, x)
+            step(m, o)
     snap = _snapshot(opt, params)
-    _poison_grad(model, float("nan"))
-    opt.step()
-    assert opt.found_inf_flag.item() == 1.0
-    _assert_unchanged(opt, params, snap)
-    _train([(model, opt)], device, 1)
-    assert opt.found_inf_flag.item() == 0.0
-    assert not torch.equal(params[0], snap[0][0])
+    for k, bad in enumerate((float("nan"), float("-inf"))):
+        _backward(model, xs[2], bad)
+        grads = [p.grad.clone() for p in params]
+        with _no_host_sync():
+            step(model, opt)
+        _assert_unchanged(opt, params, snap)
+        for p, g in zip(params, grads):  # not unscaled, not clipped: not written at all
+            assert _same_with_nan(p.grad, g)
+        assert opt.nonfinite_steps.item() == k + 1
+        assert opt.found_inf_flag.item() == 1
+    for x in xs[2:]:
+        for m, o in ((model, opt), (twin, twin_opt)):
+            _backward(m, x)
+            step(m, o)
+    assert opt.nonfinite_steps.item() == 2 and twin_opt.nonfinite_steps.item() == 0
+    assert opt.found_inf_flag.item() == 0
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+    twin_params = [p for group in twin_opt.param_groups for p in group["params"]]
+    for p, q in zip(params, twin_params):
+        for key, value in twin_opt.state[q].items():
+            assert torch.equal(opt.state[p][key], value), key
+
+
+def _same_with_nan(a, b):
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
+        a.nan_to_num(0.0), b.nan_to_num(0.0)
+    )
 
 
 def test_nonfinite_propagate_as_torch(device):
@@ -459,8 +623,9 @@ def test_newton_schulz_tma_path_matches_pointer_path(device, shape):
     from tritonkit.ops.optim.newton_schulz import default_ns_config
 
     g = torch.randn(shape, device=device)
-    tma = dataclasses.replace(default_ns_config(), tma=True)
-    assert torch.equal(newton_schulz(g, config=tma), newton_schulz(g))
+    pointer = dataclasses.replace(default_ns_config(), tma=False)
+    tma = dataclasses.replace(pointer, tma=True)
+    assert torch.equal(newton_schulz(g, config=tma), newton_schulz(g, config=pointer))
 
 
 def test_newton_schulz_gram_is_symmetric(device):
@@ -474,6 +639,60 @@ def test_newton_schulz_gram_is_symmetric(device):
     assert torch.equal(ws.gram, ws.gram.transpose(1, 2))
     ref = (xs.float() @ xs.transpose(1, 2).float()).bfloat16()
     assert ((ws.gram.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-6).all()
+
+
+def test_default_configs_come_from_the_shipped_table():
+    """The H200 table (tuned/nvidia-h200/optim.json, written by
+    experiments/gpu_optim_defaults.py --ship) holds its sweep's winners under the keys the
+    optimizers look up: Muon's best Newton-Schulz config at 8 x 4096 x 4096, 1024-element
+    chunks for float32; what no table holds takes the heuristic."""
+    from tritonkit import _hardware, _tuning
+    from tritonkit.ops.optim.newton_schulz import NS_CANDIDATES, NS_KERNEL, NSConfig, ns_key
+    from tritonkit.ops.optim.tables import (
+        CHUNK_CANDIDATES,
+        CHUNKS_KERNEL,
+        ChunkConfig,
+        chunks_key,
+        heuristic_chunks,
+    )
+
+    machine = ("NVIDIA H200", "3.6.0")
+    _hardware.set_active(_hardware.match(machine[0]))  # entry keys name the GPU's profile
+    try:
+        ns = _tuning.shipped_lookup(NS_KERNEL, ns_key(8, 4096, 4096), machine)
+        chunks = _tuning.shipped_lookup(CHUNKS_KERNEL, chunks_key(torch.float32), machine)
+        other = _tuning.shipped_lookup(NS_KERNEL, ns_key(8, 4096, 4000), machine)
+    finally:
+        _hardware.set_active(None)
+    assert NSConfig.from_tuning(ns) == NSConfig(tma=True, block_n=256)
+    assert ns in [c.tuning() for c in NS_CANDIDATES]  # a row the optimizer accepts
+    assert ChunkConfig.from_tuning(chunks) == ChunkConfig(1024, 4)
+    assert chunks in [c.tuning() for c in CHUNK_CANDIDATES]
+    assert other is None
+    assert heuristic_chunks(torch.float32) == ChunkConfig(1024, 4)
+    assert heuristic_chunks(torch.bfloat16) == ChunkConfig(2048, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device's own choice")
+def test_default_ns_config_on_this_gpu():
+    """On an H200 the default Muon at 8 x 4096 x 4096 runs the table's config; on other
+    Hopper GPUs the heuristic's TMA kernel; elsewhere the pointer kernel."""
+    from tritonkit.ops.optim.newton_schulz import (
+        DEFAULT_NS,
+        HOPPER_WIDE_NS,
+        choose_ns_config,
+        tma_device,
+    )
+
+    dev = torch.device("cuda")
+    chosen = choose_ns_config(8, 4096, 4096, dev)
+    assert chosen == (HOPPER_WIDE_NS if tma_device(dev) else DEFAULT_NS)
+    model = _mlp(dev)
+    opt = tko.Muon([p for p in model.parameters() if p.dim() == 2])
+    _backward(model, torch.randn(8, 13, device=dev))
+    opt.step()
+    plan = opt._plans[0][1][0]
+    assert plan.ns_configs == [choose_ns_config(1, *s, dev) for s in ((40, 13), (24, 40), (3, 24))]
 
 
 def _matrices(device, seed=2):
@@ -612,7 +831,7 @@ def test_muonw_split_and_steps(device):
         ({"weight_decay": -0.1}, "weight_decay"),
         ({"nonfinite": "ignore"}, "nonfinite"),
         ({"master_weights": True, "stochastic_rounding": True}, "stochastic_rounding"),
-        ({"capturable": True}, "capturable"),
+        ({"capturable": True, "nonfinite": "raise"}, "capturable"),
         ({"differentiable": True}, "differentiable"),
     ],
 )

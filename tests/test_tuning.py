@@ -231,6 +231,8 @@ def _expected_params():
     from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
     from tritonkit.ops.matmul.configs import MatmulConfig
     from tritonkit.ops.matmul.decode import DecodeGemmConfig
+    from tritonkit.ops.optim.newton_schulz import DEFAULT_NS, NS_KERNEL
+    from tritonkit.ops.optim.tables import CHUNK_CANDIDATES, CHUNKS_KERNEL
     from tritonkit.ops.quant.weight_only import WeightOnlyConfig
 
     tile = set(INTERPRETER_FWD.tuning().params)
@@ -245,6 +247,8 @@ def _expected_params():
         "transpose": {"BLOCK_M", "BLOCK_N"},
         "int8_weight_only": weight_only,
         "matmul_decode": set(DecodeGemmConfig().tuning().params),
+        NS_KERNEL: set(DEFAULT_NS.tuning().params),
+        CHUNKS_KERNEL: set(CHUNK_CANDIDATES[0].tuning().params),
     }
 
 

@@ -14,9 +14,9 @@ from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
 from tritonkit.ops.optim.clip import launch_sum_squares
 from tritonkit.ops.optim.nonfinite import launch_nonfinite_check
-from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, ChunkConfig, TensorTable
+from tritonkit.ops.optim.tables import ChunkConfig, TensorTable, default_chunks, upload
 
-NONFINITE = ("raise", "skip", "propagate")
+NONFINITE = ("skip", "raise", "propagate")  # the default first
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -122,51 +122,73 @@ class GradRow:
 class NonFiniteGuard:
     """The non-finite policy of one optimizer: one device flag for the whole step.
 
-    ``raise``: a check pass over every gradient, then one host sync; a NaN or an infinity
-    raises ``NonFiniteGradError`` naming the parameters before anything is written.
-    ``skip``: the same pass, no sync; the step kernels read the flag and return at once when
-    it is set, so the step is skipped on the device (params, states and step counts
-    unchanged), as ``torch.amp.GradScaler`` skips one; ``found_inf`` then holds 1.0.
+    ``skip`` (the default): a check pass over every gradient (fused into ``clip_grad_norm_``'s
+    norm pass when the step is clipped), no sync; every kernel of the step reads the flag and
+    returns at once when it is set, so the step is skipped on the device (params, states and
+    step counts unchanged), as ``torch.amp.GradScaler`` skips one; ``found`` then holds 1
+    and ``count`` (the steps skipped so far) has grown by one.
+    ``raise``: the same pass, then one host sync; a NaN or an infinity raises
+    ``NonFiniteGradError`` naming the parameters before anything is written.
     ``propagate``: no check; NaN and infinities flow into the parameters as in ``torch.optim``.
     Under a ``GradScaler`` (its ``found_inf``), its flag is used and no pass runs.
     """
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, device: torch.device) -> None:
         self.mode = mode
-        self.found_inf: torch.Tensor | None = None  # this optimizer's flag, once allocated
+        self.found = torch.zeros(1, dtype=torch.int32, device=device)  # the last check's
+        self.count = torch.zeros(1, dtype=torch.int32, device=device)  # steps that met one
+        self.checked: list[Plan] | None = None  # plans a clip checked for the coming step
+
+    def buffers(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(found, count) on ``device`` (moved there if the parameters moved)."""
+        if self.found.device != device:
+            self.found, self.count = self.found.to(device), self.count.to(device)
+        return self.found, self.count
+
+    def start(self, plans: Sequence[Plan]) -> tuple[Any, ...] | None:
+        """Before a pass that checks ``plans``' gradients: the flag zeroed, and what each
+        check launch takes ((flags or None, found, count) per plan); None with
+        ``propagate``."""
+        if self.mode == "propagate" or not plans:
+            return None
+        found, count = self.buffers(plans[0].table.device)
+        found.zero_()
+        if self.mode != "raise":
+            return tuple((None, found, count) for _ in plans)
+        for plan in plans:  # the names of a check that found one but was never stepped
+            plan.flags.zero_()
+        return tuple((plan.flags, found, count) for plan in plans)
 
     def flag(
         self,
-        tables: Sequence[tuple[TensorTable, int, torch.dtype, torch.Tensor]],
-        config: ChunkConfig,
+        plans: Sequence[Plan],
         scaler_found_inf: torch.Tensor | None,
         names: Callable[[int, int], str],
     ) -> torch.Tensor | None:
-        """The flag the step kernels must read (None: none), after the check if one runs.
-
-        ``tables``: (table, gradient row, gradient dtype, per-tensor flags) per launch.
-        """
+        """The flag the step kernels must read (None: none), after the check if one runs
+        (none if ``clip_grad_norm_`` checked these plans' gradients already)."""
+        checked, self.checked = self.checked, None
         if scaler_found_inf is not None:
             return scaler_found_inf
-        if self.mode == "propagate" or not tables:
+        if self.mode == "propagate":
             return None
-        device = tables[0][0].device
-        if self.found_inf is None or self.found_inf.device != device:
-            self.found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-        else:
-            self.found_inf.zero_()
-        for table, row, dtype, flags in tables:
-            launch_nonfinite_check(table, row, dtype, flags, self.found_inf, config)
-        if self.mode == "raise" and self.found_inf.item() != 0:
+        fused = checked is not None and len(checked) == len(plans)
+        if not (fused and all(a is b for a, b in zip(checked, plans))):
+            args = self.start(plans)
+            for plan, (flags, found, count) in zip(plans, args):
+                launch_nonfinite_check(
+                    plan.table, plan.grad_row, plan.p_dtype, flags, found, count, plan.chunks
+                )
+        if self.mode == "raise" and self.found.item() != 0:  # the opt-in host sync
             bad = []
-            for k, (_, _, _, flags) in enumerate(tables):
-                bad += [names(k, int(i)) for i in flags.nonzero().flatten().tolist()]
-                flags.zero_()
+            for k, plan in enumerate(plans):
+                bad += [names(k, int(i)) for i in plan.flags.nonzero().flatten().tolist()]
+                plan.flags.zero_()
             raise NonFiniteGradError(
                 f"non-finite gradient (NaN or inf) in {', '.join(bad)}: the step was not "
                 "taken and no parameter or state was changed"
             )
-        return self.found_inf
+        return self.found
 
 
 def scaler_inputs(opt: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -198,16 +220,25 @@ def state_like(
     return out.copy_(t)
 
 
-def step_values(
-    states: Sequence[dict[str, Any]], device: torch.device, counts: Sequence[int]
-) -> torch.Tensor:
-    """Each tensor's step count repeated once per program (float32 on ``device``)."""
-    values = [
-        torch.as_tensor(s.get("step", 0.0)).detach().reshape(()).to(device, torch.float32)
-        for s in states
-    ]
-    stacked = torch.stack(values) if values else torch.zeros(0, device=device)
-    return torch.repeat_interleave(stacked, torch.tensor(counts, device=device)).contiguous()
+def step_values(states: Sequence[dict[str, Any]], table: TensorTable) -> torch.Tensor:
+    """Each tensor's step count repeated once per program of ``table`` (float32 on its
+    device), with no host sync: counts on the host (new states, states loaded from a
+    ``state_dict``) are uploaded, counts already on the device copied there."""
+    device = table.device
+    host = torch.zeros(len(states), dtype=torch.float32)
+    on_device = []
+    for i, st in enumerate(states):
+        step = st.get("step")
+        if isinstance(step, torch.Tensor) and step.device == device:
+            on_device.append(i)
+        elif step is not None:
+            host[i] = float(step)  # a number, or a tensor on the host
+    per_tensor = upload(host, device)
+    if on_device:
+        counts = [states[i]["step"].detach().reshape(()).float() for i in on_device]
+        index = upload(torch.tensor(on_device, dtype=torch.int64), device)
+        per_tensor.index_copy_(0, index, torch.stack(counts))
+    return per_tensor.index_select(0, table.chunk_tensor.long())
 
 
 class Plan(Protocol):
@@ -218,8 +249,9 @@ class Plan(Protocol):
     p_dtype: torch.dtype
     params: list[torch.Tensor]
     index: list[int]  # each parameter's position in its group
-    flags: torch.Tensor  # float32 per tensor: the non-finite check's
+    flags: torch.Tensor  # float32 per tensor: the non-finite check's (named by "raise")
     grads: GradRow
+    chunks: ChunkConfig  # how its multi-tensor launches cut the tensors
 
     def launch(
         self,
@@ -249,20 +281,28 @@ class FusedOptimizer(Optimizer):
         params: Any,
         defaults: dict[str, Any],
         nonfinite: str,
-        chunks: ChunkConfig = DEFAULT_CHUNKS,
+        chunks: ChunkConfig | None = None,
     ) -> None:
         if nonfinite not in NONFINITE:
             raise ValueError(
                 f"{self.op}: nonfinite must be one of {list(NONFINITE)}, got {nonfinite!r}"
             )
-        self.chunks = chunks
-        self.guard = NonFiniteGuard(nonfinite)
+        if chunks is not None and not isinstance(chunks, ChunkConfig):
+            raise TypeError(f"{self.op}: chunks must be a ChunkConfig or None, got {chunks!r}")
+        self.chunks = chunks  # None: each (device, dtype) takes default_chunks
         self._plans: dict[int, tuple[tuple, list[Plan]]] = {}
         self._version = 0
         self._seed = random.Random(torch.initial_seed()).getrandbits(31)
         self._clip: torch.Tensor | None = None  # the pending clip's divisor (clip_grad_norm_)
         super().__init__(params, defaults)
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        device = first.device if first is not None else torch.device("cpu")
+        self.guard = NonFiniteGuard(nonfinite, device)
         self._step_supports_amp_scaling = True  # GradScaler passes found_inf and grad_scale
+
+    def chunks_for(self, device: torch.device, dtype: torch.dtype) -> ChunkConfig:
+        """The multi-tensor launch config of the parameters of one (device, dtype)."""
+        return self.chunks if self.chunks is not None else default_chunks(device, dtype)
 
     def _check_group(self, gi: int, group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -344,7 +384,10 @@ class FusedOptimizer(Optimizer):
         its inverse as it reads it and writes the clipped gradient back: after the step the
         gradients hold what ``clip_grad_norm_`` leaves, and the update is the one computed
         from them. Between this call and the step the gradients are still unclipped; a
-        gradient changed in between is clipped by the coefficient computed here.
+        gradient changed in between is clipped by the coefficient computed here. The same
+        read is the step's non-finite check (``nonfinite`` "skip" or "raise"), which the step
+        then does not repeat: a clipped step reads its gradients twice in all (the norm, the
+        update), and a gradient changed in between is not checked again.
 
         Args:
             max_norm: the largest global norm kept (a float or a 1-element tensor).
@@ -373,27 +416,35 @@ class FusedOptimizer(Optimizer):
             for gi, group in enumerate(self.param_groups)
             for plan in self._group_plans(gi, group)
         ]
+        self.guard.checked = None
         if not plans:
             self._clip = None
             return torch.tensor(0.0)
         device = plans[0].table.device
+        checks = self.guard.start(plans) or (None,) * len(plans)
         sums = []
-        for plan in plans:
+        for plan, check in zip(plans, checks):
             partials = torch.empty(
                 plan.table.n_chunks, dtype=torch.float32, device=plan.table.device
             )
-            launch_sum_squares(plan.table, plan.grad_row, plan.p_dtype, partials, self.chunks)
+            launch_sum_squares(
+                plan.table, plan.grad_row, plan.p_dtype, partials, plan.chunks, check
+            )
             sums.append(partials.sum().to(device))
         total = torch.stack(sums).sum().sqrt() if len(sums) > 1 else sums[0].sqrt()
-        if error_if_nonfinite and not torch.isfinite(total).item():
+        if error_if_nonfinite and not torch.isfinite(total).item():  # the opt-in host sync
             self._clip = None
             raise RuntimeError(
                 f"{op}: the total norm of order 2.0 for gradients is non-finite, so it cannot "
                 "be clipped. To disable this error and scale the gradients by the non-finite "
                 "norm anyway, set `error_if_nonfinite=False`"
             )
-        max_norm_t = torch.as_tensor(max_norm, dtype=torch.float32, device=device).reshape(())
-        coef = torch.clamp(max_norm_t / (total + 1e-6), max=1.0)
+        self.guard.checked = plans if checks[0] is not None else None
+        if isinstance(max_norm, torch.Tensor):  # a host tensor stays there: a scalar operand
+            max_norm = max_norm.detach().reshape(()).float()
+        # max_norm / (norm + 1e-6) as torch's clip_grad_norm_ writes it (the same rounding);
+        # a number stays a kernel argument, never copied to the device (a blocking copy).
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         self._clip = torch.reciprocal(coef).reshape(1)  # the step divides by it
         return total
 
@@ -416,6 +467,9 @@ class FusedOptimizer(Optimizer):
 
         Returns:
             The closure's loss, or None.
+
+        No host sync, except with ``nonfinite="raise"`` (which must read the flag to raise):
+        the check, the skip and the count of skipped steps happen on the device.
 
         Raises:
             NonFiniteGradError: with ``nonfinite="raise"``, when a gradient holds NaN or an
@@ -441,12 +495,7 @@ class FusedOptimizer(Optimizer):
             shape = tuple(plan.params[i].shape)
             return f"param_groups[{gi}]['params'][{plan.index[i]}] (shape {shape})"
 
-        flag = self.guard.flag(
-            [(plan.table, plan.grad_row, plan.p_dtype, plan.flags) for _, _, plan in work],
-            self.chunks,
-            found_inf,
-            name,
-        )
+        flag = self.guard.flag([plan for _, _, plan in work], found_inf, name)
         self._seed = (self._seed * 1103515245 + 12345) % 2**31  # one random stream per step
         for _, group, plan in work:
             plan.launch(self, group, flag, grad_scale)
@@ -454,6 +503,15 @@ class FusedOptimizer(Optimizer):
 
     @property
     def found_inf_flag(self) -> torch.Tensor | None:
-        """The device flag of the last checked step: 1.0 if it met a non-finite gradient (and
-        was skipped), else 0.0; None before the first check (or with ``"propagate"``)."""
-        return self.guard.found_inf
+        """The device flag of the last checked step (int32, 1 element): 1 if it met a
+        non-finite gradient (and was skipped), else 0; None with ``"propagate"``. Reading its
+        value (``.item()``) waits for the step."""
+        return None if self.guard.mode == "propagate" else self.guard.found
+
+    @property
+    def nonfinite_steps(self) -> torch.Tensor:
+        """How many steps met a non-finite gradient since this optimizer was made (skipped
+        with ``"skip"``, refused with ``"raise"``; never counted with ``"propagate"`` or under
+        a ``GradScaler``, which counts its own): an int32 0-d tensor on the parameters'
+        device, counted there. Reading its value (``.item()``) waits for the step."""
+        return self.guard.count.view(())

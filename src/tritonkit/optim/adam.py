@@ -21,7 +21,7 @@ from tritonkit.ops.optim.adam import (
     AdamHyper,
     launch_adam,
 )
-from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, ChunkConfig, TensorTable
+from tritonkit.ops.optim.tables import ChunkConfig, TensorTable
 from tritonkit.optim._base import (
     FusedOptimizer,
     GradRow,
@@ -40,6 +40,7 @@ class AdamPlan:
     """The tensors of one param group of one (device, dtype), laid out for one Adam launch."""
 
     __slots__ = (
+        "chunks",
         "flags",
         "grads",
         "index",
@@ -75,8 +76,9 @@ class AdamPlan:
                 st["max_exp_avg_sq"] = state_like(p, st.get("max_exp_avg_sq"), self.s_dtype)
             if master:
                 st["master_param"] = state_like(p, st.get("master_param", p), torch.float32)
+        self.chunks = opt.chunks_for(p0.device, p0.dtype)
         table = self.table = TensorTable(
-            N_ROWS, [p.numel() for p in params], p0.device, opt.chunks.block
+            N_ROWS, [p.numel() for p in params], p0.device, self.chunks.block
         )
         table.set_row(ROW_P, params)
         table.set_row(ROW_M, [st["exp_avg"] for st in states])
@@ -93,7 +95,7 @@ class AdamPlan:
         ):
             table.copy_row(dst, src)
         # Step counts: one per program, on the device; state["step"] is a view of the first.
-        self.steps = step_values(states, p0.device, table.counts)
+        self.steps = step_values(states, table)
         for st, first in zip(states, table.first):
             st["step"] = self.steps[first]
         self.grads = GradRow(opt.op, table, ROW_G, params)
@@ -131,7 +133,7 @@ class AdamPlan:
             seed=opt._seed,
             flag=flag,
             grad_scale=grad_scale,
-            config=opt.chunks,
+            config=self.chunks,
         )
 
 
@@ -171,8 +173,9 @@ class Adam(FusedOptimizer):
             must be > 0.
         decoupled_weight_decay: AdamW's decay (``AdamW`` sets it).
         capturable: accepted for torch's API; steps always live on the device here and the
-            step needs no host sync (except with ``nonfinite="raise"``), so any step can be
-            captured in a CUDA graph once its tables are built (after one eager step).
+            step needs no host sync (except with ``nonfinite="raise"``, refused with it), so
+            any step can be captured in a CUDA graph once its tables are built (after one
+            eager step).
         foreach, fused: accepted and ignored (the step is always fused).
         differentiable: not supported (ValueError).
         master_weights: keep a float32 copy of 16-bit parameters (``state["master_param"]``)
@@ -183,12 +186,17 @@ class Adam(FusedOptimizer):
             random, unbiased, instead of to nearest, so that updates smaller than half a unit
             in the last place still move the parameter on average. Moments stay in the
             parameter's dtype, rounded to nearest.
-        nonfinite: ``"raise"`` (default), ``"skip"`` or ``"propagate"``: what a NaN or an
-            infinity in a gradient does (see ``NonFiniteGuard``). ``"raise"`` costs a read of
-            the gradients and a host sync per step; ``"skip"`` the read only;
-            ``"propagate"`` (PyTorch's behaviour) nothing. Under ``torch.amp.GradScaler`` the
+        nonfinite: what a NaN or an infinity in a gradient does (see ``NonFiniteGuard``).
+            ``"skip"`` (default): the step is skipped on the device, nothing written, and
+            ``nonfinite_steps`` (a device counter) grows by one; costs a read of the gradients
+            (4 bytes per float32 parameter, none when ``clip_grad_norm_`` ran: its norm pass
+            checks them) and no host sync. ``"raise"``: ``NonFiniteGradError`` naming the
+            parameters, nothing written; the same read and one host sync per step (the host
+            waits for the GPU, so it cannot queue the next forward ahead). ``"propagate"``
+            (PyTorch's behaviour): no check, nothing extra. Under ``torch.amp.GradScaler`` the
             scaler's own check decides, and the step skips as PyTorch's fused Adam does.
-        chunks: the kernels' launch config (elements per program, warps).
+        chunks: the kernels' launch config (elements per program, warps); None: this GPU's
+            shipped table row for the parameters' dtype, else ``heuristic_chunks``.
     """
 
     op = "tritonkit.optim.Adam"
@@ -219,8 +227,8 @@ class Adam(FusedOptimizer):
         decoupled_weight_decay: bool = False,
         master_weights: bool = False,
         stochastic_rounding: bool = False,
-        nonfinite: str = "raise",
-        chunks: ChunkConfig = DEFAULT_CHUNKS,
+        nonfinite: str = "skip",
+        chunks: ChunkConfig | None = None,
     ) -> None:
         op = self.op
         if master_weights and stochastic_rounding:

@@ -20,17 +20,19 @@ from tritonkit.ops.optim.newton_schulz import (
     NS_STEPS,
     NSConfig,
     NSWorkspace,
-    default_ns_config,
+    choose_ns_config,
     newton_schulz_,
 )
-from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, TensorTable
+from tritonkit.ops.optim.tables import ChunkConfig, TensorTable, default_chunks
 
 
-def _table(n_rows: int, numels: tuple[int, ...], device: torch.device) -> TensorTable:
+def _table(
+    n_rows: int, numels: tuple[int, ...], device: torch.device, chunks: ChunkConfig
+) -> TensorTable:
     return cached(
         "optim.table",
-        (n_rows, numels, device),
-        lambda: TensorTable(n_rows, numels, device, DEFAULT_CHUNKS.block),
+        (n_rows, numels, device, chunks),
+        lambda: TensorTable(n_rows, numels, device, chunks.block),
     )
 
 
@@ -82,7 +84,8 @@ def adam_step(
         return
     targets = (param, exp_avg, exp_avg_sq)
     work = _same_layout([param, grad, exp_avg, exp_avg_sq])
-    table = _table(adam_ops.N_ROWS, (param.numel(),), param.device)
+    chunks = default_chunks(param.device, param.dtype)
+    table = _table(adam_ops.N_ROWS, (param.numel(),), param.device, chunks)
     for row, t in zip((adam_ops.ROW_P, adam_ops.ROW_G, adam_ops.ROW_M, adam_ops.ROW_V), work):
         table.set_row(row, [t])
     for dst, src in (
@@ -95,7 +98,7 @@ def adam_step(
     hyper = adam_ops.AdamHyper(
         lr, beta1, beta2, eps, weight_decay, decoupled_weight_decay, False, maximize
     )
-    adam_ops.launch_adam(table, steps, param.dtype, param.dtype, hyper, config=DEFAULT_CHUNKS)
+    adam_ops.launch_adam(table, steps, param.dtype, param.dtype, hyper, config=chunks)
     for target, done in zip(targets, (work[0], work[2], work[3])):
         if done is not target:  # updated through a contiguous copy: write it back
             target.copy_(done)
@@ -116,7 +119,8 @@ def newton_schulz(
     Args:
         g: ``(rows, cols)`` or ``(batch, rows, cols)``, float32, float16 or bfloat16.
         steps, coefficients, eps: the iteration's.
-        config: the GEMM's tiles and product path (``NSConfig``).
+        config: the GEMM's tiles and product path (``NSConfig``); None: as ``Muon`` picks
+            it for this batch (``choose_ns_config``).
 
     Returns:
         A bfloat16 tensor of g's shape.
@@ -140,15 +144,15 @@ def newton_schulz(
         LAYOUT_COPIES.count += 1
         matrices = list(batch.contiguous().unbind(0))
     buffers = [torch.zeros_like(m) for m in matrices]  # lerp(0, g, 1) = g, exactly
-    table = TensorTable(
-        muon_ops.N_ROWS, [m.numel() for m in matrices], g.device, DEFAULT_CHUNKS.block
-    )
+    chunks = default_chunks(g.device, g.dtype)
+    table = TensorTable(muon_ops.N_ROWS, [m.numel() for m in matrices], g.device, chunks.block)
     table.set_row(muon_ops.ROW_G, matrices)
     table.set_row(muon_ops.ROW_BUF, buffers)
     table.set_row(muon_ops.ROW_X, list(ws.x.unbind(0)))
     partials = torch.empty(table.n_chunks, dtype=torch.float32, device=g.device)
     norms = torch.empty(n_batch, dtype=torch.float32, device=g.device)
-    muon_ops.launch_momentum(table, partials, g.dtype, 0.0, False, None, None, DEFAULT_CHUNKS)
-    muon_ops.launch_normalize(table, partials, norms, eps, None, DEFAULT_CHUNKS)
-    out = newton_schulz_(ws, steps, coefficients, config or default_ns_config())
+    muon_ops.launch_momentum(table, partials, g.dtype, 0.0, False, None, None, chunks)
+    muon_ops.launch_normalize(table, partials, norms, eps, None, chunks)
+    config = config or choose_ns_config(n_batch, rows, cols, g.device)
+    out = newton_schulz_(ws, steps, coefficients, config)
     return out if g.dim() == 3 else out[0]

@@ -24,10 +24,10 @@ from tritonkit.ops.optim.newton_schulz import (
     NS_STEPS,
     NSConfig,
     NSWorkspace,
-    default_ns_config,
+    choose_ns_config,
     newton_schulz_,
 )
-from tritonkit.ops.optim.tables import DEFAULT_CHUNKS, ChunkConfig, TensorTable
+from tritonkit.ops.optim.tables import ChunkConfig, TensorTable, upload
 from tritonkit.optim._base import (
     FusedOptimizer,
     GradRow,
@@ -61,10 +61,12 @@ class MuonPlan:
     elementwise passes and one Newton-Schulz workspace per matrix shape."""
 
     __slots__ = (
+        "chunks",
         "flags",
         "grads",
         "index",
         "norms",
+        "ns_configs",
         "ns_steps",
         "p_dtype",
         "params",
@@ -95,27 +97,29 @@ class MuonPlan:
         for k, p in enumerate(params):
             batches.setdefault(_matrix_shape(p), []).append(k)
         self.workspaces = []
+        self.ns_configs = []  # the GEMM config of each workspace's batch
         x_ptrs = [0] * len(params)
         o_ptrs = [0] * len(params)
         for (rows, cols), members in batches.items():
             ws = NSWorkspace(len(members), rows, cols, device)
             self.workspaces.append(ws)
+            self.ns_configs.append(
+                opt.ns_config or choose_ns_config(len(members), rows, cols, device)
+            )
             out = ws.result(self.ns_steps)
             for b, k in enumerate(members):
                 x_ptrs[k] = ws.x[b].data_ptr()
                 o_ptrs[k] = out[b].data_ptr()
+        self.chunks = opt.chunks_for(device, p0.dtype)
         table = self.table = TensorTable(
-            N_ROWS, [p.numel() for p in params], device, opt.chunks.block
+            N_ROWS, [p.numel() for p in params], device, self.chunks.block
         )
         table.set_row(ROW_P, params)
         table.set_row(ROW_BUF, [st["momentum_buffer"] for st in states])
         table.set_row_ptrs(ROW_X, tuple(x_ptrs))
         table.set_row_ptrs(ROW_O, tuple(o_ptrs))
-        self.ratios = torch.tensor(
-            [adjust_lr_ratio(group["adjust_lr_fn"], *_matrix_shape(p)) for p in params],
-            dtype=torch.float32,
-            device=device,
-        )
+        ratios = [adjust_lr_ratio(group["adjust_lr_fn"], *_matrix_shape(p)) for p in params]
+        self.ratios = upload(torch.tensor(ratios, dtype=torch.float32), device)
         self.partials = torch.empty(table.n_chunks, dtype=torch.float32, device=device)
         self.norms = torch.empty(len(params), dtype=torch.float32, device=device)
         self.grads = GradRow(opt.op, table, ROW_G, params)
@@ -128,7 +132,7 @@ class MuonPlan:
         flag: torch.Tensor | None,
         grad_scale: torch.Tensor | None,
     ) -> None:
-        chunks = opt.chunks
+        chunks = self.chunks
         launch_momentum(
             self.table,
             self.partials,
@@ -141,8 +145,8 @@ class MuonPlan:
         )
         launch_normalize(self.table, self.partials, self.norms, group[opt.ns_eps_key], flag, chunks)
         coefficients = tuple(group["ns_coefficients"])
-        for ws in self.workspaces:
-            newton_schulz_(ws, self.ns_steps, coefficients, opt.ns_config)
+        for ws, ns_config in zip(self.workspaces, self.ns_configs):
+            newton_schulz_(ws, self.ns_steps, coefficients, ns_config)
         lr = group["lr"]
         if isinstance(lr, torch.Tensor) and lr.device != self.table.device:
             lr = lr.item()
@@ -198,8 +202,12 @@ class Muon(FusedOptimizer):
         params: >= 2-D parameters or param groups (CUDA; float32, float16 or bfloat16).
         lr, weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn:
             as ``torch.optim.Muon`` (``eps`` clamps the norm; must be > 0).
-        nonfinite: ``"raise"``, ``"skip"`` or ``"propagate"``, as for ``tritonkit.optim.Adam``.
-        chunks: the elementwise passes' launch config; ns_config: the GEMM tiles.
+        nonfinite: ``"skip"`` (default: no host sync), ``"raise"`` (one sync per step) or
+            ``"propagate"``, as for ``tritonkit.optim.Adam``.
+        chunks: the elementwise passes' launch config (None: as for ``Adam``).
+        ns_config: the Newton-Schulz GEMM's tiles and paths; None: per batch of same-shape
+            matrices, this GPU's shipped table row for the shape, else a heuristic
+            (``newton_schulz.choose_ns_config``).
     """
 
     op = "tritonkit.optim.Muon"
@@ -217,11 +225,11 @@ class Muon(FusedOptimizer):
         ns_steps: int = NS_STEPS,
         adjust_lr_fn: str | None = None,
         *,
-        nonfinite: str = "raise",
-        chunks: ChunkConfig = DEFAULT_CHUNKS,
+        nonfinite: str = "skip",
+        chunks: ChunkConfig | None = None,
         ns_config: NSConfig | None = None,
     ) -> None:
-        self.ns_config = ns_config or default_ns_config()
+        self.ns_config = ns_config  # None: chosen per batch shape
         defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -334,11 +342,11 @@ class MuonW(FusedOptimizer):
         amsgrad: bool = False,
         maximize: bool = False,
         *,
-        nonfinite: str = "raise",
-        chunks: ChunkConfig = DEFAULT_CHUNKS,
+        nonfinite: str = "skip",
+        chunks: ChunkConfig | None = None,
         ns_config: NSConfig | None = None,
     ) -> None:
-        self.ns_config = ns_config or default_ns_config()
+        self.ns_config = ns_config  # None: chosen per batch shape
         params = list(params)
         if params and not isinstance(params[0], dict):
             params = [

@@ -6,7 +6,9 @@ then reads it a third time. Here the norm pass writes one float32 partial sum of
 program of the multi-tensor table (4 bytes per ``BLOCK`` gradients); the coefficient is
 computed on the device from their sum, and the step kernels divide the gradient by it as
 they read it (the ``grad_scale`` path GradScaler uses), writing the clipped gradient back as
-``clip_grad_norm_`` leaves it. No host sync anywhere.
+``clip_grad_norm_`` leaves it. No host sync anywhere. The same read does the step's
+non-finite check (``CHECK``, ``nonfinite.mark_nonfinite``), so a clipped step reads its
+gradients twice, not three times.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops.optim.math import load_chunk_f32
+from tritonkit.ops.optim.nonfinite import mark_nonfinite
 from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
 
 
@@ -28,15 +31,22 @@ def _sum_squares_kernel(
     n_tensors,
     grad_row,
     partial_ptr,  # float32 [n_chunks]: sum of squares of program c's block
+    flags_ptr,  # the non-finite check's (nonfinite.py), if CHECK: per-tensor flags (NAMES),
+    found_ptr,  # the step's flag
+    count_ptr,  # and its count of steps that met a non-finite gradient
     G_DTYPE: tl.constexpr,
     BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr,
+    CHECK: tl.constexpr,
+    NAMES: tl.constexpr,
 ):
-    _, g = load_chunk_f32(
+    t, g = load_chunk_f32(
         chunk_tensor_ptr, chunk_block_ptr, table_ptr, numel_ptr, n_tensors, grad_row,
         G_DTYPE, BLOCK, ALIGNED,
     )  # fmt: skip
     tl.store(partial_ptr + tl.program_id(0), tl.sum(g * g, axis=0))
+    if CHECK:
+        mark_nonfinite(g, t, flags_ptr, found_ptr, count_ptr, NAMES)
 
 
 def launch_sum_squares(
@@ -45,9 +55,12 @@ def launch_sum_squares(
     g_dtype: torch.dtype,
     partials: torch.Tensor,
     config: ChunkConfig,
+    check: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``partials[c]`` = the sum of squares (float32) of program c's block of ``grad_row``;
-    ``partials`` holds ``table.n_chunks`` float32 values (every one is written)."""
+    ``partials`` holds ``table.n_chunks`` float32 values (every one is written). ``check``:
+    (flags or None, found, count) of ``launch_nonfinite_check``, checked on the same read."""
+    flags, found, count = check if check is not None else (None, partials, partials)
     _sum_squares_kernel[(table.n_chunks,)](
         table.chunk_tensor,
         table.chunk_block,
@@ -56,8 +69,13 @@ def launch_sum_squares(
         table.n_tensors,
         grad_row,
         partials,
+        found if flags is None else flags,
+        found,
+        count,
         G_DTYPE=TL_DTYPES[g_dtype],
         BLOCK=table.block,
         ALIGNED=table.aligned,
+        CHECK=check is not None,
+        NAMES=flags is not None,
         num_warps=config.num_warps,
     )

@@ -15,6 +15,9 @@ A Muon step is ``torch.optim.Muon``'s (torch/optim/_muon.py), per matrix paramet
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -199,7 +202,14 @@ def launch_momentum(
 
 
 def _as_bfloat16(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.bfloat16))
+    """``x`` rounded as ``torch.tensor(x, dtype=torch.bfloat16)`` rounds it (to float32, then
+    to bfloat16, to nearest even), on the host without a tensor: it runs every step."""
+    try:
+        (bits,) = struct.unpack("<I", struct.pack("<f", x))
+    except OverflowError:  # beyond float32: infinity, as the conversion gives
+        return math.copysign(math.inf, x)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
 def launch_normalize(

@@ -25,16 +25,19 @@ what the GPU's bfloat16 tensor cores with float32 accumulation compute.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit import _tuning
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.gemm import mac, mainloop_ptr, tile_coords
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.plan import cached
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -56,7 +59,8 @@ class NSConfig:
     module's kernel with the ``a X + B X`` epilogue (PyTorch's rounding), or ``"matmul"``,
     ``tritonkit.matmul`` on ``B' = a I + B`` (the identity folded into B's epilogue, which
     rounds B's diagonal with ``a`` in it). ``tma``: operands through TMA tensor descriptors
-    (Hopper; 16-byte aligned rows) instead of pointer loads."""
+    instead of pointer loads where the device has them (Hopper) and every operand's rows are
+    16-byte aligned; elsewhere the pointer kernel runs with the same tiles."""
 
     product: str = "fused"
     tma: bool = False
@@ -68,15 +72,99 @@ class NSConfig:
     num_warps: int = 8
     num_stages: int = 3
 
+    def tuning(self) -> _tuning.Config:
+        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        params["product"] = PRODUCTS.index(self.product)
+        params["tma"] = int(self.tma)
+        warps, stages = params.pop("num_warps"), params.pop("num_stages")
+        return _tuning.Config(params, warps, stages)
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config) -> NSConfig:
+        params = dict(cfg.params)
+        params["product"] = PRODUCTS[int(params["product"])]
+        params["tma"] = bool(params["tma"])
+        return NSConfig(**params, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
 
 DEFAULT_NS = NSConfig()
 INTERPRETER_NS = NSConfig(
     block_sym=32, block_m=32, block_n=32, block_k=32, num_warps=4, num_stages=1
 )
+# Hopper's heuristic configs: operands through TMA; the third product's tiles 128 x 256 where
+# that still gives every SM a tile, else 128 x 128.
+HOPPER_NS = NSConfig(tma=True)
+HOPPER_WIDE_NS = NSConfig(tma=True, block_n=256)
+# The configs a shipped table may name (experiments/gpu_optim_defaults.py times them all).
+NS_CANDIDATES = (
+    DEFAULT_NS,
+    HOPPER_NS,
+    NSConfig(block_n=256),
+    HOPPER_WIDE_NS,
+    NSConfig(tma=True, num_stages=4),
+    NSConfig(num_warps=4, num_stages=4),
+    NSConfig(block_sym=64),
+    NSConfig(block_k=128, num_stages=2),
+    NSConfig(product="matmul"),
+    NSConfig(product="matmul", tma=True),
+)
+NS_KERNEL = "optim.newton_schulz"  # the shipped tables' name for this choice (a cache key)
 
 
 def default_ns_config() -> NSConfig:
+    """The config of no particular shape or device (the interpreter's, or the pointer kernel's
+    128 x 128 tiles); ``choose_ns_config`` picks one for a batch."""
     return INTERPRETER_NS if interpreter_enabled() else DEFAULT_NS
+
+
+def tma_device(device: torch.device) -> bool:
+    """Whether TMA descriptors can be used on ``device`` (Hopper or later; the interpreter
+    runs them too)."""
+    if interpreter_enabled():
+        return TensorDescriptor is not None
+    if TensorDescriptor is None or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def heuristic_ns_config(n_batch: int, rows: int, cols: int, device: torch.device) -> NSConfig:
+    """Where no table says otherwise: the pointer kernel's 128 x 128 tiles, or on Hopper the
+    TMA kernel, with 128 x 256 tiles for the third product (whose output is s x n or n x s,
+    s = min(rows, cols), n = max(rows, cols)) when the batch still has a tile for every SM."""
+    if interpreter_enabled():
+        return INTERPRETER_NS
+    if not tma_device(device):
+        return DEFAULT_NS
+    s, n = min(rows, cols), max(rows, cols)
+    tiles = n_batch * cdiv(s, HOPPER_WIDE_NS.block_m) * cdiv(n, HOPPER_WIDE_NS.block_n)
+    return HOPPER_WIDE_NS if tiles >= sm_count(device) else HOPPER_NS
+
+
+def ns_key(n_batch: int, rows: int, cols: int) -> dict[str, int]:
+    """What the choice depends on: the matrix as iterated (s x n, s <= n) and the batch's
+    power-of-two class."""
+    return {"s": min(rows, cols), "n": max(rows, cols), "batch": next_power_of_2(n_batch)}
+
+
+def choose_ns_config(n_batch: int, rows: int, cols: int, device: torch.device) -> NSConfig:
+    """The Newton-Schulz config for a batch of ``n_batch`` ``rows x cols`` matrices: this
+    GPU's shipped table (``tuned/<gpu>/optim.json``) where it has the shape and tables are
+    read (``TRITONKIT_AUTOTUNE`` unset or 0), else ``heuristic_ns_config``. Nothing is timed
+    in a step."""
+    fallback = heuristic_ns_config(n_batch, rows, cols, device)
+    if device.type != "cuda" or not _tuning.consulted() or _tuning.mode() == "1":
+        return fallback
+    key = ns_key(n_batch, rows, cols)
+
+    def choose() -> NSConfig:
+        with torch.cuda.device(device):
+            row = _tuning.shipped_lookup(NS_KERNEL, key)
+        if row is None or row not in [c.tuning() for c in NS_CANDIDATES]:
+            return fallback
+        config = NSConfig.from_tuning(row)
+        return config if not config.tma or tma_device(device) else fallback
+
+    return cached(NS_KERNEL, (device.index, *key.items()), choose)
 
 
 @triton.jit
@@ -242,7 +330,8 @@ def ns_gemm(
     else:
         block_m, block_n = config.block_m, config.block_n
         grid = (cdiv(m, block_m) * cdiv(n, block_n), n_batch)
-    if config.tma and _ns_gemm_tma(
+    tma = config.tma and tma_device(a.device)
+    if tma and _ns_gemm_tma(
         a, b, c, out, alpha, beta, diag, symmetric, block_m, block_n, grid, config
     ):
         return

@@ -2,21 +2,40 @@
 
 A step that meets a NaN or an infinity must leave every parameter and state tensor as it
 was. One kernel cannot both update and promise that: its programs run in any order, and a
-program that finds a NaN cannot undo what the others already wrote. So the check is its own
-launch over the gradients (4 bytes per float32 parameter against the step's 28), writing a
-per-tensor flag and one global flag; the step then either reads the global flag on the
-device and returns at once when it is set (``skip``: no host sync), or the host reads it and
-raises before the step is launched (``raise``: one sync).
+program that finds a NaN cannot undo what the others already wrote. So the check reads the
+gradients first (4 bytes per float32 parameter against the step's 28; none more when
+``clip_grad_norm_`` runs, whose norm pass does it on the same read) and sets one device flag;
+every kernel of the step reads the flag and returns at once when it is set (``skip``: no host
+sync), or the host reads it and raises before the step is launched (``raise``: one sync).
+
+The program that sets the flag first in a step (an atomic exchange returns the old value)
+also adds one to a device counter of skipped steps, which the user reads when they choose.
+The flag is zeroed before each step's check (a memset, captured like any launch in a CUDA
+graph), the counter never.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops.optim.math import load_chunk_f32
 from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+
+
+@triton.jit
+def mark_nonfinite(g, t, flags_ptr, found_ptr, count_ptr, NAMES: tl.constexpr):
+    """If the block ``g`` of tensor ``t`` holds a NaN or an infinity: set ``found`` to 1 (and
+    ``flags[t]`` with NAMES), and count the step once, by the program that set it first."""
+    # x - x is 0 for every finite x and NaN for NaN and +-inf.
+    bad = tl.max(tl.where(g - g == 0.0, 0, 1), axis=0)
+    if bad != 0:
+        if NAMES:
+            tl.store(flags_ptr + t, 1.0)
+        if tl.atomic_xchg(found_ptr, 1) == 0:
+            tl.atomic_add(count_ptr, 1)
 
 
 @kernel(do_not_specialize=["n_tensors", "grad_row"])
@@ -27,33 +46,33 @@ def _nonfinite_kernel(
     numel_ptr,  # int64 [n_tensors]
     n_tensors,
     grad_row,
-    flags_ptr,  # float32 [n_tensors]: set to 1 for a tensor with a non-finite element
-    found_ptr,  # float32 [1]: set to 1 if any tensor has one
+    flags_ptr,  # float32 [n_tensors]: set to 1 for a tensor with a non-finite element (NAMES)
+    found_ptr,  # int32 [1]: set to 1 if any tensor has one
+    count_ptr,  # int32 [1]: steps that met a non-finite gradient, + 1 by the first finder
     G_DTYPE: tl.constexpr,
     BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr,
+    NAMES: tl.constexpr,
 ):
     t, g = load_chunk_f32(
         chunk_tensor_ptr, chunk_block_ptr, table_ptr, numel_ptr, n_tensors, grad_row,
         G_DTYPE, BLOCK, ALIGNED,
     )  # fmt: skip
-    # x - x is 0 for every finite x and NaN for NaN and +-inf.
-    bad = tl.max(tl.where(g - g == 0.0, 0, 1), axis=0)
-    if bad != 0:
-        tl.store(flags_ptr + t, 1.0)
-        tl.store(found_ptr, 1.0)
+    mark_nonfinite(g, t, flags_ptr, found_ptr, count_ptr, NAMES)
 
 
 def launch_nonfinite_check(
     table: TensorTable,
     grad_row: int,
     g_dtype: torch.dtype,
-    flags: torch.Tensor,
+    flags: torch.Tensor | None,
     found: torch.Tensor,
+    count: torch.Tensor,
     config: ChunkConfig,
 ) -> None:
-    """Set ``flags[t]`` and ``found`` to 1 where tensor t of ``grad_row`` has a NaN or an
-    infinity (both must be zeroed first; nothing else is written)."""
+    """Set ``found`` to 1 (and ``flags[t]``, if given) where tensor t of ``grad_row`` has a
+    NaN or an infinity, and add 1 to ``count`` if ``found`` was 0 (``found`` and ``flags``
+    must be zeroed before a step's first check; nothing else is written)."""
     _nonfinite_kernel[(table.n_chunks,)](
         table.chunk_tensor,
         table.chunk_block,
@@ -61,10 +80,12 @@ def launch_nonfinite_check(
         table.numels,
         table.n_tensors,
         grad_row,
-        flags,
+        found if flags is None else flags,
         found,
+        count,
         G_DTYPE=TL_DTYPES[g_dtype],
         BLOCK=table.block,
         ALIGNED=table.aligned,
+        NAMES=flags is not None,
         num_warps=config.num_warps,
     )
