@@ -126,6 +126,23 @@ def test_adamw_groups_scheduler_closure(device):
     assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 1e-2 / 8
 
 
+@pytest.mark.parametrize("cls", [tko.AdamW, tko.Muon])
+def test_step_bumps_version_counters_as_torch_does(device, cls):
+    """A step writes the parameters in place: autograd must see it (a graph that saved a
+    parameter raises on backward, as with torch.optim), and so must caches keyed on the
+    version, such as Float8Linear's weight codes."""
+    w = torch.nn.Parameter(torch.randn(24, 40, device=device))
+    w.grad = torch.randn_like(w)
+    opt = cls([w], lr=1e-2)
+    before = w._version
+    x = torch.randn(3, 24, device=device, requires_grad=True)
+    y = (x @ w).sum()  # saves w for x's gradient
+    opt.step()
+    assert w._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
 def test_adam_params_without_grads_and_empty(device):
     """A parameter without a gradient keeps its step count; an empty one steps; the set of
     parameters with gradients changing rebuilds the tables."""

@@ -499,6 +499,11 @@ class FusedOptimizer(Optimizer):
         self._seed = (self._seed * 1103515245 + 12345) % 2**31  # one random stream per step
         for _, group, plan in work:
             plan.launch(self, group, flag, grad_scale)
+            # The kernels write through pointers autograd does not see: bump the version
+            # counters as an in-place ATen op would, so that a graph that saved a parameter
+            # raises as it does under torch.optim, and a cache keyed on the version (the fp8
+            # weight codes of Float8Linear) sees the change.
+            torch.autograd.graph.increment_version(plan.params)
         return loss
 
     @property
