@@ -11,14 +11,21 @@
 4. SDDMM at 1%, 16K x 16K, K = 64: against ``torch.sparse.sampled_addmm``.
 5. RCM on shuffled banded matrices (200K rows): time and bandwidth against scipy's, and SpMV
    on the shuffled and the reordered matrix.
+0. Agreement (section ``agreement``, first): the main job's sparse rows, ``bench_spec`` on the
+   spmv and spmm specs at their first bench shapes (what ``tritonkit bench`` times, its GPU-time
+   speedup over "torch sparse" and its wall-time one), beside direct timing of the very same
+   matrices (the spec's inputs, seed 0) in the same run: ``spmv``/``spmm`` on a ``CSR`` built
+   once, on a torch sparse CSR tensor built once (converted on the first call, kept), on a new
+   torch tensor each call (converted each time: what the docs say to avoid), the spec's impl,
+   and cuSPARSE on a torch tensor built once.
 Each product is checked against cuSPARSE / a dense product first (relative error reported).
 Config sweeps (each kernel's tuning space on the acceptance shapes) print the heuristic's
 config and the best one found, for the shipped defaults.
 
 Run: ``python experiments/gpu_sparse.py --out DIR`` (writes DIR/sparse.json and
-DIR/sparse.md; the table is printed last). ``--tiny``: small sizes, runs under
-TRITON_INTERPRET=1 on the CPU (timings there mean nothing). A case that fails is recorded
-with its error and the run goes on.
+DIR/sparse.md; the table is printed last); ``--sections agreement`` runs that section alone.
+``--tiny``: small sizes, runs under TRITON_INTERPRET=1 on the CPU (timings there mean
+nothing). A case that fails is recorded with its error and the run goes on.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import triton
 import triton.testing
 
 import tritonkit.sparse as sp
+from tritonkit.harness.spec import get_spec
 from tritonkit.ops.sparse.bsr import bsr_mm_fwd
 from tritonkit.ops.sparse.config import (
     BsrConfig,
@@ -49,6 +57,7 @@ from tritonkit.ops.sparse.config import (
     SpmvConfig,
     split_chunk,
 )
+from tritonkit.ops.sparse.formats import quiet_sparse
 from tritonkit.ops.sparse.sddmm import sddmm_fwd
 from tritonkit.ops.sparse.spmm import spmm_fwd
 from tritonkit.ops.sparse.spmv import spmv_fwd
@@ -132,6 +141,95 @@ def copy_bandwidth(size_mb: int) -> float:
     RESULTS["copy_GBps"] = gbps
     log("copy", f"{size_mb} MB fp32 copy", f"{gbps:.0f} GB/s")
     return gbps
+
+
+# ---- agreement: the main job's rows and direct timing ---------------------------------------
+
+
+def _main_job_row(spec, shape) -> dict:
+    """What ``tritonkit bench`` records for this spec at this shape (fwd, against "torch
+    sparse"), with the same engine and the measured ceilings."""
+    from tritonkit.harness import hardware
+    from tritonkit.harness.bench import bench_spec
+
+    profile = hardware.resolve_profile(None, hardware.measured_ceilings())
+    (rec,) = bench_spec(
+        spec,
+        profile=profile,
+        modes=("fwd",),
+        shapes=[shape],
+        dtypes=[torch.float32],
+        baselines=["torch sparse"],
+        variants=False,
+    )
+    ours, base = rec["candidates"]["tritonkit"], rec["candidates"].get("torch sparse", {})
+    return {
+        "tritonkit_ms": ours.get("median"),
+        "torch_sparse_ms": base.get("median"),
+        "speedup": rec["speedup"].get("torch sparse"),
+        "wall_speedup": rec["wall_speedup"].get("torch sparse"),
+        "tritonkit_host_us": ours.get("host_us"),
+        "tritonkit_wall_us": ours.get("wall_us"),
+        "torch_sparse_wall_us": base.get("wall_us"),
+        "correct": (rec.get("correct") or {}).get("passed"),
+        "skipped": {k: v["skipped"] for k, v in rec["candidates"].items() if "skipped" in v},
+    }
+
+
+def _agreement_case(name: str, shape) -> dict:
+    spec = get_spec(name)
+    inputs = spec.make_inputs(shape, torch.float32, torch.device(DEV), 0)
+    crow, col, val, dense = inputs
+    size = (crow.numel() - 1, dense.shape[0])
+    res: dict = {"shape": str(shape), "nnz": col.numel()}
+    if CUDA:  # first, as the main job meets these inputs: nothing analysed yet
+        res["main_job"] = _main_job_row(spec, shape)
+    fn = sp.spmv if name == "spmv" else sp.spmm
+    product = torch.mv if name == "spmv" else torch.sparse.mm
+    a = sp.CSR(crow.clone(), col.clone(), val, size)  # built once, on index tensors of its own
+
+    def torch_csr():
+        return quiet_sparse(torch.sparse_csr_tensor, crow, col, val, size, check_invariants=False)
+
+    ta = torch_csr()  # built once
+    res["rel_err_vs_cusparse"] = rel_err(fn(a, dense), quiet_sparse(product, ta, dense))
+    direct = {
+        "csr_built_once": timed(lambda: fn(a, dense)),
+        "torch_tensor_built_once": timed(lambda: fn(ta, dense)),
+        "new_torch_tensor_each_call": timed(lambda: fn(torch_csr(), dense)),
+        "spec_impl": timed(lambda: spec.impl(*inputs)),
+        "cusparse": timed(lambda: quiet_sparse(product, ta, dense)),
+    }
+    res["direct"] = direct
+    cus = direct["cusparse"]
+    ours = {k: v for k, v in direct.items() if k != "cusparse"}
+    res["direct_speedup"] = {k: cus["ms"] / v["ms"] for k, v in ours.items()}
+    res["direct_wall_speedup"] = {k: cus["wall_ms"] / v["wall_ms"] for k, v in ours.items()}
+    row = res.get("main_job")
+    if row is not None:
+        log(
+            f"agreement {name}",
+            "main job (bench_spec)",
+            f"ours {row['tritonkit_ms']:.4f} ms, torch sparse {row['torch_sparse_ms']:.4f} ms: "
+            f"x{row['speedup']:.3f} GPU time, x{row['wall_speedup']:.3f} wall",
+        )
+    for key, t in direct.items():
+        figure = f"{t['ms']:.4f} ms, wall {t['wall_ms']:.4f} ms/call"
+        if key in ours:
+            figure += (
+                f" (x{res['direct_speedup'][key]:.3f}; wall x{res['direct_wall_speedup'][key]:.3f})"
+            )
+        log(f"agreement {name}", key.replace("_", " "), figure)
+    return res
+
+
+@case("agreement")
+def agreement_section(tiny: bool):
+    shapes = {"spmv": (2048, 2048, 8, "uniform"), "spmm": (256, 256, 16, 6, "uniform")}
+    RESULTS["cases"]["agreement"] = {
+        name: _agreement_case(name, shapes[name] if tiny else get_spec(name).shapes.bench[0])
+        for name in ("spmv", "spmm")
+    }
 
 
 # ---- SpMV -------------------------------------------------------------------------------------
@@ -477,19 +575,40 @@ def rcm_section(tiny: bool):
     }
 
 
+SECTIONS = {
+    "agreement": agreement_section,
+    "spmv": spmv_section,
+    "spmm": spmm_section,
+    "bsr": bsr_section,
+    "sddmm": sddmm_section,
+    "rcm": rcm_section,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="directory for the results")
     parser.add_argument("--tiny", action="store_true", help="small sizes (CPU interpreter)")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all)",
+    )
     args = parser.parse_args()
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     RESULTS["fingerprint"] = fingerprint()
     print(json.dumps(RESULTS["fingerprint"]), flush=True)
     copy_gbps = copy_bandwidth(8 if args.tiny else 1024)
-    spmv_section(args.tiny, copy_gbps)
-    spmm_section(args.tiny)
-    bsr_section(args.tiny)
-    sddmm_section(args.tiny)
-    rcm_section(args.tiny)
+    if "agreement" in chosen:
+        agreement_section(args.tiny)
+    if "spmv" in chosen:
+        spmv_section(args.tiny, copy_gbps)
+    for name in ("spmm", "bsr", "sddmm", "rcm"):
+        if name in chosen:
+            SECTIONS[name](args.tiny)
     RESULTS["elapsed_s"] = time.time() - T0
     lines = ["| section | what | figure |", "| --- | --- | --- |"]
     lines += [f"| {s} | {w} | {f} |" for s, w, f in TABLE]

@@ -152,6 +152,12 @@ class PlanCache:
             if len(self._plans) > self.limit:
                 self._plans.popitem(last=False)
 
+    def discard(self, key: Hashable, env: Env | None) -> None:
+        """Forget one entry, if held: one dict operation, atomic under the GIL and taken
+        without the lock, so that a weakref callback (which may run while this thread holds
+        the lock) can call it."""
+        self._plans.pop((key, env), None)
+
     def __len__(self) -> int:
         return len(self._plans)
 

@@ -17,29 +17,11 @@ from tritonkit.ops._core.registry import apply
 from tritonkit.ops._core.validate import check_operand, check_tensor
 from tritonkit.ops.sparse.bsr import call_bsr_mm
 from tritonkit.ops.sparse.config import split_chunk
-from tritonkit.ops.sparse.formats import BSR, COO, CSR
+from tritonkit.ops.sparse.formats import BSR, CSR
+from tritonkit.ops.sparse.operand import as_bsr, as_csr
 from tritonkit.ops.sparse.sddmm import call_sddmm
 from tritonkit.ops.sparse.spmm import call_spmm
 from tritonkit.ops.sparse.spmv import call_spmv
-
-
-def as_csr(op: str, a: object) -> CSR:
-    """A CSR matrix from a CSR, a COO, or a torch sparse CSR/COO/BSR tensor."""
-    if isinstance(a, CSR):
-        return a
-    if isinstance(a, COO):
-        return a.to_csr()
-    if isinstance(a, torch.Tensor) and a.layout in (
-        torch.sparse_csr,
-        torch.sparse_coo,
-        torch.sparse_bsr,
-    ):
-        return CSR.from_torch(a)
-    raise TypeError(
-        f"{op}: A must be a tritonkit.sparse CSR or COO matrix or a torch sparse tensor, "
-        f"got {type(a).__name__}"
-        + (f" with layout {a.layout}" if isinstance(a, torch.Tensor) else "")
-    )
 
 
 def _needs_grad(*tensors) -> tuple[bool, ...]:
@@ -74,6 +56,17 @@ class SpmvFunction(torch.autograd.Function):
         return d_val, d_x, *(None,) * 10
 
 
+def _spmm_backward(ctx, g):
+    """(d_val, d_b) of C = A B: g sampled at A's pattern against B (SDDMM), and A^T g."""
+    val, b, col, rows, t_crow, t_col, t_perm, t_bounds = ctx.saved_tensors
+    d_val = d_b = None
+    if ctx.needs_input_grad[0]:
+        d_val = call_sddmm(rows, col, val, g, b.t(), 0.0, 1.0)
+    if ctx.needs_input_grad[1]:
+        d_b = call_spmm(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_chunk)
+    return d_val, d_b
+
+
 class SpmmFunction(torch.autograd.Function):
     """C = A B with gradients for A's values (SDDMM) and for B (A^T g)."""
 
@@ -88,13 +81,39 @@ class SpmmFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        val, b, col, rows, t_crow, t_col, t_perm, t_bounds = ctx.saved_tensors
-        d_val = d_b = None
-        if ctx.needs_input_grad[0]:
-            d_val = call_sddmm(rows, col, val, g, b.t(), 0.0, 1.0)
-        if ctx.needs_input_grad[1]:
-            d_b = call_spmm(t_crow, t_col, val[t_perm.long()], g, t_bounds, ctx.t_chunk)
-        return d_val, d_b, *(None,) * 10
+        return *_spmm_backward(ctx, g), *(None,) * 10
+
+
+class BsrSpmmFunction(torch.autograd.Function):
+    """C = A B for a BSR matrix: the forward on the tensor cores (``bsr_mm``), the gradients
+    as SpmmFunction's over the blocks' element-wise CSR structure (``BSR.expanded``), whose
+    values ``val`` are the blocks' gathered (the gather carries the gradient to the blocks)."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        val,
+        b,
+        b_crow,
+        b_col,
+        b_values,
+        m,
+        col,
+        rows,
+        t_crow,
+        t_col,
+        t_perm,
+        t_bounds,
+        t_chunk,
+    ):
+        c = call_bsr_mm(b_crow, b_col, b_values, b, m)
+        ctx.save_for_backward(val, b, col, rows, t_crow, t_col, t_perm, t_bounds)
+        ctx.t_chunk = t_chunk
+        return c
+
+    @staticmethod
+    def backward(ctx, g):
+        return *_spmm_backward(ctx, g), *(None,) * 11
 
 
 # torch.compile traces the public functions: the chunk (host state: the device's SMs) is a
@@ -110,15 +129,15 @@ def _bounds(a: CSR, chunk: int) -> torch.Tensor:
 
 def _backward_structure(a: CSR, need_val: bool, need_dense: bool, n: int | None):
     """(rows, t_crow, t_col, t_perm, t_bounds, t_chunk): what the backward reads, decided
-    now; empty where no gradient will be asked for."""
-    empty = _empty_index(a)
-    rows = a.row_indices() if need_val else empty
+    now; empty where no gradient will be asked for. Each empty tensor is a slice of its own:
+    Dynamo refuses an autograd.Function given one tensor as two of its inputs."""
+    rows = a.row_indices() if need_val else _empty_index(a)
     if not need_dense:
-        return rows, empty, empty, empty, empty, 0
+        return rows, *(_empty_index(a) for _ in range(4)), 0
     t_crow, t_col, t_perm, t_max = a.transpose_structure()
     k = a.shape[1]
     chunk = _chunk("spmv" if n is None else "spmm", k, a.nnz, t_max, a.device)
-    return rows, t_crow, t_col, t_perm, _bounds(a.t(), chunk), chunk
+    return rows, t_crow, t_col, t_perm, _bounds(a.transposed_structure()[0], chunk), chunk
 
 
 def spmv(A, x: torch.Tensor) -> torch.Tensor:
@@ -128,8 +147,11 @@ def spmv(A, x: torch.Tensor) -> torch.Tensor:
     longest row is near the mean, an nnz-split otherwise; the result is deterministic.
 
     Args:
-        A: ``tritonkit.sparse.CSR`` or ``COO`` (or a torch sparse CSR/COO/BSR tensor) of shape
-            ``(M, K)`` with float32, float16 or bfloat16 values on a CUDA device.
+        A: ``(M, K)``, float32, float16 or bfloat16 values on a CUDA device: a
+            ``tritonkit.sparse.CSR``, ``COO`` or ``BSR`` (gradients for its values), or a torch
+            sparse tensor of any layout ``torch.sparse.mm`` takes (sparse_coo, sparse_csr,
+            sparse_csc, sparse_bsr; sparse_bsc too), converted once and kept for the next
+            calls (docs/sparse.md; gradients for sparse_coo and sparse_csr tensors).
         x: ``(K,)`` dense vector of A's dtype, any stride.
 
     Returns:
@@ -159,8 +181,12 @@ def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
     ``torch.sparse.mm``, with autograd for A's values and B.
 
     Args:
-        A: ``tritonkit.sparse.CSR`` or ``COO`` (or a torch sparse tensor) of shape ``(M, K)``,
-            float32, float16 or bfloat16 values on a CUDA device.
+        A: ``(M, K)``, float32, float16 or bfloat16 values on a CUDA device: a
+            ``tritonkit.sparse.CSR``, ``COO`` or ``BSR`` (gradients for its values), or a torch
+            sparse tensor of any layout ``torch.sparse.mm`` takes (sparse_coo, sparse_csr,
+            sparse_csc, sparse_bsr; sparse_bsc too), converted once and kept for the next
+            calls (docs/sparse.md; gradients for sparse_coo and sparse_csr tensors). A BSR
+            with blocks of 16..128 (powers of 2) runs on the tensor cores (``bsr_mm``).
         B: ``(K, N)`` dense (``(M, N)`` with ``transpose_a``) of A's dtype, any strides.
         transpose_a: multiply by A's transpose (its structure is computed once and kept on A).
 
@@ -168,16 +194,14 @@ def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
         ``(M, N)`` (``(K, N)`` with ``transpose_a``), contiguous, in A's dtype.
     """
     op = "tritonkit.sparse.spmm"
+    bsr = None if transpose_a else as_bsr(op, A)
+    if bsr is not None:
+        return _bsr_spmm(op, bsr, B)
     a = as_csr(op, A)
     check_tensor(op, "A.values", a.values)
     if transpose_a:
         a = a.t()
-    check_tensor(op, "B", B)
-    if B.dim() != 2:
-        raise ValueError(f"{op}: B must be 2-D, got shape {tuple(B.shape)}")
-    check_operand(
-        op, "B", B, "A.values", a.values, shape=(a.shape[1], B.shape[1]), shape_name="(K, N)"
-    )
+    _check_dense_b(op, B, a.values, a.shape[1])
     chunk = _chunk("spmm", a.shape[0], a.nnz, a.max_row_length, a.device)
     need_val, need_b = _needs_grad(a.values, B)
     back = _backward_structure(a, need_val, need_b, B.shape[1])
@@ -193,6 +217,36 @@ def spmm(A, B: torch.Tensor, *, transpose_a: bool = False) -> torch.Tensor:
     )
 
 
+def _check_dense_b(op: str, B: torch.Tensor, values: torch.Tensor, k: int) -> None:
+    check_tensor(op, "B", B)
+    if B.dim() != 2:
+        raise ValueError(f"{op}: B must be 2-D, got shape {tuple(B.shape)}")
+    check_operand(op, "B", B, "A.values", values, shape=(k, B.shape[1]), shape_name="(K, N)")
+
+
+def _bsr_spmm(op: str, a: BSR, B: torch.Tensor) -> torch.Tensor:
+    """spmm of a BSR matrix: bsr_mm's kernel forward; with a gradient to come, the backward
+    of its element-wise CSR structure (decided now, as every backward here)."""
+    check_tensor(op, "A.values", a.values)
+    _check_dense_b(op, B, a.values, a.shape[1])
+    need_val, need_b = _needs_grad(a.values, B)
+    if not (need_val or need_b):
+        return call_bsr_mm(a.crow_indices, a.col_indices, a.values, B, a.shape[0])
+    csr = a.to_csr()
+    back = _backward_structure(csr, need_val, need_b, B.shape[1])
+    return apply(
+        BsrSpmmFunction,
+        csr.values,
+        B,
+        a.crow_indices,
+        a.col_indices,
+        a.values.detach(),
+        a.shape[0],
+        csr.col_indices,
+        *back,
+    )
+
+
 def sddmm(
     A, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1.0, alpha: float = 1.0
 ) -> CSR:
@@ -200,8 +254,8 @@ def sddmm(
     ``beta * A + alpha * (mat1 @ mat2)`` at A's pattern only.
 
     Args:
-        A: ``tritonkit.sparse.CSR`` or ``COO`` (or a torch sparse tensor) of shape ``(M, N)``:
-            the pattern and the values scaled by ``beta`` (not read when ``beta`` is 0).
+        A: ``(M, N)``: the pattern and the values scaled by ``beta`` (not read when ``beta``
+            is 0); any format ``spmm`` takes (a BSR's pattern: every element of its blocks).
         mat1: ``(M, K)`` dense of A's dtype, any strides.
         mat2: ``(K, N)`` dense of A's dtype, any strides.
         beta: scale of A's values.
@@ -236,8 +290,9 @@ def bsr_mm(A, B: torch.Tensor) -> torch.Tensor:
     """Block-sparse matrix times dense matrix on the tensor cores, ``C = A @ B``.
 
     Args:
-        A: ``tritonkit.sparse.BSR`` (or a torch sparse BSR tensor) of shape ``(M, K)`` with
-            blocks of 16..128 rows and columns, float32, float16 or bfloat16.
+        A: ``tritonkit.sparse.BSR`` (or a torch sparse_bsr tensor, converted once and kept) of
+            shape ``(M, K)`` with blocks of 16..128 rows and columns (powers of 2), float32,
+            float16 or bfloat16. No autograd here: ``spmm`` runs this kernel with gradients.
         B: ``(K, N)`` dense of A's dtype, any strides.
 
     Returns:
@@ -245,15 +300,15 @@ def bsr_mm(A, B: torch.Tensor) -> torch.Tensor:
         only where PyTorch's own float32 products may).
     """
     op = "tritonkit.sparse.bsr_mm"
-    if isinstance(A, torch.Tensor) and A.layout == torch.sparse_bsr:
-        A = BSR.from_torch(A)
-    if not isinstance(A, BSR):
-        raise TypeError(f"{op}: A must be a tritonkit.sparse.BSR matrix, got {type(A).__name__}")
-    check_tensor(op, "A.values", A.values)
-    check_tensor(op, "B", B)
-    if B.dim() != 2:
-        raise ValueError(f"{op}: B must be 2-D, got shape {tuple(B.shape)}")
-    check_operand(
-        op, "B", B, "A.values", A.values, shape=(A.shape[1], B.shape[1]), shape_name="(K, N)"
-    )
-    return call_bsr_mm(A.crow_indices, A.col_indices, A.values, B, A.shape[0])
+    a = as_bsr(op, A)
+    if a is None:
+        if isinstance(A, torch.Tensor) and A.layout == torch.sparse_bsr:
+            A = BSR.from_torch(A)  # raises: its blocks are not ones the kernel takes
+        layout = f" with layout {A.layout}" if isinstance(A, torch.Tensor) else ""
+        raise TypeError(
+            f"{op}: A must be a tritonkit.sparse.BSR matrix or a torch sparse_bsr tensor, got "
+            f"{type(A).__name__}{layout}"
+        )
+    check_tensor(op, "A.values", a.values)
+    _check_dense_b(op, B, a.values, a.shape[1])
+    return call_bsr_mm(a.crow_indices, a.col_indices, a.values, B, a.shape[0])

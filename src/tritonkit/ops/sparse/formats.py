@@ -7,15 +7,41 @@ longest row, which the kernels' load-balancing rule needs. What a kernel derives
 structure alone (the nnz partition of a split launch, row indices, the transpose) is computed
 on the device the first time it is asked for and kept on the matrix, as cuSPARSE keeps its
 analysis buffer.
+
+That analysis is kept per structure, not per object: a CSR built again from the same index
+tensors (``CSR(crow, col, new_values, shape)`` in a loop, as a graph network passes new edge
+weights each step) finds the analysis, and the validation verdict, of the first. It is keyed
+on the index tensors' identity and checked against their data pointers, strides and version
+counters (an in-place write to them is seen), held in the one plan cache (``PLANS``), and
+dropped when an index tensor is collected (``derived``).
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
+from tritonkit.ops._core.plan import PLANS
 from tritonkit.ops._core.validate import FLOAT_DTYPES
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+
+# PyTorch warns once per process when a sparse compressed tensor is first made ("Sparse CSR
+# tensor support is in beta state", CSC, BSR and BSC alike); a conversion tritonkit makes for
+# its user is not the user's use of that beta feature.
+_BETA_WARNING = r"Sparse (CSR|CSC|BSR|BSC) tensor support is in beta"
+
+
+def quiet_sparse(make: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``make(*args, **kwargs)`` (a torch sparse constructor or conversion) without PyTorch's
+    "Sparse CSR (CSC, BSR, BSC) tensor support is in beta" warning; no other warning hidden."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_BETA_WARNING, category=UserWarning)
+        return make(*args, **kwargs)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -82,6 +108,71 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
+def fingerprint(t: torch.Tensor) -> tuple:
+    """What says that a tensor still holds what it held, without reading it: its memory, its
+    layout and its version counter (bumped by every in-place write, through views too)."""
+    return (t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+class _Derived:
+    """An entry of ``derived``: the owners' fingerprint and what was built from them; ``data``
+    is dropped when an owner is collected (and the entry leaves the plan cache)."""
+
+    __slots__ = ("__weakref__", "data", "fingerprint")
+
+    def __init__(self, fingerprint: tuple, data: Any) -> None:
+        self.fingerprint, self.data = fingerprint, data
+
+    def drop(self) -> None:
+        self.data = None
+
+
+def _forget(key: tuple, entry: _Derived) -> None:
+    """An owner of ``entry`` was collected: its data goes, and its key with it."""
+    entry.drop()
+    if PLANS.peek(key, None) is entry:
+        PLANS.discard(key, None)
+
+
+def derived(what: str, owners: tuple, state: Callable[[], tuple], build: Callable[[], Any]) -> Any:
+    """``build()``'s result for these owner objects as ``state()`` (their fingerprints) says
+    they are now, from the plan cache: built once per owner and content, weakly held.
+
+    The key is the owners' identity; their state is compared on every lookup (a changed owner
+    is built again, never served stale), and the entry is dropped when any owner is collected
+    (``weakref.finalize``), so it lives no longer than they do. ``build()`` must not keep a
+    reference to an owner itself (an alias such as ``t.detach()`` is fine), or it would keep
+    the owner alive. While torch.compile traces, nothing is read or kept: the trace builds.
+    """
+    if _tracing():
+        return build()
+    fp = state()
+    key = ("sparse." + what, *map(id, owners))
+    entry = PLANS.peek(key, None)
+    if entry is not None:
+        if entry.data is not None and entry.fingerprint == fp:
+            return entry.data
+        entry.drop()
+    data = build()
+    entry = _Derived(fp, data)
+    for owner in owners:
+        weakref.finalize(owner, _forget, key, entry)
+    PLANS.put(key, None, entry)
+    return data
+
+
+def _no_values(nnz: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Stand-in values of a structure kept for its analysis: no memory (stride 0); every
+    product replaces them (``with_values``)."""
+    return torch.zeros((), dtype=dtype, device=device).expand(nnz)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with t's data that is not t itself (``derived`` must not hold its
+    owners)."""
+    return t.contiguous().detach()
+
+
 def _check_compressed(
     cls: str, crow: torch.Tensor, col: torch.Tensor, n_rows: int, n_cols: int, what: str
 ) -> int:
@@ -146,10 +237,34 @@ class CSR:
         col_indices: ``(nnz,)`` column of each non-zero, sorted within each row, same dtype.
         values: ``(nnz,)`` float32, float16 or bfloat16.
         shape: ``(rows, cols)``.
-        check: check the data (one synchronization); metadata is always checked.
+        check: check the data (one synchronization, the first time these index tensors are
+            seen with this content); metadata is always checked.
     """
 
     def __init__(self, crow_indices, col_indices, values, shape, *, check: bool = True):
+        self._setup(crow_indices, col_indices, values, shape)
+        self.crow_indices, self.col_indices, self._cache = derived(
+            "csr",
+            (crow_indices, col_indices),
+            lambda: (fingerprint(crow_indices), fingerprint(col_indices), self.shape),
+            lambda: (_alias(crow_indices), _alias(col_indices), {}),
+        )
+        if check:
+            self._check()
+
+    @classmethod
+    def _structure(cls, crow: torch.Tensor, col: torch.Tensor, shape, dtype, *, check=True):
+        """A CSR of this structure with stand-in values (``_no_values``) and an analysis of
+        its own: what a conversion keeps; the products take it ``with_values``."""
+        out = cls.__new__(cls)
+        out._setup(crow, col, _no_values(col.numel(), dtype, crow.device), shape)
+        out.crow_indices, out.col_indices, out._cache = crow.contiguous(), col.contiguous(), {}
+        if check:
+            out._check()
+        return out
+
+    def _setup(self, crow_indices, col_indices, values, shape) -> None:
+        """The metadata checks, the shape, the values."""
         self.shape = _check_shape("CSR", shape)
         self.index_dtype = _check_indices("CSR", crow_indices=crow_indices, col_indices=col_indices)
         device = crow_indices.device
@@ -164,22 +279,26 @@ class CSR:
                 f"tritonkit.sparse.CSR: values must have nnz = {col_indices.numel()} entries "
                 f"(one per column index), got {values.shape[0]}"
             )
-        self.crow_indices = crow_indices.contiguous()
-        self.col_indices = col_indices.contiguous()
+        if crow_indices.numel() != self.shape[0] + 1:
+            raise ValueError(
+                f"tritonkit.sparse.CSR: crow_indices must have {self.shape[0] + 1} entries "
+                f"(row + 1), got {crow_indices.numel()}"
+            )
         self.values = values
         # Python values, read as constants where torch.compile traces a call.
         self._nnz, self._device = int(col_indices.numel()), device
-        self._cache: dict = {}
-        self._max_row = (
-            _check_compressed("CSR", self.crow_indices, self.col_indices, *self.shape, what="row")
-            if check
-            else None
+
+    def _check(self) -> None:
+        """The data checks (one synchronization), once per structure: they measure the
+        longest row too."""
+        if self._cache.get("checked"):
+            return
+        longest = _check_compressed(
+            "CSR", self.crow_indices, self.col_indices, *self.shape, what="row"
         )
-        if not check and self.crow_indices.numel() != self.shape[0] + 1:
-            raise ValueError(
-                f"tritonkit.sparse.CSR: crow_indices must have {self.shape[0] + 1} entries "
-                f"(row + 1), got {self.crow_indices.numel()}"
-            )
+        if longest >= 0:  # measured (not while tracing)
+            self._cache["max_row"] = longest
+            self._cache["checked"] = True
 
     # ---- properties ----
     @property
@@ -196,13 +315,17 @@ class CSR:
 
     @property
     def max_row_length(self) -> int:
-        """Non-zeros in the longest row (measured on construction, or now: one sync)."""
-        if self._max_row is None or self._max_row < 0:
+        """Non-zeros in the longest row (measured by the validation, or now: one sync; kept
+        with the structure)."""
+        longest = self._cache.get("max_row")
+        if longest is None:
             if self.shape[0] == 0:
-                self._max_row = 0
+                longest = 0
             else:
-                self._max_row = int((self.crow_indices[1:] - self.crow_indices[:-1]).max())
-        return self._max_row
+                longest = int((self.crow_indices[1:] - self.crow_indices[:-1]).max())
+            if not _tracing():
+                self._cache["max_row"] = longest
+        return longest
 
     def memory_usage(self) -> int:
         """Bytes held by the index and value tensors (not the cached analysis)."""
@@ -224,11 +347,13 @@ class CSR:
                 f"tritonkit.sparse.CSR: values must have nnz = {self.nnz} entries, "
                 f"got {values.shape[0]}"
             )
+        return self._with(values)
+
+    def _with(self, values: torch.Tensor) -> CSR:
         out = CSR.__new__(CSR)
         out.shape, out.index_dtype = self.shape, self.index_dtype
         out.crow_indices, out.col_indices, out.values = self.crow_indices, self.col_indices, values
-        out._cache, out._max_row = self._cache, self._max_row
-        out._nnz, out._device = self._nnz, self._device
+        out._cache, out._nnz, out._device = self._cache, self._nnz, self._device
         return out
 
     # ---- analysis kept on the matrix ----
@@ -284,23 +409,29 @@ class CSR:
                 perm.to(self.index_dtype),
                 longest,
             )
-            self._cache["transpose"] = t
+            if not _tracing():
+                self._cache["transpose"] = t
         return t
 
-    def t(self) -> CSR:
-        """The transpose as a CSR matrix (values gathered)."""
+    def transposed_structure(self) -> tuple[CSR, torch.Tensor]:
+        """The transpose's structure as a CSR (stand-in values; its own analysis, kept with
+        this structure) and the permutation (int64) that gathers its values from these."""
         base = self._cache.get("t")
         if base is None:
             crow, col, perm, longest = self.transpose_structure()
-            values = self.values.detach()[perm.long()]
-            base = CSR(crow, col, values, (self.shape[1], self.shape[0]), check=False)
-            base._max_row = longest
-            base._perm = perm.long()
-            self._cache["t"] = base
-        out = CSR.__new__(CSR)
-        out.__dict__.update(base.__dict__)
-        out.values = self.values[base._perm]
-        return out
+            struct = CSR._structure(
+                crow, col, (self.shape[1], self.shape[0]), self.dtype, check=False
+            )
+            struct._cache["max_row"] = longest
+            base = (struct, perm.long())
+            if not _tracing():
+                self._cache["t"] = base
+        return base
+
+    def t(self) -> CSR:
+        """The transpose as a CSR matrix (values gathered: differentiable)."""
+        struct, perm = self.transposed_structure()
+        return struct._with(self.values[perm])
 
     # ---- conversions ----
     @classmethod
@@ -313,15 +444,15 @@ class CSR:
                 f"tritonkit.sparse.CSR.from_torch: expected a 2-D tensor, got {t.dim()}-D"
             )
         if t.layout != torch.sparse_csr:
-            if t.layout == torch.sparse_bsr:
+            if t.layout in (torch.sparse_bsr, torch.sparse_bsc):
                 t = t.to_dense()
-            t = t.to_sparse_csr()
+            t = quiet_sparse(t.to_sparse_csr)
         return cls(t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape), check=check)
 
     @classmethod
     def from_dense(cls, d: torch.Tensor, index_dtype: torch.dtype = torch.int64) -> CSR:
         """The non-zeros of a dense 2-D tensor."""
-        t = d.to_sparse_csr()
+        t = quiet_sparse(d.to_sparse_csr)
         return cls(
             t.crow_indices().to(index_dtype),
             t.col_indices().to(index_dtype),
@@ -344,8 +475,13 @@ class CSR:
 
     def to_torch(self) -> torch.Tensor:
         """A ``torch.sparse_csr_tensor`` sharing these tensors."""
-        return torch.sparse_csr_tensor(
-            self.crow_indices, self.col_indices, self.values, self.shape, check_invariants=False
+        return quiet_sparse(
+            torch.sparse_csr_tensor,
+            self.crow_indices,
+            self.col_indices,
+            self.values,
+            self.shape,
+            check_invariants=False,
         )
 
     def to_scipy(self):
@@ -369,7 +505,8 @@ class CSR:
         return COO(self.row_indices(), self.col_indices, self.values, self.shape, check=False)
 
     def to_bsr(self, blocksize: tuple[int, int]) -> BSR:
-        return BSR.from_torch(self.to_torch().to_dense().to_sparse_bsr(tuple(blocksize)))
+        """The blocks of ``blocksize`` that hold a non-zero (through a dense copy)."""
+        return BSR.from_torch(self.to_dense(), blocksize)
 
 
 class COO:
@@ -400,6 +537,7 @@ class COO:
         self.row_indices = row_indices.contiguous()
         self.col_indices = col_indices.contiguous()
         self.values = values
+        self._cache: dict = {}  # the CSR structure (to_csr)
         if check and not _tracing() and row_indices.numel():
             rows, cols = self.shape
             r, c = self.row_indices, self.col_indices
@@ -441,10 +579,17 @@ class COO:
         return f"COO(shape={self.shape}, nnz={self.nnz}, dtype={_name(self.dtype)})"
 
     def to_csr(self) -> CSR:
-        crow = torch.zeros(self.shape[0] + 1, dtype=self.index_dtype, device=self.device)
-        counts = torch.bincount(self.row_indices.long(), minlength=self.shape[0])
-        torch.cumsum(counts, 0, out=crow[1:])
-        return CSR(crow, self.col_indices, self.values, self.shape)
+        """The same matrix in CSR, sharing the values (the row pointers: a bincount and a
+        cumsum on the device, and the CSR's checks, done once and kept on this matrix)."""
+        struct = self._cache.get("csr")
+        if struct is None:
+            crow = torch.zeros(self.shape[0] + 1, dtype=self.index_dtype, device=self.device)
+            counts = torch.bincount(self.row_indices.long(), minlength=self.shape[0])
+            torch.cumsum(counts, 0, out=crow[1:])
+            struct = CSR._structure(crow, self.col_indices, self.shape, self.dtype)
+            if not _tracing():
+                self._cache["csr"] = struct
+        return struct.with_values(self.values)
 
     @classmethod
     def from_torch(cls, t: torch.Tensor) -> COO:
@@ -456,8 +601,11 @@ class COO:
         return cls(idx[0], idx[1], t.values(), tuple(t.shape))
 
     def to_torch(self) -> torch.Tensor:
+        """A coalesced ``torch.sparse_coo_tensor`` (int64 indices, the values shared)."""
         idx = torch.stack([self.row_indices, self.col_indices]).long()
-        return torch.sparse_coo_tensor(idx, self.values, self.shape, is_coalesced=True)
+        return torch.sparse_coo_tensor(
+            idx, self.values, self.shape, is_coalesced=True, check_invariants=False
+        )
 
     @classmethod
     def from_scipy(cls, m, *, device=None, dtype: torch.dtype | None = None) -> COO:
@@ -482,7 +630,9 @@ class BSR:
         check: check the data (one synchronization).
     """
 
-    def __init__(self, crow_indices, col_indices, values, shape, *, check: bool = True):
+    def __init__(
+        self, crow_indices, col_indices, values, shape, *, check: bool = True, _keep_values=False
+    ):
         self.shape = _check_shape("BSR", shape)
         self.index_dtype = _check_indices("BSR", crow_indices=crow_indices, col_indices=col_indices)
         _check_values("BSR", values, 3, crow_indices.device)
@@ -505,7 +655,8 @@ class BSR:
         self.blocksize = (r, c)
         self.crow_indices = crow_indices.contiguous()
         self.col_indices = col_indices.contiguous()
-        self.values = values.contiguous()
+        self.values = values if _keep_values else values.contiguous()
+        self._cache: dict = {}  # the element-wise CSR structure (expanded)
         n_brows, n_bcols = self.shape[0] // r, self.shape[1] // c
         if check:
             _check_compressed(
@@ -541,18 +692,74 @@ class BSR:
         )
 
     @classmethod
+    def _structure(cls, crow: torch.Tensor, col: torch.Tensor, blocksize, shape, dtype) -> BSR:
+        """A BSR of this block structure (checked) with stand-in values (stride 0, no memory):
+        what a conversion keeps; the products take it ``with_values``."""
+        stand_in = torch.zeros((), dtype=dtype, device=crow.device)
+        return cls(crow, col, stand_in.expand(col.numel(), *blocksize), shape, _keep_values=True)
+
+    def with_values(self, values: torch.Tensor) -> BSR:
+        """The same block structure (and its kept analysis) with other blocks' values."""
+        _check_values("BSR", values, 3, self.crow_indices.device)
+        if tuple(values.shape) != (self.nnz_blocks, *self.blocksize):
+            raise ValueError(
+                f"tritonkit.sparse.BSR: values must have shape "
+                f"{(self.nnz_blocks, *self.blocksize)}, got {tuple(values.shape)}"
+            )
+        out = BSR.__new__(BSR)
+        out.__dict__.update(self.__dict__)
+        out.values = values.contiguous()
+        return out
+
+    def expanded(self) -> tuple[CSR, torch.Tensor]:
+        """The element-wise CSR structure of these blocks (every stored element a non-zero,
+        explicit zeros included; stand-in values) and the permutation (int64) that gathers its
+        values from ``values.reshape(-1)``: computed on the device once and kept."""
+        out = self._cache.get("csr")
+        if out is None:
+            n_brows = self.shape[0] // self.blocksize[0]
+            counts = self.crow_indices[1:] - self.crow_indices[:-1]
+            brow = torch.repeat_interleave(
+                torch.arange(n_brows, device=self.device), counts, output_size=self.nnz_blocks
+            )
+            out = element_structure(
+                brow,
+                self.col_indices.long(),
+                self.blocksize,
+                False,
+                self.shape,
+                self.index_dtype,
+                self.dtype,
+            )
+            if not _tracing():
+                self._cache["csr"] = out
+        return out
+
+    def to_csr(self) -> CSR:
+        """The same matrix in CSR, every stored element a non-zero (explicit zeros of a block
+        included, as scipy's ``tocsr``); the values gathered (differentiable)."""
+        struct, perm = self.expanded()
+        return struct._with(self.values.reshape(-1)[perm])
+
+    @classmethod
     def from_torch(cls, t: torch.Tensor, blocksize: tuple[int, int] | None = None) -> BSR:
         """From a torch sparse BSR tensor, or any 2-D tensor with ``blocksize``."""
         if t.layout != torch.sparse_bsr:
             if blocksize is None:
                 raise ValueError("tritonkit.sparse.BSR.from_torch: blocksize is required")
             dense = t if t.layout == torch.strided else t.to_dense()
-            t = dense.to_sparse_bsr(tuple(blocksize))
+            t = quiet_sparse(dense.to_sparse_bsr, tuple(blocksize))
         return cls(t.crow_indices(), t.col_indices(), t.values(), tuple(t.shape))
 
     def to_torch(self) -> torch.Tensor:
-        return torch.sparse_bsr_tensor(
-            self.crow_indices, self.col_indices, self.values, self.shape, check_invariants=False
+        """A ``torch.sparse_bsr_tensor`` sharing these tensors."""
+        return quiet_sparse(
+            torch.sparse_bsr_tensor,
+            self.crow_indices,
+            self.col_indices,
+            self.values,
+            self.shape,
+            check_invariants=False,
         )
 
     @classmethod
@@ -580,11 +787,42 @@ class BSR:
     def to_dense(self) -> torch.Tensor:
         return self.to_torch().to_dense()
 
-    def to_csr(self) -> CSR:
-        t = self.to_dense().to_sparse_csr()
-        return CSR(
-            t.crow_indices().to(self.index_dtype),
-            t.col_indices().to(self.index_dtype),
-            t.values(),
-            self.shape,
-        )
+
+def element_structure(
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    blocksize: tuple[int, int],
+    is_sorted: bool,
+    shape: tuple[int, int],
+    index_dtype: torch.dtype,
+    dtype: torch.dtype,
+) -> tuple[CSR, torch.Tensor | None]:
+    """The CSR structure of stored entries given in storage order, and the permutation (int64,
+    or None where storage order is already row-major) that gathers CSR-ordered values from
+    the stored ones (flattened).
+
+    Args:
+        rows: (n,) row of each stored entry, or block row of each stored block.
+        cols: (n,) column, or block column, of each.
+        blocksize: (R, C) of the blocks, (1, 1) for entries.
+        is_sorted: entries already sorted by row, then column (a CSR, a coalesced COO).
+        shape: the matrix's (rows, cols).
+        index_dtype: the index dtype of the result.
+        dtype: the values' dtype (of the stand-in values).
+    """
+    r, c = blocksize
+    device = rows.device
+    if (r, c) != (1, 1):  # each block's R x C entries, in the blocks' row-major storage order
+        i = torch.arange(r, device=device).view(1, r, 1)
+        j = torch.arange(c, device=device).view(1, 1, c)
+        rows = (rows.view(-1, 1, 1) * r + i).expand(-1, r, c).reshape(-1)
+        cols = (cols.view(-1, 1, 1) * c + j).expand(-1, r, c).reshape(-1)
+    rows, cols = rows.long(), cols.long()
+    perm = None
+    if not is_sorted:
+        perm = torch.sort(rows * max(shape[1], 1) + cols, stable=True).indices
+        rows, cols = rows[perm], cols[perm]
+    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=device)
+    torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0, out=crow[1:])
+    struct = CSR._structure(crow.to(index_dtype), cols.to(index_dtype), shape, dtype)
+    return struct, perm
