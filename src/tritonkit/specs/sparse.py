@@ -270,7 +270,12 @@ register(
         reference=_sddmm_ref,
         make_inputs=_sddmm_inputs,
         shapes=Shapes(
-            test=[(1, 1, 1, 1, "uniform"), (37, 29, 13, 5, "uniform"), (50, 70, 40, 6, "powerlaw")],
+            test=[
+                (1, 1, 1, 1, "uniform"),
+                (37, 29, 13, 5, "uniform"),
+                (50, 70, 40, 6, "powerlaw"),
+                (64, 45, 24, 6, "uniform"),  # 358 non-zeros: the main job's CPU check
+            ],
             bench=[(16384, 16384, 64, 164, "uniform")],
             empty=[(0, 5, 3, 1, "uniform"), (4, 6, 3, 0, "uniform")],
         ),
