@@ -82,8 +82,12 @@ def test_row_backward_routing(device):
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         with _Count(softmax_bwd_row_kernel) as spy:
-            x = torch.randn(n, 2, device=device).t() if transpose else torch.randn(2, n)
-            x = x.to(device, dtype).requires_grad_()
+            x = (
+                torch.randn(n, 2, device=device).t()
+                if transpose
+                else torch.randn(2, n, device=device)
+            )
+            x = x.to(dtype).requires_grad_()
             y = op(x, -1)
             torch.autograd.grad(y, x, torch.randn_like(y))
         return spy.launches[0] > 0
