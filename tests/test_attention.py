@@ -4,6 +4,7 @@ split-KV decoding, the workbench variants, validation, the SDPA patch, torch.com
 
 Shapes stay small (L, S <= ~70): every kernel runs under Triton's CPU interpreter here."""
 
+import itertools
 import math
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from tritonkit.ops.attention.forward import _attn_fwd_kernel
 from tritonkit.ops.attention.function import draw_rng
 from tritonkit.specs.attention import sdpa_reference
 
-from _checks import assert_spec_passes, compile_backend
+from _checks import assert_spec_passes, compile_backend, saved_tensors
 
 # Rows with no visible key reduce to -inf maxima: the interpreter's NumPy warns about them.
 pytestmark = [
@@ -211,6 +212,70 @@ def test_three_d_inputs_and_scale(device):
     )
 
 
+# (query, key, value) shapes whose batch dims broadcast, as SDPA's matmuls broadcast them
+# (shapes aligned from the right), and enable_gqa.
+BROADCASTS = [
+    ((4, 9, 16), (4, 4, 13, 16), (4, 4, 13, 16), False),  # 3-d query: its dim 0 is the heads
+    ((2, 4, 9, 16), (4, 13, 16), (4, 13, 16), False),  # 3-d key/value under a 4-d query
+    ((1, 4, 9, 16), (3, 4, 13, 16), (1, 4, 13, 16), False),  # batch 1 in query and value
+    ((3, 1, 9, 16), (3, 4, 13, 16), (3, 4, 13, 16), False),  # one query head, four K/V heads
+    ((2, 8, 9, 16), (2, 1, 13, 16), (2, 4, 13, 16), True),  # key's one head to value's 4, GQA
+    ((2, 4, 9, 16), (2, 1, 13, 16), (1, 1, 13, 16), False),  # MQA, value over the batch too
+    ((1, 9, 16), (3, 13, 16), (3, 13, 16), False),  # 3-d, batch broadcast
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_shape, k_shape, v_shape, gqa", BROADCASTS, ids=str)
+def test_broadcast_batch_dims(q_shape, k_shape, v_shape, gqa, causal, device):
+    """O and the gradients against SDPA in float64 (which broadcasts through its matmuls); a
+    broadcast operand reaches the kernels as a stride-0 view of its own memory, never an
+    expanded copy, and its gradient has its shape: summed over the dims it was broadcast over,
+    as autograd sums SDPA's."""
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(s, generator=g, device=device).half() for s in (q_shape, k_shape, v_shape)
+    )
+    ref = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=gqa
+    )
+    do = torch.randn(ref.shape, generator=g, device=device).half()
+    ours = _forward_and_grads(tritonkit.attention, q, k, v, do, None, 0.0, causal, None, gqa)
+    exact = _forward_and_grads(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+        *(t.double() for t in (q, k, v)),
+        do.double(),
+    )
+    for name, a, r, t in zip(["o", "dq", "dk", "dv"], ours, exact, (ref, q, k, v)):
+        assert a.shape == t.shape and a.dtype == torch.float16, name
+        bound = FWD_BOUND if name == "o" else GRAD_BOUND
+        assert _rel(a, r) < bound, f"{name}: relative L2 error {_rel(a, r):.3g}"
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    _, saved = saved_tensors(lambda: tritonkit.attention(*leaves, is_causal=causal, enable_gqa=gqa))
+    for t, seen in zip(leaves, saved[:3]):  # AttentionFunction saves q, k, v first
+        assert (
+            seen.dim() == 4 and seen.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        )
+        assert seen.untyped_storage().nbytes() == t.untyped_storage().nbytes()  # not a copy
+
+
+def test_broadcast_batch_dims_with_a_mask(device):
+    """The mask broadcasts to the broadcast batch: a 3-d query with 4-d key/value and a (L, S)
+    padding mask, and a batch-1 mask over a broadcast batch."""
+    g = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn(4, 9, 16, generator=g, device=device).half()
+    k, v = (torch.randn(3, 4, 13, 16, generator=g, device=device).half() for _ in range(2))
+    for mask in (
+        torch.rand(9, 13, generator=g, device=device) > 0.3,
+        torch.randn(1, 4, 1, 13, generator=g, device=device),
+    ):
+        o = tritonkit.attention(q, k, v, mask)
+        m64 = mask.double() if mask.is_floating_point() else mask
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), m64)
+        assert o.shape == ref.shape == (3, 4, 9, 16)
+        assert _rel(o, ref) < FWD_BOUND
+
+
 def test_float32_inputs(device):
     q, k, v = _qkv(1, 2, 1, 23, 31, 32, device, dtype=torch.float32)
     o, dq, dk, dv = _forward_and_grads(
@@ -328,7 +393,8 @@ def test_dropout_forward_and_backward_see_the_same_mask(device):
 
     def with_mask(q, k, v):
         s = (q @ k.transpose(-1, -2)) / math.sqrt(n)
-        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        causal = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~causal, float("-inf"))
         return (torch.softmax(s, -1) * keep / (1 - p)) @ v
 
     ref = _forward_and_grads(with_mask, *(t.double() for t in (q, k, v)), do.double())
@@ -396,12 +462,8 @@ def _varlen_reference(q, k, v, cu_q, cu_k, causal, window):
     ],
 )
 def test_varlen(lens_q, lens_k, causal, window, device):
-    cu_q = torch.tensor(
-        [0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=device
-    )
-    cu_k = torch.tensor(
-        [0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=device
-    )
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(sum(lens_q), 4, 32, generator=g, device=device).half()
     k = torch.randn(sum(lens_k), 2, 32, generator=g, device=device).half()
@@ -528,6 +590,22 @@ def test_bad_arguments_raise_before_launching(device):
         tritonkit.attention_varlen(qp, k, k, cu, cu, 8, 8)
     with pytest.raises(TypeError, match=r"query must have dtype .* bfloat16, got int32"):
         tritonkit.attention(q.int(), k, v, enable_gqa=True)
+    # Batch dims that do not broadcast; K and V heads that differ (SDPA repeats each to the
+    # query's with enable_gqa, the kernels read one count); GQA whose heads do not divide.
+    with pytest.raises(ValueError, match=r"batch dims must broadcast, got 1, 2 and 3"):
+        tritonkit.attention(q, k.expand(2, 2, 8, 16), v.expand(3, 2, 8, 16), enable_gqa=True)
+    with pytest.raises(ValueError, match=r"value must have key's length \(8\), got 5"):
+        tritonkit.attention(q, k, v[:, :, :5], enable_gqa=True)
+    with pytest.raises(
+        UnsupportedAttention, match="key's and value's heads must be equal or one of them 1"
+    ):
+        tritonkit.attention(q, k, torch.cat([v, v], 1), enable_gqa=True)
+    with pytest.raises(
+        ValueError, match=r"with enable_gqa=True, key/value heads \(4\) must divide query heads"
+    ):
+        tritonkit.attention(q[:, :1], torch.cat([k, k], 1), torch.cat([v, v], 1), enable_gqa=True)
+    with pytest.raises(UnsupportedAttention, match="key must be 3-d or 4-d, got 2-d"):
+        tritonkit.attention(q, k[0, 0], v, enable_gqa=True)
     # What the shapes tell, on every device: packed rows in no sequence.
     with pytest.raises(ValueError, match="cu_seqlens_q must hold one sequence or more"):
         tritonkit.attention_varlen(qp, kp, kp, cu[:1], cu[:1], 8, 8)

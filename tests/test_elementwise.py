@@ -77,11 +77,46 @@ def test_mismatched_shapes_are_a_value_error(device):
         tritonkit.add(gate, torch.randn(3, 8, device=device))
 
 
-def test_general_broadcast_is_refused_with_the_reason(device):
-    x = torch.randn(4, 1, 8, device=device)
-    y = torch.randn(5, 8, device=device)
-    with pytest.raises(ValueError, match="only broadcasting over leading dimensions"):
-        tritonkit.add(x, y)
+# (x, y) shapes broadcasting either way: the first three grew the first operand (PyTorch's
+# OpInfo samples, which raised "shape '[5, 5]' is invalid for input of size 5"); then one
+# operand broadcast along a middle dim, both along several, and the suffix and leading-1 paths.
+BROADCASTS = [
+    ((5, 1), (5,)),
+    ((10, 1, 5), (10, 5)),
+    ((10, 1, 5), (1, 10, 5)),
+    ((5,), (5, 1)),
+    ((4, 5, 6), (4, 1, 6)),
+    ((4, 1, 8), (5, 8)),
+    ((3, 1, 4), (1, 5, 1)),
+    ((2, 1, 3, 1), (4, 1, 7)),
+    ((6, 7), (2, 6, 7)),
+    ((1, 6, 7), (6, 7)),
+    ((0, 1, 3), (0, 10, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("x_shape, y_shape", BROADCASTS, ids=str)
+def test_add_broadcasts_either_way(x_shape, y_shape, dtype, device):
+    """torch.add's broadcasting, whichever operand grows: the sum rounded once (within a unit
+    in the last place of the float64 sum), each gradient the upstream gradient summed over the
+    dims its operand was broadcast over, as torch's autograd sums it."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(x_shape, generator=g, device=device).to(dtype).requires_grad_()
+    y = torch.randn(y_shape, generator=g, device=device).to(dtype).requires_grad_()
+    out = tritonkit.add(x, y)
+    ref = x.detach().double() + y.detach().double()
+    assert out.shape == ref.shape and out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.double(), ref, rtol=eps, atol=0)
+    dy = torch.randn(out.shape, generator=g, device=device).to(dtype)
+    gx, gy = torch.autograd.grad(out, (x, y), dy)
+    x64, y64 = (t.detach().double().requires_grad_() for t in (x, y))
+    rx, ry = torch.autograd.grad(x64 + y64, (x64, y64), dy.double())
+    for got, want, t in ((gx, rx, x), (gy, ry, y)):
+        assert got.shape == t.shape and got.dtype == dtype
+        # summed in float32 (in the kernel or by autograd) and rounded once
+        torch.testing.assert_close(got.double(), want, rtol=2 * eps, atol=1e-6)
 
 
 def test_bias_of_wrong_length(device):
@@ -103,6 +138,7 @@ def test_unknown_activation_and_approximation(device):
 
 
 def test_cpu_tensor_without_interpreter_names_the_fix(monkeypatch):
+    # A CPU tensor on every machine, on purpose: it is what is refused (no kernel sees it).
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(
         ValueError, match=r"must be on a CUDA device, got device cpu.*TRITON_INTERPRET"
@@ -247,12 +283,13 @@ def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
     The one exception, on the GPU only: where Phi(x) is below float32's smallest normal (x below
     about -13), exp2 (ex2.approx.ftz) flushes it to 0 and the output is 0, not the bf16 value
     of magnitude under 1e-36 (fp16 rounds those to 0 anyway)."""
-    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=device).to(torch.int16)
+    x = x.view(dtype)
     keep = torch.isfinite(x)
     if device.type == "cpu" and dtype == torch.bfloat16:
         # The interpreter's bf16 -> fp32 load gets subnormals wrong (a shift on the GPU).
         keep &= (x.float().abs() >= torch.finfo(dtype).tiny) | (x == 0)
-    x = x[keep].to(device)
+    x = x[keep]
     y = torch.empty(x.shape, dtype=torch.float32, device=device)
     n = x.numel()
     # Through the kernel with a float32 output: the interpreter's own bf16 store truncates.
@@ -275,9 +312,11 @@ def test_gelu_16bit_is_within_one_ulp_for_every_input(dtype, device):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gelu_16bit_tail_and_specials(dtype, device):
-    x = torch.tensor([-60000.0, -20.0, -5.0, float("-inf"), float("inf"), float("nan")])
-    out = tritonkit.gelu(x.to(device, dtype)).float().cpu()
-    assert torch.equal(out[:2], torch.zeros(2))  # -0.0 == 0: q underflows, never NaN
+    x = torch.tensor(
+        [-60000.0, -20.0, -5.0, float("-inf"), float("inf"), float("nan")], device=device
+    )
+    out = tritonkit.gelu(x.to(dtype)).float()
+    assert torch.equal(out[:2], torch.zeros(2, device=device))  # -0.0 == 0: q underflows
     assert out[2].item() == pytest.approx(-1.4333e-6, rel=0.05)  # fp16: a subnormal
     assert out[4].item() == float("inf")
     assert torch.isnan(out[3]) and torch.isnan(out[5])  # as float64 F.gelu: -inf * 0

@@ -82,8 +82,12 @@ def test_row_backward_routing(device):
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         with _Count(softmax_bwd_row_kernel) as spy:
-            x = torch.randn(n, 2, device=device).t() if transpose else torch.randn(2, n)
-            x = x.to(device, dtype).requires_grad_()
+            x = (
+                torch.randn(n, 2, device=device).t()
+                if transpose
+                else torch.randn(2, n, device=device)
+            )
+            x = x.to(dtype).requires_grad_()
             y = op(x, -1)
             torch.autograd.grad(y, x, torch.randn_like(y))
         return spy.launches[0] > 0
@@ -283,6 +287,84 @@ def test_masked_rows_with_minus_inf(device):
     x[3] = float("-inf")  # a fully masked row is NaN, as in PyTorch
     torch.testing.assert_close(softmax(x), torch.softmax(x, -1), equal_nan=True)
     torch.testing.assert_close(log_softmax(x), torch.log_softmax(x, -1), equal_nan=True)
+
+
+# ---- dtype= ----------------------------------------------------------------------------------
+
+# (x's dtype, dtype=): 16-bit logits to float32 probabilities first (the common use), then
+# down, across, and the no-op.
+DTYPE_CASES = [
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.float16, torch.bfloat16),
+    (torch.float32, torch.float32),
+]
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("x_dtype, dtype", DTYPE_CASES, ids=str)
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_dtype_casts_the_input_first(name, x_dtype, dtype, dim, device):
+    """As torch's ``dtype=``: x is cast to dtype before the op (the result is the op of
+    ``x.to(dtype)``, bit for bit), the output is in dtype and x's gradient in x's dtype. Against
+    the float64 formula on the cast input, within two units in the last place of the coarser
+    dtype: of each probability (log-probability, whose magnitude is its lse's, at least 1), and
+    of the largest gradient entry (the gradient's entries cancel)."""
+    ours, ref = OPS[name]
+    g = torch.Generator(device=device).manual_seed(0)
+    x = (torch.randn(5, 37, 3, generator=g, device=device) * 4).to(x_dtype).requires_grad_()
+    y = ours(x, dim, dtype=dtype)
+    assert y.dtype == ref(x, dim, dtype=dtype).dtype == dtype and y.shape == x.shape
+    assert torch.equal(y, ours(x.detach().to(dtype), dim))
+    x64 = x.detach().to(dtype).double().requires_grad_()
+    y64 = ref(x64, dim)
+    dy = torch.randn(y.shape, generator=g, device=device).to(dtype)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double())
+    assert dx.dtype == x_dtype and dx.shape == x.shape
+    eps = max(torch.finfo(x_dtype).eps, torch.finfo(dtype).eps)
+    tol = 2 * max(eps, 2.0**-20)  # float32: 1e-6, a little above its rounding of the sums
+    # probabilities below dtype's normal range are rounded in its subnormal spacing
+    subnormal = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    atol = tol if name == "log_softmax" else subnormal
+    torch.testing.assert_close(y.double(), y64, rtol=tol, atol=atol)
+    atol = tol * dx64.abs().max().item()
+    torch.testing.assert_close(dx.double(), dx64, rtol=tol, atol=atol)
+
+
+def test_dtype_casts_integer_input(device):
+    x = torch.arange(12, device=device).view(3, 4) % 5
+    for ours, ref in OPS.values():
+        y = ours(x, 1, dtype=torch.float32)
+        assert y.dtype == torch.float32
+        torch.testing.assert_close(y, ref(x.float(), 1), rtol=1e-6, atol=1e-7)
+
+
+def test_dtype_under_autocast_is_the_dtype_given(device):
+    """Autocast casts softmax to float32 only when no dtype is given, as torch's does."""
+    x = torch.randn(4, 9, device=device, dtype=torch.bfloat16)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        for ours, ref in OPS.values():
+            assert ours(x, -1, dtype=torch.float16).dtype == torch.float16
+            assert ours(x, -1).dtype == ref(x, -1).dtype
+
+
+def test_bad_dtype_argument_is_reported(device):
+    x = torch.randn(3, 4, device=device)
+    with pytest.raises(
+        TypeError,
+        match=r"tritonkit.softmax: dtype must be float32, float16 or bfloat16 or None, "
+        r"got float64",
+    ):
+        softmax(x, 1, dtype=torch.float64)
+    with pytest.raises(
+        TypeError, match=r"log_softmax: dtype must be a torch.dtype or None, got str"
+    ):
+        log_softmax(x, 1, dtype="float32")
+    with pytest.raises(TypeError, match=r"tritonkit.softmax: x must be real .* got complex64"):
+        softmax(torch.randn(3, 4, device=device, dtype=torch.complex64), 1, dtype=torch.float32)
 
 
 # ---- bad inputs ----------------------------------------------------------------------------

@@ -319,6 +319,11 @@ def attention(
         query: (B, H, L, D) or (B, L, D); fp16, bf16 or fp32 on a CUDA device, any strides
             (the (B, L, H, D) layout transposed is read in place). D up to 256.
         key, value: (B, Hkv, S, D) (or 3-d), query's dtype; value's head dim must equal D.
+            The batch dims of query, key and value broadcast as SDPA's matmuls broadcast them
+            (shapes aligned from the right: a 3-d query with 4-d key/value is one batch whose
+            heads are the query's first dim); a broadcast operand is read through stride 0,
+            never copied, and its gradient is summed over the dims it was broadcast over.
+            key and value may differ in heads only where one of them has 1.
         attn_mask: bool (True: attend) or additive float (float32 or query's dtype),
             broadcastable to (B, H, L, S) and read through its broadcast strides, never
             expanded in memory; key padding is (B, 1, 1, S). No gradient flows to it.

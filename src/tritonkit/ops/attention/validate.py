@@ -81,20 +81,34 @@ def unsupported(query, key, value, attn_mask=None) -> str | None:
             )
     if query.dtype not in DTYPES:
         return f"query must have dtype {DTYPE_NAMES}, got {dtype_name(query.dtype)}"
-    if query.dim() not in (3, 4):
-        return f"query must be 3-d or 4-d, got {query.dim()}-d"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() not in (3, 4):
+            return f"{name} must be 3-d or 4-d, got {t.dim()}-d"
     if value.shape[-1] != query.shape[-1]:
         return f"value's head dim must be query's ({query.shape[-1]}), got {value.shape[-1]}"
     if query.shape[-1] > MAX_HEAD_DIM:
         return f"query's head dim must be at most {MAX_HEAD_DIM}, got {query.shape[-1]}"
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         return "attn_mask must not require grad (no gradient flows to it), got requires_grad=True"
-    if key.dim() == query.dim() and key.shape[0] != query.shape[0]:
-        return (
-            f"key's batch must be query's ({query.shape[0]}), got {key.shape[0]} (batches are "
-            "not broadcast)"
-        )
+    nd = max(query.dim(), key.dim(), value.dim())
+    h_k, h_v = four_d_shape(key.shape, nd)[1], four_d_shape(value.shape, nd)[1]
+    if h_k != h_v and 1 not in (h_k, h_v):
+        # SDPA (enable_gqa) repeats each to query's heads; the kernels read K and V through one
+        # head count.
+        return f"key's and value's heads must be equal or one of them 1, got {h_k} and {h_v}"
     return None
+
+
+def four_d_shape(shape: tuple[int, ...], nd: int) -> tuple[int, ...]:
+    """A 3-d or 4-d operand's shape as (batch, heads, rows, dim) in a call whose operands have
+    at most ``nd`` dims: in a 3-d call every operand gets one head; in a 4-d call a 3-d operand
+    gets a batch of 1, its first dim lined up with the heads (broadcasting aligns shapes from
+    the right, as SDPA's matmuls do)."""
+    if len(shape) == 4:
+        return tuple(shape)
+    if nd == 3:
+        return (shape[0], 1, *shape[1:])
+    return (1, *shape)
 
 
 def check_mask(
@@ -122,7 +136,9 @@ def check_mask(
 
 
 def check_dense(op, query, key, value, attn_mask, enable_gqa):
-    """(q, k, v, mask) as 4-d tensors (a 3-d call gets a head dim of 1), validated."""
+    """(q, k, v, mask, three_d): q, k, v as 4-d (batch, heads, rows, dim) tensors, validated,
+    their batch dims broadcast as SDPA broadcasts them (a 3-d call gets a head dim of 1; a 3-d
+    operand of a 4-d call a batch of 1), the mask broadcast to (batch, heads, L, S)."""
     why = unsupported(query, key, value, attn_mask)
     if why is not None:
         # What SDPA refuses too (not a tensor, not a float) is a TypeError; what tritonkit
@@ -138,34 +154,67 @@ def check_dense(op, query, key, value, attn_mask, enable_gqa):
     check_tensor(op, "query", query, DTYPES)
     for name, t in (("key", key), ("value", value)):
         check_operand(op, name, t, "query", query, dtypes=DTYPES)
-        if t.dim() != query.dim():
-            raise ValueError(f"{op}: {name} must be {query.dim()}-d like query, got {t.dim()}-d")
-    if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            f"{op}: value must have key's batch, heads and length {tuple(key.shape[:-1])}, got "
-            f"{tuple(value.shape[:-1])}"
-        )
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(
             f"{op}: key's head dim must be query's ({query.shape[-1]}), got {key.shape[-1]}"
         )
-    three_d = query.dim() == 3
-    if three_d:
-        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-    b, h, n_q, _ = query.shape
-    h_kv, n_k = key.shape[1], key.shape[2]
-    if h != h_kv and not (h_kv and h % h_kv == 0 and (enable_gqa or h_kv == 1)):
-        need = " and enable_gqa=True" if h_kv and h % h_kv == 0 else ""
+    if value.shape[-2] != key.shape[-2]:
         raise ValueError(
-            f"{op}: key/value heads ({h_kv}) must equal query heads ({h}), or divide them{need}"
+            f"{op}: value must have key's length ({key.shape[-2]}), got {value.shape[-2]}"
         )
+    nd = max(query.dim(), key.dim(), value.dim())
+    (bq, hq, n_q, d), (bk, hk, n_k, _), (bv, hv, _, _) = (
+        four_d_shape(t.shape, nd) for t in (query, key, value)
+    )
+    b = _broadcast(op, "batch dims", (bq, bk, bv), (query, key, value))
+    h_kv = hk if hv == 1 else hv  # equal, or one of them 1 (unsupported() said so)
+    if enable_gqa:
+        if not (h_kv and hq % h_kv == 0):
+            raise ValueError(
+                f"{op}: with enable_gqa=True, key/value heads ({h_kv}) must divide query heads "
+                f"({hq})"
+            )
+        h = hq  # query head i reads K/V head i // (hq / h_kv), as SDPA's repeat_interleave
+    elif hq == h_kv or h_kv == 1:
+        h = hq  # one K/V head: read as one group of all query heads, not expanded
+    elif hq == 1:
+        h = h_kv  # one query head broadcast over the K/V heads
+    else:
+        need = " and enable_gqa=True" if h_kv and hq % h_kv == 0 else ""
+        raise ValueError(
+            f"{op}: key/value heads ({h_kv}) must equal query heads ({hq}), or divide them{need}"
+        )
+    # Broadcast operands are read through stride-0 views, never copied; autograd sums their
+    # gradients over the broadcast dims (expand's backward), as it does for SDPA's.
+    query = _as(query, nd, (b, h, n_q, d))
+    key = _as(key, nd, (b, h_kv, n_k, d))
+    value = _as(value, nd, (b, h_kv, n_k, value.shape[-1]))
     mask = None
     if attn_mask is not None:
-        if three_d:
+        if nd == 3:
             mask = check_mask(op, attn_mask, query, (b, n_q, n_k)).unsqueeze(1)
         else:
             mask = check_mask(op, attn_mask, query, (b, h, n_q, n_k))
-    return query, key, value, mask, three_d
+    return query, key, value, mask, nd == 3
+
+
+def _broadcast(op: str, what: str, sizes: tuple[int, ...], tensors: tuple) -> int:
+    """The broadcast of ``sizes`` (every size other than 1 the same), or ValueError."""
+    grown = {n for n in sizes if n != 1}
+    if len(grown) > 1:
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors)
+        got = ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}"
+        raise ValueError(
+            f"{op}: query's, key's and value's {what} must broadcast, got {got} (shapes {shapes})"
+        )
+    return grown.pop() if grown else 1
+
+
+def _as(t: torch.Tensor, nd: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """t as a 4-d (batch, heads, rows, dim) view of ``shape``, broadcast dims at stride 0."""
+    if t.dim() == 3:
+        t = t.unsqueeze(1) if nd == 3 else t.unsqueeze(0)
+    return t if tuple(t.shape) == shape else t.expand(shape)
 
 
 def check_cu(op: str, name: str, cu: object, q: torch.Tensor) -> torch.Tensor:

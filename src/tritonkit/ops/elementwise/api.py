@@ -7,6 +7,8 @@ memory's copy and linear's backward); the gated units on ``glu.py``'s.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tritonkit.ops._core.bias_act import call_bias_act, call_bias_act_backward
@@ -99,9 +101,14 @@ def add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1) -> torch.Tensor:
 
     Args:
         x: float32, float16 or bfloat16 tensor on a CUDA device.
-        y: tensor of the same dtype and device. Either operand may be broadcast over the
-            other's leading dimensions (its shape, leading 1s aside, a suffix of the other's),
-            e.g. ``(B, S, C) + (C,)`` or ``(S, C) + (B, S, C)``; other broadcasts raise.
+        y: tensor of the same dtype and device; the two shapes broadcast as in ``torch.add``.
+            Where one operand is the output's shape and the other a suffix of it (leading 1s
+            aside), e.g. ``(B, S, C) + (C,)`` or ``(S, C) + (B, S, C)``, the small one is read
+            as a row or rows of the big one and its gradient is a column sum in the kernel.
+            Any other broadcast, e.g. ``(5, 1) + (5,)`` or ``(10, 1, 5) + (1, 10, 5)``, reads
+            each operand through its broadcast (stride-0) view, copied contiguous where it has
+            no unit-stride rows; its gradient is summed over the broadcast dimensions by
+            autograd, as ``torch.add``'s is.
         alpha: accepted for ``torch.add``'s signature; only 1 is supported (any other value
             raises ValueError: scale ``y`` first).
 
@@ -134,12 +141,13 @@ def add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1) -> torch.Tensor:
             if small.numel() == big.numel():  # only leading 1s differ
                 return apply(BiasActFunction, big, small.reshape(big.shape), "none")
             return apply(BiasActFunction, big, small.reshape(core), "none")
-    if x.numel() == y.numel():  # e.g. (S, C) + (1, S, C): both are the output up to leading 1s
+    numel = math.prod(out_shape)
+    if x.numel() == y.numel() == numel:  # e.g. (S, C) + (1, S, C): the output up to leading 1s
         return apply(BiasActFunction, x.reshape(out_shape), y.reshape(out_shape), "none")
-    raise ValueError(
-        f"{op}: only broadcasting over leading dimensions is supported (one operand's shape a "
-        f"suffix of the other's), got shapes {tuple(x.shape)} and {tuple(y.shape)}"
-    )
+    # Both operands grow, or one grows along a middle dimension: the kernel adds the two
+    # broadcast views (a view with no unit-stride rows, e.g. (5, 1) -> (5, 5), is copied by the
+    # launcher), and each operand's gradient is expand's: summed over its broadcast dimensions.
+    return apply(BiasActFunction, x.expand(out_shape), y.expand(out_shape), "none")
 
 
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
