@@ -265,23 +265,10 @@ class Awaiting:
     message: str
 
 
-# Soft-target and K-dimensional cross_entropy (issue 44, deliverable 3) is built on another
-# branch. Once it is merged, empty this table: the samples must then pass. While a row is here,
-# a sample it picks that passes fails the test (saying to remove the row), so the flip is not
-# forgotten.
-AWAITING = (
-    Awaiting(
-        "nn.functional.cross_entropy", "class-probability target",
-        lambda s: s.args[0].is_floating_point(), TypeError,
-        r"^tritonkit\.cross_entropy: target must have dtype int64, got ",
-    ),
-    Awaiting(
-        "nn.functional.cross_entropy", "K-dimensional input (N, C, d1, ...)",
-        lambda s: s.input.dim() > 2, ValueError,
-        r"^tritonkit\.cross_entropy: input must be \(N, C\) logits or \(C,\), got shape .* "
-        r"\(spatial dims are not supported\)",
-    ),
-)  # fmt: skip
+# Samples refused today that work in progress will make pass. Empty: soft-target and
+# K-dimensional cross_entropy have landed and their samples pass. While a row is here, a sample
+# it picks that passes fails the test (saying to remove the row), so a flip is not forgotten.
+AWAITING: tuple[Awaiting, ...] = ()
 
 
 # ---- running a sample ----------------------------------------------------------------------------
