@@ -9,8 +9,15 @@ DIR=${1:?usage: gpu_tune_ship.sh DIR}
 mkdir -p "$DIR"
 export PYTHONPATH=/tmp/site:src TRITONKIT_AUTOTUNE_BUDGET=${TRITONKIT_AUTOTUNE_BUDGET:-15}
 tk() { python3 -m tritonkit tune "$@" --ship >> "$DIR/tune.log" 2>&1; echo "tune $* rc=$?" >> "$DIR/tune.log"; }
-tk attention --shapes "(2, 16, 16, 2048, 2048, 128, 'causal')" bench
-tk matmul linear --shapes "(8192, 11008, 4096)" bench
+# --shapes takes either the named set or tuples, so each is its own call.
+tk attention --shapes "(2, 16, 16, 2048, 2048, 128, 'causal')"
+tk attention --shapes bench
+tk matmul linear --shapes "(8192, 11008, 4096)"
+tk matmul linear --shapes bench
+# decode (M <= 16) linears, (M, N, K): the 8192^2 and 4096 -> 14336 weights
+tk linear --shapes "(1, 8192, 8192)" "(2, 8192, 8192)" "(4, 8192, 8192)" "(8, 8192, 8192)" \
+  "(16, 8192, 8192)" "(1, 14336, 4096)" "(2, 14336, 4096)" "(4, 14336, 4096)" \
+  "(8, 14336, 4096)" "(16, 14336, 4096)"
 tk float8_linear --shapes "(4096, 4096, 4096)"
 tk int8_weight_only_linear --shapes bench
 gpu=$(python3 -c "import torch, re; print(re.sub('[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))")
