@@ -520,6 +520,14 @@ class Kernel:
         ``args``. Nothing is launched here; ``args``' tensors only say where tensors go."""
         return Bound(self, grid, args, meta)
 
+    def binder(self, device: int) -> tuple[Callable, dict[Any, Any]]:
+        """(Triton's generated binder for ``device``, this kernel's entries there); the binder
+        is built now if Triton has not built it."""
+        per_device = self._devices.get(device)
+        if per_device is None:
+            per_device = self._devices[device] = (internals.triton_binder(self.fn, device), {})
+        return per_device
+
     def _launch(self, grid: Grid, args: tuple, meta: dict) -> tuple[_Entry | None, list | None]:
         """Launch; return the entry and the bound argument list where the direct path holds
         this specialization from now on (for ``Bound``), else (None, None)."""
@@ -530,11 +538,7 @@ class Kernel:
             self._triton(grid, args, meta)
             return None, None
         device = torch.cuda.current_device()
-        per_device = self._devices.get(device)
-        if per_device is None:
-            # Triton's generated binder for this device's backend (built now if Triton has not).
-            per_device = self._devices[device] = (internals.triton_binder(self.fn, device), {})
-        binder, entries = per_device
+        binder, entries = self.binder(device)
         bound, spec, options = binder(*args, **meta)
         key = (*spec, *options.items())
         try:

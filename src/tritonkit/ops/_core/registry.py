@@ -14,9 +14,10 @@ from tritonkit.ops._core import launch as _launch
 
 
 def _recording() -> bool:
-    """Whether this thread is recording a call (replay.py): its dispatch mode watches the ops,
-    and the call must take the path a plain eager call takes."""
-    return _launch.RECORDER.rec is not None
+    """Whether this thread is recording a call (replay.py), or ``tritonkit.warmup`` runs calls
+    launching nothing: a dispatch mode watches the ops, and the call must take the path a
+    plain eager call takes."""
+    return _launch.RECORDER.rec is not None or _launch.WARMUP.session is not None
 
 
 def _plain_eager() -> bool:
