@@ -246,9 +246,7 @@ def test_after_a_warmup_the_first_real_calls_compile_nothing(monkeypatch):
     x.grad = w.grad = None
     with torch.no_grad():
         ref = torch.nn.functional.rms_norm(x.double(), (520,), w.double())
-    torch.testing.assert_close(
-        tritonkit.rms_norm(x, (520,), w).double(), ref, atol=2e-2, rtol=2e-2
-    )
+    torch.testing.assert_close(tritonkit.rms_norm(x, (520,), w).double(), ref, atol=2e-2, rtol=2e-2)
     tritonkit.rms_norm(x, (520,), w).sum().backward()
     assert torch.equal(x.grad, grads[0]) and torch.equal(w.grad, grads[1])
 
