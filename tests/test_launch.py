@@ -316,3 +316,95 @@ def test_early_launch_computes_what_tritons_launcher_computes(device, monkeypatc
         for out in outs:
             assert torch.equal(out, ref)
         torch.testing.assert_close(ref, xs * 2.5 + 11, rtol=1e-6, atol=1e-6)
+
+
+# ---- pipelined first calls: compiles in parallel, launches in their order ----------------------
+
+
+def _calls(device):
+    """Operators whose launches interleave with allocations, fills, copies and other ATen ops:
+    forward and backward, returning every output and gradient."""
+    import tritonkit
+
+    def grads(fn, *inputs):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        outs = out if isinstance(out, tuple) else (out,)
+        total = sum((o.float() * (1 + torch.arange(o.numel(), device=device).view_as(o) % 7)).sum()
+                    for o in outs)  # fmt: skip
+        total.backward()
+        return [o.detach() for o in outs] + [t.grad for t in leaves]
+
+    g = torch.Generator(device=device).manual_seed(5)
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, generator=g)
+
+    def step(cls, *tensors):
+        params = [torch.nn.Parameter(t.clone()) for t in tensors]
+        for i, p in enumerate(params):
+            p.grad = tensors[i].flip(0).clone()
+        opt = cls(params, lr=1e-2)
+        for _ in range(2):
+            opt.step()
+        return [p.detach() for p in params] + [
+            t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+        ]
+
+    x, w, b = rand(37, 130), rand(130), rand(130)
+    target = torch.randint(0, 130, (37,), device=device, generator=g)
+    q, k, v = rand(1, 2, 33, 16), rand(1, 2, 33, 16), rand(1, 2, 33, 16)
+    lw, lb = rand(24, 130) / 8, rand(24)
+    adam, muon = (rand(7, 13), rand(5)), (rand(16, 24),)
+    return {
+        "rms_norm": lambda: grads(lambda a, c: tritonkit.rms_norm(a, (130,), c), x, w),
+        "layer_norm": lambda: grads(lambda a, c, d: tritonkit.layer_norm(a, (130,), c, d), x, w, b),
+        "softmax": lambda: grads(lambda a: tritonkit.softmax(a, -1), x),
+        "cross_entropy": lambda: grads(lambda a: tritonkit.cross_entropy(a, target), x),
+        "linear_gelu": lambda: grads(
+            lambda a, c, d: tritonkit.linear(a, c, d, activation="gelu_tanh"), x, lw, lb
+        ),
+        "attention": lambda: grads(
+            lambda a, c, d: tritonkit.attention(a, c, d, is_causal=True), q, k, v
+        ),
+        "adamw": lambda: step(tritonkit.optim.AdamW, *adam),
+        "muon": lambda: step(tritonkit.optim.Muon, *muon),
+    }
+
+
+_PIPELINED = ("rms_norm", "layer_norm", "softmax", "cross_entropy", "linear_gelu", "attention")
+
+
+@pytest.mark.parametrize("op", [*_PIPELINED, "adamw", "muon"])
+def test_pipelined_launches_give_the_same_bits(device, monkeypatch, op):
+    call = _calls(device)[op]
+    plain = call()
+    monkeypatch.setattr(L.PIPE, "every", True)  # every launch in a region waits as a miss's does
+    before = L.PIPE.deferred
+    piped = call()
+    assert L.PIPE.deferred > before and L.PIPE.pending is None and L.PIPE.mode is None
+    assert L.PIPE.depth == 0
+    for a, b in zip(plain, piped, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_pipelined_region_flushes_before_aten_ops_and_at_its_end(monkeypatch):
+    order = []
+
+    class _Fake:
+        __name__ = "fake"
+
+        def _triton(self, grid, args, meta):
+            order.append(args[0])
+
+    monkeypatch.setattr(L.PIPE, "every", True)
+    with L.pipelined() as region:
+        L.PIPE.pending = [(_Fake(), (1,), ("a",), {})]
+        L.PIPE.mode = L._FlushMode()
+        L.PIPE.mode.__enter__()
+        y = torch.empty(3)  # host: an allocation enqueues nothing: no flush
+        assert order == [] and L.PIPE.pending
+        y.fill_(1.0)  # a fill writes memory: deferred launches go first
+        assert order == ["a"] and not L.PIPE.pending
+        L.PIPE.pending = [(_Fake(), (1,), ("b",), {})]
+    assert order == ["a", "b"] and L.PIPE.mode is None and region.misses == 0

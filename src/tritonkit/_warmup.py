@@ -114,7 +114,7 @@ class _Session:
         else:
             device = torch.cuda.current_device()
             jit, binder = kernel.fn, kernel.binder(device)[0]
-            kernel_cache, key_cache, _, backend, _ = jit.device_caches[device]
+            kernel_cache, key_cache, _, backend = internals.triton_device_cache(jit, device)
         # The keyword arguments as JITFunction.run completes them before it binds.
         kw = dict(meta)
         kw["debug"] = kw.get("debug", jit.debug) or knobs.runtime.debug

@@ -106,6 +106,13 @@ def extension_build_dir(name: str) -> str:
     return cpp_extension._get_build_directory(name, False)
 
 
+def triton_device_cache(jit_fn: Any, device: int) -> tuple[dict, dict, Any, Any]:
+    """A JIT function's (compiled kernels by key, keys by specialization, target, backend) for
+    ``device`` (its per-device cache; built by Triton on the function's first launch there)."""
+    kernels, keys, target, backend, _ = jit_fn.device_caches[device]
+    return kernels, keys, target, backend
+
+
 def triton_binder(jit_fn: Any, device: int) -> Any:
     """Triton's generated argument binder of a JIT function for ``device`` (its per-device
     cache holds it at index 4; built by Triton on the function's first launch there)."""

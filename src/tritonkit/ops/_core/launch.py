@@ -534,6 +534,12 @@ class Kernel:
         if WARMUP.session is not None:  # tritonkit.warmup: compile what this would, launch nothing
             WARMUP.session.launch(self, grid, args, meta)
             return None, None
+        pipe = PIPE
+        if pipe.depth:
+            if _defer(self, grid, args, meta):
+                return None, None
+            if pipe.pending:  # a launch not deferred goes after those that were
+                flush()
         if self._interpret or not _DIRECT or self._hooked():
             self._triton(grid, args, meta)
             return None, None
@@ -567,14 +573,242 @@ class Kernel:
         return entry, values
 
 
-def _direct(entry: _Entry, grid: Sequence[int], device: int, values: list) -> None:
-    """One call of the compiled launcher (the C launcher that Triton's own launcher ends in)."""
+# ---- first calls: their kernels compile in parallel, their launches keep their order ---------
+
+# On unless TRITONKIT_PIPELINE=0 (measurements compare the two).
+_PIPELINE = os.environ.get("TRITONKIT_PIPELINE", "1") != "0"
+
+
+class _Pipe(threading.local):
+    """This thread's pipelined region (``pipelined``): its depth, the launches deferred in it
+    (in order), the compiles in flight, and the dispatch mode that flushes before ATen ops."""
+
+    depth = 0
+    pending: list | None = None
+    inflight: dict | None = None
+    mode: Any = None
+    misses = 0  # compiles started in the outermost region
+    deferred = 0  # launches deferred on this thread, ever
+    every = False  # tests: defer every launch in a region (the interpreter's too)
+
+
+PIPE = _Pipe()
+
+
+def pipelining(enabled: bool | None = None) -> bool:
+    """Whether first calls compile their kernels in parallel; with ``enabled``, switch first."""
+    global _PIPELINE
+    if enabled is not None:
+        _PIPELINE = bool(enabled)
+    return _PIPELINE
+
+
+class pipelined:
+    """A region in which a launch that must compile first does not wait for it: its compile
+    goes to a thread pool and the launch is deferred, with every launch after it, until an
+    ATen op that touches memory (a dispatch mode flushes before it), a launch not deferred,
+    or the end of the region (``flush``). So the kernels of one call compile in parallel
+    and run in the order, on the streams and devices, they were launched in; the host enqueues
+    nothing else in between (allocations and views excepted: they enqueue no work, and a
+    deferred launch holds its tensors). Opened around a call's first runs (registry.apply, a
+    first call's backward, an optimizer step); a no-op outside plain eager mode, while a
+    recording or a tuner runs, and under the interpreter (tests defer there with
+    ``PIPE.every``). ``misses``: the compiles started in the region, once it is closed."""
+
+    __slots__ = ("misses", "opened")
+
+    def __enter__(self) -> pipelined:
+        pipe = PIPE
+        self.opened = _PIPELINE and (
+            pipe.depth > 0 or not (internals.dispatch_stack_len() or torch.compiler.is_compiling())
+        )
+        if self.opened:
+            if pipe.depth == 0:
+                pipe.misses = 0
+            pipe.depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.opened:
+            self.misses = 0
+            return
+        pipe = PIPE
+        pipe.depth -= 1
+        if pipe.depth:
+            self.misses = pipe.misses
+            return
+        try:
+            flush()
+        finally:
+            self.misses = pipe.misses
+            mode, pipe.mode = pipe.mode, None
+            if mode is not None:
+                mode.__exit__(None, None, None)
+
+
+def _searching() -> bool:
+    from tritonkit._tuning import searching
+
+    return searching()
+
+
+_COMPILER: list[Any] = []  # the pool that compiles deferred launches' kernels, once made
+
+
+def _compile_pool() -> Any:
+    if not _COMPILER:
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = max(1, min(16, os.cpu_count() or 1))
+        _COMPILER.append(ThreadPoolExecutor(workers, "tritonkit-compile"))
+    return _COMPILER[0]
+
+
+def _compile(fn: Any, device: int, grid: Grid, args: tuple, meta: dict) -> Any:
+    """What Kernel._launch's miss does before launching, on a pool thread: compile (or load)
+    the specialization ``args`` give, launching nothing."""
+    if _KEY_PREFETCH:
+        _KEY_PREFETCH[0].join()
+    with torch.cuda.device(device):
+        compiled = fn.warmup(*args, grid=grid, **meta)
+    return compiled.result() if hasattr(compiled, "result") else compiled
+
+
+def _defer(kernel: Kernel, grid: Grid, args: tuple, meta: dict) -> bool:
+    """Defer this launch (Kernel._launch in a region) if it must compile first or launches
+    are deferred before it; True if deferred."""
+    pipe = PIPE
+    if RECORDER.rec is not None or _searching():
+        return False
+    if kernel._interpret or not _DIRECT or kernel._hooked():
+        if not pipe.every:
+            return False
+        item: tuple = (kernel, grid, args, meta)  # Triton's own launch, deferred (tests)
+    else:
+        device = torch.cuda.current_device()
+        binder, entries = kernel.binder(device)
+        bound, spec, options = binder(*args, **meta)
+        key = (*spec, *options.items())
+        try:
+            entry = entries.get(key)
+        except TypeError:  # an unhashable constexpr: Kernel._launch takes Triton's launcher
+            return False
+        if entry is not None and not pipe.pending and not pipe.every:
+            return False  # compiled, nothing deferred before it: launch it now
+        source: Any = entry
+        if entry is None:
+            if pipe.inflight is None:
+                pipe.inflight = {}
+            ident = (id(kernel), device, key)
+            source = pipe.inflight.get(ident)
+            if source is None:
+                source = pipe.inflight[ident] = _compile_pool().submit(
+                    _compile, kernel.fn, device, grid, args, meta
+                )
+                pipe.misses += 1
+        stream = torch.cuda.current_stream(device)
+        item = (kernel, grid, args, meta, device, stream, key, bound, source)
+    if pipe.mode is None:
+        pipe.mode = _FlushMode()
+        pipe.mode.__enter__()
+    if pipe.pending is None:
+        pipe.pending = []
+    pipe.pending.append(item)
+    pipe.deferred += 1
+    return True
+
+
+def flush() -> None:
+    """Launch this thread's deferred launches, in order (each waiting for its compile)."""
+    pipe = PIPE
+    items, pipe.pending = pipe.pending, None
+    if pipe.inflight:
+        pipe.inflight = None
+    for item in items or ():
+        if len(item) == 4:
+            kernel, grid, args, meta = item
+            kernel._triton(grid, args, meta)
+            continue
+        kernel, grid, args, meta, device, stream, key, bound, source = item
+        entries = kernel.binder(device)[1]
+        entry = entries.get(key)
+        if entry is None:
+            compiled = source.result()
+            ok = compiled is not None and _Entry.direct(compiled)
+            entry = entries[key] = _Entry(compiled, device) if ok else _SLOW
+        if entry is _SLOW:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                kernel._triton(grid, args, meta)
+            continue
+        values = list(bound.values())
+        _direct(entry, grid(bound) if callable(grid) else grid, device, values, stream.cuda_stream)
+        kernel.stats["direct"] += 1
+
+
+# ATen ops that enqueue no work: a deferred launch need not go before them.
+_NO_FLUSH = {
+    "empty",
+    "empty_strided",
+    "empty_like",
+    "new_empty",
+    "new_empty_strided",
+    "detach",
+    "alias",
+    "lift_fresh",
+    "_unsafe_view",
+    "sym_size",
+    "sym_stride",
+    "sym_numel",
+    "sym_storage_offset",
+    "is_contiguous",
+    "is_same_size",
+}
+
+
+class _FlushMode(internals.dispatch_mode_class()):
+    """Pushed while a region holds deferred launches: they go before any ATen op but
+    allocations and views."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # as recording.py's mode: plain eager only
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if PIPE.pending and not func.is_view and func.overloadpacket.__name__ not in _NO_FLUSH:
+            flush()
+        return func(*args, **(kwargs or {}))
+
+
+def pipelined_class(function: type) -> type:
+    """``function`` (an autograd.Function) with its backward run in a ``pipelined`` region,
+    under the same name (its nodes are named alike)."""
+    cached = function.__dict__.get("_tk_pipelined")
+    if cached is not None:
+        return cached
+
+    def backward(ctx, *grads):
+        with pipelined():
+            return function.backward(ctx, *grads)
+
+    # Named at creation: autograd names the node class after it (NormFunctionBackward).
+    cls = type(function.__name__, (function,), {"backward": staticmethod(backward)})
+    cls.__qualname__ = function.__qualname__
+    function._tk_pipelined = cls
+    return cls
+
+
+def _direct(
+    entry: _Entry, grid: Sequence[int], device: int, values: list, stream: int | None = None
+) -> None:
+    """One call of the compiled launcher (the C launcher that Triton's own launcher ends in),
+    on the current stream or ``stream``."""
     n = len(grid)
     g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
     rec = RECORDER.rec
     if rec is not None:
         rec.launch(entry, (g0, g1, g2), values)
-    stream = internals.cuda_raw_stream(device)
+    if stream is None:
+        stream = internals.cuda_raw_stream(device)
     entry.launch(
         g0,
         g1,
