@@ -10,7 +10,9 @@ Each scenario is a fresh Python process (``--child``) with its own TRITON_CACHE_
 TRITONKIT_CACHE_DIR:
 
 - ``cold``: both caches empty (new temporary directories);
-- ``warm``: the same directories again, now filled by ``cold``;
+- ``warm``: the same directories again, now filled by ``cold`` (and before it, a process of
+  its own times the phases of a first call without a profiler: imports, the torch.library
+  registrations, rms_norm's first forward and backward);
 - ``cold_no_autotune``: empty caches with TRITONKIT_AUTOTUNE=0 (never time a config);
 - ``cold_no_early``: empty caches with TRITONKIT_EARLY_LAUNCH=0 (each new specialization
   waits for its C launcher's build, as before the early launch);
@@ -31,6 +33,7 @@ DIR/coldstart.png (each call's time per scenario) when matplotlib is there.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -163,6 +166,65 @@ def child_warmup(tiny: bool) -> dict:
     }
 
 
+def child_breakdown(tiny: bool) -> dict:
+    """Wall time of a warm process's first-call phases, without a profiler (which inflates
+    the many small Python calls of imports and registrations): importing torch, triton and
+    tritonkit's families (and within that, the torch.library registrations), then rms_norm's
+    first forward and backward."""
+    t = {"start": time.perf_counter()}
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    t["torch"] = time.perf_counter()
+    import triton  # noqa: F401
+
+    t["triton"] = time.perf_counter()
+    from tritonkit.ops._core import registry
+
+    spent = {"op_define_s": 0.0, "register_fake_s": 0.0, "ops": 0}
+    init, fake = registry.Op.__init__, registry.Op.register_fake
+
+    def timed_init(self, *args):
+        t0 = time.perf_counter()
+        init(self, *args)
+        spent["op_define_s"] += time.perf_counter() - t0
+        spent["ops"] += 1
+
+    def timed_fake(self, fn):
+        t0 = time.perf_counter()
+        try:
+            return fake(self, fn)
+        finally:
+            spent["register_fake_s"] += time.perf_counter() - t0
+
+    registry.Op.__init__, registry.Op.register_fake = timed_init, timed_fake
+    import tritonkit.functional as tk
+
+    t["families"] = time.perf_counter()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, cols = (8192, 4096) if not tiny else (64, 96)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    x = torch.randn(rows, cols, device=dev, dtype=dtype, requires_grad=True)
+    w = torch.randn(cols, device=dev, dtype=dtype, requires_grad=True)
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    sync()
+    t["inputs"] = time.perf_counter()
+    y = tk.rms_norm(x, (cols,), w)
+    sync()
+    t["forward"] = time.perf_counter()
+    y.float().sum().backward()
+    sync()
+    t["backward"] = time.perf_counter()
+    names = list(t)
+    phases = {f"{b}_s": t[b] - t[a] for a, b in itertools.pairwise(names)}
+    return {"phases": phases, **spent}
+
+
 def child(tiny: bool) -> dict:
     t_start = time.perf_counter()
     import torch
@@ -237,12 +299,19 @@ def run_scenario(name: str, dirs: dict, tiny: bool) -> dict:
         if error is not None:
             return {"scenario": name, "error": f"warmup: {error}"}
         warmup["wall_s"] = wall
+    breakdown = None
+    if name == "warm":  # first, a process of its own: the phases of its first call
+        breakdown, error, _ = _run_child("--child-breakdown", env, tiny)
+        if error is not None:
+            breakdown = {"error": error}
     doc, error, wall = _run_child("--child", env, tiny)
     if error is not None:
         return {"scenario": name, "error": error}
     doc.update(scenario=name, wall_s=wall)
     if warmup is not None:
         doc["warmup"] = warmup
+    if breakdown is not None:
+        doc["breakdown"] = breakdown
     return doc
 
 
@@ -298,6 +367,14 @@ def table(docs: list[dict]) -> str:
             )
         if "error" in d:
             lines.append(f"\n{d['scenario']}: {d['error'][:300]}")
+        if "breakdown" in d and "phases" in d["breakdown"]:
+            b = d["breakdown"]
+            phases = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in b["phases"].items())
+            lines.append(
+                f"\n{d['scenario']}, a process of its own (s): {phases}; of the families' "
+                f"import, {b['ops']} torch.library ops defined in {b['op_define_s']:.3f} and "
+                f"their fakes registered in {b['register_fake_s']:.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -336,7 +413,11 @@ def main() -> None:
     )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-warmup", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-breakdown", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_breakdown:
+        print(json.dumps(child_breakdown(args.tiny)))
+        return
     if args.child:
         print(json.dumps(child(args.tiny)))
         return
