@@ -70,6 +70,19 @@ def test_bound_takes_the_full_launch_for_another_specialization(direct):
     assert len(kernel.launched) == 3 and len(direct) == 1
 
 
+def test_bound_takes_the_full_launch_while_launches_are_deferred(direct, monkeypatch):
+    kernel = _Kernel(entry=object())
+    a = torch.randn(4)
+    bound = L.Bound(kernel, (1,), (a,), {})
+    bound(a)
+    monkeypatch.setattr(L.PIPE, "pending", ["a deferred launch"])
+    bound(a)  # not ahead of it: through Kernel._launch, which defers it or flushes first
+    assert len(kernel.launched) == 2 and direct == []
+    monkeypatch.setattr(L.PIPE, "pending", None)
+    bound(a)
+    assert len(kernel.launched) == 2 and len(direct) == 1
+
+
 def test_bound_without_a_direct_entry_always_launches_fully(direct):
     kernel = _Kernel(entry=None)  # the interpreter, hooks, or a kernel with profile scratch
     a = torch.randn(4)

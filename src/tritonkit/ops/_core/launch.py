@@ -862,7 +862,13 @@ class Bound:
     def __call__(self, *tensors: Any) -> None:
         """Launch with ``tensors`` in the slots of the tensors given to ``Kernel.bind``."""
         entry = self._entry
-        if entry is not None and WARMUP.session is None and not self.kernel._hooked():
+        # Not while launches are deferred (launch.pipelined): Kernel._launch keeps the order.
+        if (
+            entry is not None
+            and WARMUP.session is None
+            and not PIPE.pending
+            and not self.kernel._hooked()
+        ):
             device = torch.cuda.current_device()
             if device == self._device and _DIRECT and self._same_kind(tensors):
                 values = self._values.copy()
