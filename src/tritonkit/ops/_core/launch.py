@@ -58,6 +58,7 @@ from typing import Any
 import torch
 import triton
 
+from tritonkit._tuning import searching as _searching
 from tritonkit.ops._core import internals
 
 try:  # host-side TMA descriptors (triton >= 3.3): bound like tensors (see Bound)
@@ -535,12 +536,12 @@ class Kernel:
             WARMUP.session.launch(self, grid, args, meta)
             return None, None
         pipe = PIPE
-        if pipe.depth:
-            if _defer(self, grid, args, meta):
+        if self._interpret or not _DIRECT or self._hooked():
+            if pipe.depth and pipe.every and _deferrable():  # tests: Triton's launch, deferred
+                _defer(pipe, (self, grid, args, meta))
                 return None, None
             if pipe.pending:  # a launch not deferred goes after those that were
                 flush()
-        if self._interpret or not _DIRECT or self._hooked():
             self._triton(grid, args, meta)
             return None, None
         device = torch.cuda.current_device()
@@ -550,8 +551,20 @@ class Kernel:
         try:
             entry = entries.get(key)
         except TypeError:  # an unhashable constexpr: nothing to cache it by
+            if pipe.pending:
+                flush()
             self._triton(grid, args, meta)
             return None, None
+        if pipe.depth and (entry is None or pipe.pending or pipe.every) and _deferrable():
+            # A first call (launch.pipelined): compiles on the pool, the launch waits in order.
+            source: Any = entry
+            if entry is None:
+                source = _compile_async(pipe, self, device, key, grid, args, meta)
+            stream = torch.cuda.current_stream(device)
+            _defer(pipe, (self, grid, args, meta, device, stream, key, bound, source))
+            return None, None
+        if pipe.pending:  # a launch not deferred goes after those that were
+            flush()
         if entry is None:
             # Compiled (or loaded) as Triton's launcher would, nothing launched: the direct
             # launch below is the first (and a recording sees it).
@@ -646,12 +659,6 @@ class pipelined:
                 mode.__exit__(None, None, None)
 
 
-def _searching() -> bool:
-    from tritonkit._tuning import searching
-
-    return searching()
-
-
 _COMPILER: list[Any] = []  # the pool that compiles deferred launches' kernels, once made
 
 
@@ -674,40 +681,30 @@ def _compile(fn: Any, device: int, grid: Grid, args: tuple, meta: dict) -> Any:
     return compiled.result() if hasattr(compiled, "result") else compiled
 
 
-def _defer(kernel: Kernel, grid: Grid, args: tuple, meta: dict) -> bool:
-    """Defer this launch (Kernel._launch in a region) if it must compile first or launches
-    are deferred before it; True if deferred."""
-    pipe = PIPE
-    if RECORDER.rec is not None or _searching():
-        return False
-    if kernel._interpret or not _DIRECT or kernel._hooked():
-        if not pipe.every:
-            return False
-        item: tuple = (kernel, grid, args, meta)  # Triton's own launch, deferred (tests)
-    else:
-        device = torch.cuda.current_device()
-        binder, entries = kernel.binder(device)
-        bound, spec, options = binder(*args, **meta)
-        key = (*spec, *options.items())
-        try:
-            entry = entries.get(key)
-        except TypeError:  # an unhashable constexpr: Kernel._launch takes Triton's launcher
-            return False
-        if entry is not None and not pipe.pending and not pipe.every:
-            return False  # compiled, nothing deferred before it: launch it now
-        source: Any = entry
-        if entry is None:
-            if pipe.inflight is None:
-                pipe.inflight = {}
-            ident = (id(kernel), device, key)
-            source = pipe.inflight.get(ident)
-            if source is None:
-                source = pipe.inflight[ident] = _compile_pool().submit(
-                    _compile, kernel.fn, device, grid, args, meta
-                )
-                pipe.misses += 1
-        stream = torch.cuda.current_stream(device)
-        item = (kernel, grid, args, meta, device, stream, key, bound, source)
+def _deferrable() -> bool:
+    """Whether a launch in a region may wait: not while a recording or a tuner runs (they
+    must see, and time, the launch where it is made)."""
+    return RECORDER.rec is None and not _searching()
+
+
+def _compile_async(pipe: _Pipe, kernel: Kernel, device: int, key: Any, grid: Grid, args: tuple,
+                   meta: dict) -> Any:  # fmt: skip
+    """The compile of a specialization, on the pool (once per region and key)."""
+    if pipe.inflight is None:
+        pipe.inflight = {}
+    ident = (id(kernel), device, key)
+    future = pipe.inflight.get(ident)
+    if future is None:
+        future = pipe.inflight[ident] = _compile_pool().submit(
+            _compile, kernel.fn, device, grid, args, meta
+        )
+        pipe.misses += 1
+    return future
+
+
+def _defer(pipe: _Pipe, item: tuple) -> None:
+    """Queue a launch behind this thread's deferred ones; the dispatch mode that flushes them
+    before an ATen op is pushed with the first."""
     if pipe.mode is None:
         pipe.mode = _FlushMode()
         pipe.mode.__enter__()
@@ -715,7 +712,6 @@ def _defer(kernel: Kernel, grid: Grid, args: tuple, meta: dict) -> bool:
         pipe.pending = []
     pipe.pending.append(item)
     pipe.deferred += 1
-    return True
 
 
 def flush() -> None:
