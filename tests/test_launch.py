@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tritonkit.ops._core import early_launch as E
 from tritonkit.ops._core import launch as L
 
 
@@ -121,7 +122,7 @@ class _FakeCuda:
         return 0
 
     def pointer_attribute(self, out, attribute, ptr):
-        assert attribute == L._CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+        assert attribute == E._CU_POINTER_ATTRIBUTE_DEVICE_POINTER
         out._obj.value = ptr.value
         return self.pointer_status
 
@@ -130,7 +131,7 @@ class _FakeCuda:
         self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, raw, extra))
         return self.status
 
-    check = L._LibCuda.check
+    check = E._LibCuda.check
     error_string = staticmethod(lambda code, out: 0)
 
 
@@ -138,7 +139,7 @@ class _FakeCuda:
 def fake_cuda(monkeypatch):
     def make(sizes, **kw):
         cuda = _FakeCuda(sizes, **kw)
-        monkeypatch.setattr(L, "_LIBCUDA", [cuda])
+        monkeypatch.setattr(E, "_LIBCUDA", [cuda])
         return cuda
 
     return make
@@ -159,10 +160,10 @@ def _launch_args():
 
 def test_early_launch_packs_parameters_as_the_c_launcher(fake_cuda):
     cuda = fake_cuda([8, 4, 4, 2, 2, 8, 1, 1, 8, 8, 8, 8])
-    packers = L._packers(_TYPES)
-    assert packers[2] is None and packers[0] is L._pointer  # a constexpr is not passed
+    packers = E._packers(_TYPES)
+    assert packers[2] is None and packers[0] is E._pointer  # a constexpr is not passed
     x, args = _launch_args()
-    L._EarlyLaunch(packers)(3, 2, 1, 77, 0xF00, False, False, 0x5000, None, (4, 1, 1024),
+    E.EarlyLaunch(packers)(3, 2, 1, 77, 0xF00, False, False, 0x5000, None, (4, 1, 1024),
                             None, None, None, *args)  # fmt: skip
     ((function, grid, block, shared, stream, raw, extra),) = cuda.launches
     assert (function, grid, block, shared, stream, extra) == (0xF00, (3, 2, 1), (128, 1, 1),
@@ -186,7 +187,7 @@ def test_early_launch_packs_parameters_as_the_c_launcher(fake_cuda):
 
 def test_early_launch_skips_an_empty_grid_and_retains_a_context(fake_cuda):
     cuda = fake_cuda([8] * 3, current=0)  # a thread with no current context
-    launch = L._EarlyLaunch(L._packers(("*fp32",)))
+    launch = E.EarlyLaunch(E._packers(("*fp32",)))
     launch(0, 4, 1, 0, 1, False, False, None, None, (1, 1, 0), None, None, None, None)
     assert cuda.launches == [] and cuda.retained == [0] and cuda.current == 0x2000
     calls = []
@@ -196,8 +197,8 @@ def test_early_launch_skips_an_empty_grid_and_retains_a_context(fake_cuda):
 
 
 def test_early_launch_raises_as_the_c_launcher(fake_cuda):
-    launch = L._EarlyLaunch(L._packers(("*fp32",)))
-    fake_cuda([8] * 3, pointer_status=L._CUDA_ERROR_INVALID_VALUE)
+    launch = E.EarlyLaunch(E._packers(("*fp32",)))
+    fake_cuda([8] * 3, pointer_status=E._CUDA_ERROR_INVALID_VALUE)
     with pytest.raises(ValueError, match=r"Pointer argument \(at 0\) cannot be accessed"):
         launch(1, 1, 1, 0, 1, False, False, None, None, (1, 1, 0), None, None, None,
                torch.randn(2))  # fmt: skip
@@ -210,7 +211,7 @@ def test_early_launch_raises_as_the_c_launcher(fake_cuda):
     "types", [(("*fp32", "i32"),), ("tensordesc<fp16[64, 64]>",), ("nvTmaDesc",), ("i128",)]
 )
 def test_early_launch_declines_what_the_c_launcher_expands(types):
-    assert L._packers(types) is None
+    assert E._packers(types) is None
 
 
 class _Compiled:
@@ -248,21 +249,21 @@ def fake_driver(monkeypatch, fake_cuda):
         return SimpleNamespace(launch="built-launcher")
 
     driver = SimpleNamespace(utils=utils, launcher_cls=launcher_cls)
-    monkeypatch.setattr(L.internals, "triton_driver", lambda: driver)
-    monkeypatch.setattr(L.internals, "triton_driver_is_cuda", lambda: True)
-    monkeypatch.setattr(L, "BUILDS", L._LauncherBuilds())
+    monkeypatch.setattr(E.internals, "triton_driver", lambda: driver)
+    monkeypatch.setattr(E.internals, "triton_driver_is_cuda", lambda: True)
+    monkeypatch.setattr(E, "BUILDS", E.LauncherBuilds())
     return built
 
 
 def test_entry_launches_early_then_takes_the_built_launcher(fake_driver):
     compiled = _Compiled()
     entry = L._Entry(compiled, device=0)
-    assert isinstance(entry.launch, L._EarlyLaunch) and entry.function == 0xF00
+    assert isinstance(entry.launch, E.EarlyLaunch) and entry.function == 0xF00
     assert compiled.runs == 0  # Triton's launcher was not built on the way
-    assert L.BUILDS.wait(30) and entry.launch == "built-launcher" and L.BUILDS.built == 1
+    assert E.BUILDS.wait(30) and entry.launch == "built-launcher" and E.BUILDS.built == 1
     failing = L._Entry(_Compiled(num_warps=3), device=0)
-    assert L.BUILDS.wait(30) and isinstance(failing.launch, L._EarlyLaunch)  # still correct
-    assert len(L.BUILDS.failed) == 1 and "no C compiler" in L.BUILDS.failed[0]
+    assert E.BUILDS.wait(30) and isinstance(failing.launch, E.EarlyLaunch)  # still correct
+    assert len(E.BUILDS.failed) == 1 and "no C compiler" in E.BUILDS.failed[0]
 
 
 @pytest.mark.parametrize(
@@ -277,13 +278,13 @@ def test_entry_launches_early_then_takes_the_built_launcher(fake_driver):
     ],
 )
 def test_entry_builds_the_c_launcher_where_the_early_path_does_not_apply(fake_driver, why):
-    was = L.early_launch()
-    L.early_launch(not why.pop("off", False))
+    was = E.enabled()
+    E.enabled(not why.pop("off", False))
     try:
         compiled = _Compiled(**why)
         entry = L._Entry(compiled, device=0)
     finally:
-        L.early_launch(was)
+        E.enabled(was)
     assert entry.launch == "c-launcher" and entry.function == 0xC0DE and compiled.runs == 1
     assert fake_driver == []
 
@@ -304,9 +305,9 @@ def _affine(x_ptr, out_ptr, n, a, b, big, flag, BLOCK: tl.constexpr):
 @pytest.mark.gpu
 def test_early_launch_computes_what_tritons_launcher_computes(device, monkeypatch):
     held = []
-    builds = L._LauncherBuilds()
+    builds = E.LauncherBuilds()
     monkeypatch.setattr(builds, "submit", lambda compiled, entry: held.append((compiled, entry)))
-    monkeypatch.setattr(L, "BUILDS", builds)
+    monkeypatch.setattr(E, "BUILDS", builds)
     # A JIT function of its own: no compiled kernel whose C launcher Triton built already.
     kern = L.Kernel(triton.jit(_affine.fn))
     x = torch.randn(1000, device=device)
@@ -319,7 +320,7 @@ def test_early_launch_computes_what_tritons_launcher_computes(device, monkeypatc
             outs.append(out)
             if i == 0:  # the first launch was early, its C launcher's build queued
                 ((compiled, entry),) = held
-                assert isinstance(entry.launch, L._EarlyLaunch)
+                assert isinstance(entry.launch, E.EarlyLaunch)
                 held.clear()
                 runner = L.internals.triton_driver().launcher_cls(compiled.src, compiled.metadata)
                 entry.launch = runner.launch
