@@ -1,15 +1,24 @@
-"""The first hour's cold start (issue 38): ten operators called three times each in a fresh
-process at training shapes, from empty caches, then again with the caches warm.
+"""The first hour's cold start (issues 38, 43): ten operators called three times each in a
+fresh process at training shapes, from empty caches, then again with the caches warm, and
+after ``tritonkit.warmup`` compiled their kernels.
 
-    python experiments/gpu_coldstart.py --out DIR          # GPU: about 2-4 minutes
+    python experiments/gpu_coldstart.py --out DIR          # GPU: about 3-5 minutes
     python experiments/gpu_coldstart.py --out DIR --tiny   # CPU interpreter, tiny shapes
+    python experiments/gpu_coldstart.py --out DIR --scenarios cold,after_warmup
 
 Each scenario is a fresh Python process (``--child``) with its own TRITON_CACHE_DIR and
 TRITONKIT_CACHE_DIR:
 
 - ``cold``: both caches empty (new temporary directories);
-- ``warm``: the same directories again, now filled by ``cold``;
-- ``cold_no_autotune``: empty caches with TRITONKIT_AUTOTUNE=0 (never time a config).
+- ``warm``: the same directories again, now filled by ``cold`` (and before it, a process of
+  its own times the phases of a first call without a profiler: imports, the torch.library
+  registrations, rms_norm's first forward and backward);
+- ``cold_no_autotune``: empty caches with TRITONKIT_AUTOTUNE=0 (never time a config);
+- ``cold_no_early``: empty caches with TRITONKIT_EARLY_LAUNCH=0 (each new specialization
+  waits for its C launcher's build, as before the early launch);
+- ``after_warmup``: empty caches, then a process that runs ``tritonkit.warmup`` over the
+  ten operators' calls (its own time reported: ``warmup_process_s``, and the warmup's
+  ``record_s`` and ``compile_s``), then the measured process with those caches.
 
 In each, every operator is called three times; each call's wall time is measured with the
 device synchronized before and after (compilation, tuning, replay recording and the GPU work
@@ -24,6 +33,7 @@ DIR/coldstart.png (each call's time per scenario) when matplotlib is there.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -33,7 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("cold", "warm", "cold_no_autotune")
+SCENARIOS = ("cold", "warm", "cold_no_autotune", "cold_no_early", "after_warmup")
 
 
 # ---- the child: ten operators, three calls each ------------------------------------------------
@@ -128,6 +138,93 @@ def _ops(tiny: bool):
     ]
 
 
+def child_warmup(tiny: bool) -> dict:
+    """``tritonkit.warmup`` over one call of each operator (what ``child`` then calls)."""
+    t_start = time.perf_counter()
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import tritonkit
+
+    calls = [make() for _, make in _ops(tiny)]
+
+    def all_calls():
+        for call in calls:
+            call()
+
+    report = tritonkit.warmup(all_calls)
+    return {
+        "warmup_process_s": time.perf_counter() - t_start,
+        "record_s": report.record_s,
+        "compile_s": report.compile_s,
+        "kernels": report.kernels,
+        "compiled": report.compiled,
+        "jobs": report.jobs,
+        "failed": report.failed[:10],
+        "errors": report.errors[:10],
+    }
+
+
+def child_breakdown(tiny: bool) -> dict:
+    """Wall time of a warm process's first-call phases, without a profiler (which inflates
+    the many small Python calls of imports and registrations): importing torch, triton and
+    tritonkit's families (and within that, the torch.library registrations), then rms_norm's
+    first forward and backward."""
+    t = {"start": time.perf_counter()}
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    t["torch"] = time.perf_counter()
+    import triton  # noqa: F401
+
+    t["triton"] = time.perf_counter()
+    from tritonkit.ops._core import registry
+
+    spent = {"op_define_s": 0.0, "register_fake_s": 0.0, "ops": 0}
+    init, fake = registry.Op.__init__, registry.Op.register_fake
+
+    def timed_init(self, *args):
+        t0 = time.perf_counter()
+        init(self, *args)
+        spent["op_define_s"] += time.perf_counter() - t0
+        spent["ops"] += 1
+
+    def timed_fake(self, fn):
+        t0 = time.perf_counter()
+        try:
+            return fake(self, fn)
+        finally:
+            spent["register_fake_s"] += time.perf_counter() - t0
+
+    registry.Op.__init__, registry.Op.register_fake = timed_init, timed_fake
+    import tritonkit.functional as tk
+
+    t["families"] = time.perf_counter()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, cols = (8192, 4096) if not tiny else (64, 96)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    x = torch.randn(rows, cols, device=dev, dtype=dtype, requires_grad=True)
+    w = torch.randn(cols, device=dev, dtype=dtype, requires_grad=True)
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    sync()
+    t["inputs"] = time.perf_counter()
+    y = tk.rms_norm(x, (cols,), w)
+    sync()
+    t["forward"] = time.perf_counter()
+    y.float().sum().backward()
+    sync()
+    t["backward"] = time.perf_counter()
+    names = list(t)
+    phases = {f"{b}_s": t[b] - t[a] for a, b in itertools.pairwise(names)}
+    return {"phases": phases, **spent}
+
+
 def child(tiny: bool) -> dict:
     t_start = time.perf_counter()
     import torch
@@ -175,34 +272,65 @@ def fingerprint() -> dict:
     }
 
 
-def run_scenario(name: str, dirs: dict, tiny: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **dirs}
-    env.pop("TRITONKIT_AUTOTUNE", None)
-    if name == "cold_no_autotune":
-        env["TRITONKIT_AUTOTUNE"] = "0"
-    args = [sys.executable, __file__, "--child"] + (["--tiny"] if tiny else [])
+def _run_child(flag: str, env: dict, tiny: bool) -> tuple[dict | None, str | None, float]:
+    args = [sys.executable, __file__, flag] + (["--tiny"] if tiny else [])
     t0 = time.perf_counter()
     try:
         p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        return {"scenario": name, "error": "timeout after 900 s"}
+        return None, "timeout after 900 s", time.perf_counter() - t0
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        return {"scenario": name, "error": f"exit {p.returncode}: {p.stderr[-2000:]}"}
-    doc = json.loads(p.stdout.strip().splitlines()[-1])
+        return None, f"exit {p.returncode}: {p.stderr[-2000:]}", wall
+    return json.loads(p.stdout.strip().splitlines()[-1]), None, wall
+
+
+def run_scenario(name: str, dirs: dict, tiny: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **dirs}
+    env.pop("TRITONKIT_AUTOTUNE", None)
+    env.pop("TRITONKIT_EARLY_LAUNCH", None)
+    if name == "cold_no_autotune":
+        env["TRITONKIT_AUTOTUNE"] = "0"
+    if name == "cold_no_early":
+        env["TRITONKIT_EARLY_LAUNCH"] = "0"
+    warmup = None
+    if name == "after_warmup":
+        warmup, error, wall = _run_child("--child-warmup", env, tiny)
+        if error is not None:
+            return {"scenario": name, "error": f"warmup: {error}"}
+        warmup["wall_s"] = wall
+    breakdown = None
+    if name == "warm":  # first, a process of its own: the phases of its first call
+        breakdown, error, _ = _run_child("--child-breakdown", env, tiny)
+        if error is not None:
+            breakdown = {"error": error}
+    doc, error, wall = _run_child("--child", env, tiny)
+    if error is not None:
+        return {"scenario": name, "error": error}
     doc.update(scenario=name, wall_s=wall)
+    if warmup is not None:
+        doc["warmup"] = warmup
+    if breakdown is not None:
+        doc["breakdown"] = breakdown
     return doc
 
 
 def summarize(doc: dict) -> dict:
     calls = [c for op in doc.get("ops", []) for c in op["calls_s"]]
     seconds = [op["calls_s"][1] for op in doc.get("ops", []) if len(op["calls_s"]) > 1]
-    return {
+    out = {
         "total_calls_s": sum(calls),
         "max_call_s": max(calls, default=None),
         "max_second_call_s": max(seconds, default=None),
         "errors": [op["op"] for op in doc.get("ops", []) if op["error"]],
     }
+    if "error" in doc:
+        out["error"] = doc["error"][:300]
+    if "warmup" in doc:
+        w = doc["warmup"]
+        out["warmup"] = {k: w.get(k) for k in ("warmup_process_s", "record_s", "compile_s",
+                                              "kernels", "compiled", "jobs")}  # fmt: skip
+    return out
 
 
 def table(docs: list[dict]) -> str:
@@ -228,6 +356,25 @@ def table(docs: list[dict]) -> str:
         )
         + " |"
     )
+    for d in docs:
+        if "warmup" in d:
+            w = d["warmup"]
+            lines.append(
+                f"\n{d['scenario']}: the warmup process took {w['warmup_process_s']:.2f} s "
+                f"(recording {w['record_s']:.2f} s, compiling {w['kernels']} kernels "
+                f"{w['compile_s']:.2f} s on {w['jobs']} threads, {len(w['failed'])} failed, "
+                f"{len(w['errors'])} calls raised)"
+            )
+        if "error" in d:
+            lines.append(f"\n{d['scenario']}: {d['error'][:300]}")
+        if "breakdown" in d and "phases" in d["breakdown"]:
+            b = d["breakdown"]
+            phases = ", ".join(f"{k[:-2]} {v:.3f}" for k, v in b["phases"].items())
+            lines.append(
+                f"\n{d['scenario']}, a process of its own (s): {phases}; of the families' "
+                f"import, {b['ops']} torch.library ops defined in {b['op_define_s']:.3f} and "
+                f"their fakes registered in {b['register_fake_s']:.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -261,23 +408,40 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (the CPU interpreter)")
+    ap.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-warmup", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-breakdown", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_breakdown:
+        print(json.dumps(child_breakdown(args.tiny)))
+        return
     if args.child:
         print(json.dumps(child(args.tiny)))
         return
+    if args.child_warmup:
+        print(json.dumps(child_warmup(args.tiny)))
+        return
     out = args.out or Path(tempfile.mkdtemp(prefix="coldstart-"))
     out.mkdir(parents=True, exist_ok=True)
+    wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"--scenarios: unknown {unknown}; known: {', '.join(SCENARIOS)}")
     docs = []
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        dirs = {"TRITON_CACHE_DIR": a, "TRITONKIT_CACHE_DIR": b}
-        for name in ("cold", "warm"):
-            docs.append(run_scenario(name, dirs, args.tiny))
-            print(f"{name}: {summarize(docs[-1])}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        dirs = {"TRITON_CACHE_DIR": a, "TRITONKIT_CACHE_DIR": b}
-        docs.append(run_scenario("cold_no_autotune", dirs, args.tiny))
-        print(f"cold_no_autotune: {summarize(docs[-1])}", file=sys.stderr)
+    # warm reuses cold's caches; every other scenario starts from empty ones.
+    groups = [[s for s in ("cold", "warm") if s in wanted]]
+    groups += [[s] for s in wanted if s not in ("cold", "warm")]
+    for group in groups:
+        if not group:
+            continue
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            dirs = {"TRITON_CACHE_DIR": a, "TRITONKIT_CACHE_DIR": b}
+            for name in group:
+                docs.append(run_scenario(name, dirs, args.tiny))
+                print(f"{name}: {summarize(docs[-1])}", file=sys.stderr)
     result = {
         "fingerprint": fingerprint(),
         "tiny": args.tiny,

@@ -27,6 +27,8 @@ def __getattr__(name: str):
         value = importlib.import_module(f"tritonkit.{name}")
     elif name in _FROM_MODELS:
         value = getattr(importlib.import_module("tritonkit.models"), name)
+    elif name == "warmup":  # compile ahead what a model or calls will use (_warmup.py)
+        value = importlib.import_module("tritonkit._warmup").warmup
     else:
         functional = importlib.import_module("tritonkit.functional")
         if name == "__all__":

@@ -482,6 +482,14 @@ def tune(
             return candidates[0]
     if not enabled():
         return candidates[0]
+    from tritonkit.ops._core.launch import WARMUP
+
+    if WARMUP.session is not None:  # tritonkit.warmup: compile every candidate, time none
+        for c in candidates:
+            if prune is None or prune(c):
+                with contextlib.suppress(Exception):
+                    run(c)
+        return candidates[0]
     t0 = time.perf_counter()
     best, tried = search(
         candidates, run, neighbours=neighbours, prune=prune, budget=budget_seconds()

@@ -1,4 +1,4 @@
-"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress, new.
+"""The ``tritonkit`` command: list, check, bench, report, doctor, tune, regress, new, warmup.
 
 Without a GPU, kernels run under Triton's CPU interpreter (turned on here, before any kernel is
 defined): ``check`` works and ``bench`` runs the accuracy checks and says that timings need a GPU.
@@ -51,7 +51,7 @@ from tritonkit.cli_run import (
     cmd_bench,
     cmd_tune,
 )
-from tritonkit.harness import quant_report
+from tritonkit.harness import quant_report, warm
 
 # ---- commands ---------------------------------------------------------------------------------
 
@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_new)
     quant_report.add_parser(sub, parents=[common])  # harness/quant_report.py
+    warm.add_parser(sub, parents=[common])  # harness/warm.py: `tritonkit warmup`
     return p
 
 

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 DEFAULT_OUT = "tritonkit-report"
-COMMANDS = ("list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report")
+COMMANDS = (
+    "list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report", "warmup"
+)  # fmt: skip
 # Names a user may type for dtypes, beside the names the specs list (float32, float8_e4m3fn...).
 DTYPE_ALIASES = {
     "fp32": ("float32",),

@@ -11,6 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.launch import pipelined
 from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
 from tritonkit.ops.optim.clip import launch_sum_squares
 from tritonkit.ops.optim.nonfinite import launch_nonfinite_check
@@ -495,15 +496,16 @@ class FusedOptimizer(Optimizer):
             shape = tuple(plan.params[i].shape)
             return f"param_groups[{gi}]['params'][{plan.index[i]}] (shape {shape})"
 
-        flag = self.guard.flag([plan for _, _, plan in work], found_inf, name)
-        self._seed = (self._seed * 1103515245 + 12345) % 2**31  # one random stream per step
-        for _, group, plan in work:
-            plan.launch(self, group, flag, grad_scale)
-            # The kernels write through pointers autograd does not see: bump the version
-            # counters as an in-place ATen op would, so that a graph that saved a parameter
-            # raises as it does under torch.optim, and a cache keyed on the version (the fp8
-            # weight codes of Float8Linear) sees the change.
-            torch.autograd.graph.increment_version(plan.params)
+        with pipelined():  # a first step's kernels compile in parallel (launch.pipelined)
+            flag = self.guard.flag([plan for _, _, plan in work], found_inf, name)
+            self._seed = (self._seed * 1103515245 + 12345) % 2**31  # one random stream per step
+            for _, group, plan in work:
+                plan.launch(self, group, flag, grad_scale)
+                # The kernels write through pointers autograd does not see: bump the version
+                # counters as an in-place ATen op would, so that a graph that saved a parameter
+                # raises as it does under torch.optim, and a cache keyed on the version (the fp8
+                # weight codes of Float8Linear) sees the change.
+                torch.autograd.graph.increment_version(plan.params)
         return loss
 
     @property

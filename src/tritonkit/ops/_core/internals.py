@@ -32,6 +32,15 @@ NAMES: dict[str, tuple[str, str]] = {
     "skip_dynamo_hook": ("torch.utils._python_dispatch", "TorchDispatchMode._should_skip_dynamo"),
     "extension_build_dir": ("torch.utils.cpp_extension", "_get_build_directory"),
     "environ_encodekey": ("os", "environ.encodekey"),
+    "triton_driver": ("triton.runtime.driver", "DriverConfig.active"),
+    # CompiledKernel._run: the launcher, None until _init_handles builds it
+    "triton_compiled_launcher": ("triton.compiler.compiler", "CompiledKernel._init_handles"),
+    "triton_cuda_launcher": ("triton.backends.nvidia.driver", "CudaLauncher"),
+    "triton_cuda_driver": ("triton.backends.nvidia.driver", "CudaDriver"),
+    "triton_key": ("triton.runtime.cache", "triton_key"),
+    "triton_pack_args": ("triton.runtime.jit", "JITFunction._pack_args"),
+    "triton_compute_cache_key": ("triton.runtime.jit", "compute_cache_key"),
+    "triton_binder_factory": ("triton.runtime.jit", "create_function_from_signature"),
 }
 # CUDA-only names: absent from a CPU build of PyTorch.
 CUDA_NAMES: dict[str, tuple[str, str]] = {
@@ -97,10 +106,38 @@ def extension_build_dir(name: str) -> str:
     return cpp_extension._get_build_directory(name, False)
 
 
+def triton_device_cache(jit_fn: Any, device: int) -> tuple[dict, dict, Any, Any]:
+    """A JIT function's (compiled kernels by key, keys by specialization, target, backend) for
+    ``device`` (its per-device cache; built by Triton on the function's first launch there)."""
+    kernels, keys, target, backend, _ = jit_fn.device_caches[device]
+    return kernels, keys, target, backend
+
+
 def triton_binder(jit_fn: Any, device: int) -> Any:
     """Triton's generated argument binder of a JIT function for ``device`` (its per-device
     cache holds it at index 4; built by Triton on the function's first launch there)."""
     return jit_fn.device_caches[device][4]
+
+
+def triton_driver() -> Any:
+    """Triton's active driver (``triton.runtime.driver.active``)."""
+    from triton.runtime.driver import driver
+
+    return driver.active
+
+
+def triton_driver_is_cuda() -> bool:
+    """Whether Triton's active driver is its CUDA driver (whose launcher and utilities the
+    direct path uses)."""
+    from triton.backends.nvidia.driver import CudaDriver
+
+    return isinstance(triton_driver(), CudaDriver)
+
+
+def triton_launcher_built(compiled: Any) -> bool:
+    """Whether a compiled kernel's C launcher is built and its module loaded (by Triton's
+    own launch path, which builds them on a kernel's first launch)."""
+    return getattr(compiled, "_run", None) is not None
 
 
 def triton_allocator_unset() -> bool:

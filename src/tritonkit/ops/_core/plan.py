@@ -21,10 +21,11 @@ Private PyTorch interfaces are read through ``internals.py``, the one place that
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple, TypeVar
 
 import torch
@@ -170,6 +171,19 @@ class PlanCache:
         users: an autograd node keeps its own reference."""
         with self._lock:
             self._plans.clear()
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[None]:
+        """Within it the cache starts empty, and what is decided there is forgotten at the end
+        (``tritonkit.warmup``: its calls launch nothing and tune nothing, so none of their
+        plans may serve a real call); the plans from before are back afterwards."""
+        with self._lock:
+            saved, self._plans = self._plans, OrderedDict()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._plans = saved
 
 
 PLANS = PlanCache()

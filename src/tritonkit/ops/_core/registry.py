@@ -14,9 +14,15 @@ from tritonkit.ops._core import launch as _launch
 
 
 def _recording() -> bool:
-    """Whether this thread is recording a call (replay.py): its dispatch mode watches the ops,
-    and the call must take the path a plain eager call takes."""
-    return _launch.RECORDER.rec is not None
+    """Whether this thread is recording a call (replay.py), ``tritonkit.warmup`` runs calls
+    launching nothing, or a first call's launches wait for their compiles (launch.pipelined)
+    with nothing else on the dispatch stack: a dispatch mode of tritonkit's own watches the
+    ops, and the call must take the path a plain eager call takes."""
+    return (
+        _launch.RECORDER.rec is not None
+        or _launch.WARMUP.session is not None
+        or (_launch.PIPE.mode is not None and internals.dispatch_stack_len() == 1)
+    )
 
 
 def _plain_eager() -> bool:
@@ -139,18 +145,38 @@ def apply(function: type[torch.autograd.Function], *args):
     """
     if not _plain_eager():
         return function.apply(*args)
+    if _launch.PIPE.pending:  # deferred launches go before a replayed call's
+        _launch.flush()
     if _REPLAY and _launch.RECORDER.rec is None and not internals.profiler_enabled():
         out = replay.call(function, args)
         if out is replay.WITH_GRAD:
-            return function.apply(*args)
+            return _python_path(function, args, True)
         if out is replay.FORWARD_ONLY:
-            return function.forward(replay.NoGradContext(len(args)), *args)
+            return _python_path(function, args, False)
         return out
-    if torch.is_grad_enabled() and any(
+    grad = torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    ):
-        return function.apply(*args)
-    return function.forward(replay.NoGradContext(len(args)), *args)
+    )
+    return _python_path(function, args, grad)
+
+
+def _python_path(function: type[torch.autograd.Function], args: tuple, grad: bool):
+    """``function.apply(*args)`` (``grad``) or its forward alone. Until a call of ``function``
+    compiles nothing (its first calls), in a ``pipelined`` region: its kernels compile in
+    parallel, and with ``grad`` so do its backward's (the backward runs in one too)."""
+    if function.__dict__.get("_tk_warm") and not _launch.PIPE.every:
+        if grad:
+            return function.apply(*args)
+        return function.forward(replay.NoGradContext(len(args)), *args)
+    region = _launch.pipelined()
+    with region:
+        if grad:
+            out = _launch.pipelined_class(function).apply(*args)
+        else:
+            out = function.forward(replay.NoGradContext(len(args)), *args)
+    if region.opened and region.misses == 0:
+        function._tk_warm = True
+    return out
 
 
 _REPLAY = replay.enabled()

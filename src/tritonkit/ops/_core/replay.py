@@ -26,13 +26,11 @@ says why.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,6 @@ from typing import Any
 
 import torch
 
-from tritonkit.ops._core import internals
 from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.recording import (  # noqa: F401 (NULLPTR: the tests' launcher)
     _TUNED,
@@ -100,12 +97,23 @@ _builder: threading.Thread | None = None
 
 _NAME = "tritonkit_replay"
 _SOURCE = str(Path(__file__).with_name("replay.cpp"))
-# The compile, in a process of its own: see _build.
-_COMPILE = (
-    "import sys; from torch.utils import cpp_extension; "
-    "cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], extra_cflags=['-O2'])"
-)
 _STALE_LOCK_S = 900  # a build takes a minute or two; a lock older than this was abandoned
+# The build (or the check that the cached build is current), in a process of its own (see
+# _build); it prints where the module is. torch's extension build directory is
+# torch.utils.cpp_extension._get_build_directory (internals.NAMES["extension_build_dir"]).
+_CHILD = """
+import os, sys, time
+from torch.utils import cpp_extension
+name, source, stale = sys.argv[1], sys.argv[2], float(sys.argv[3])
+lock = os.path.join(cpp_extension._get_build_directory(name, False), "lock")
+try:
+    if time.time() - os.stat(lock).st_mtime > stale:
+        os.unlink(lock)
+except FileNotFoundError:
+    pass
+module = cpp_extension.load(name=name, sources=[source], extra_cflags=["-O2"])
+print(module.__file__)
+"""
 
 
 def _build() -> None:
@@ -113,26 +121,22 @@ def _build() -> None:
     while the extension compiles (a short script, a test) would kill a compile running on
     one of its threads and leave torch's build lock behind, on which every later build waits
     forever; the child finishes the build whatever this process does. A lock left by a
-    killed build is removed once it is older than any build takes."""
+    killed build is removed once it is older than any build takes.
+
+    This process loads the module the child names and never imports
+    torch.utils.cpp_extension: that import (setuptools with it) costs tenths of a second of
+    the GIL during the process's first calls."""
     global _ext
     try:
-        lock = Path(internals.extension_build_dir(_NAME)) / "lock"
-        with contextlib.suppress(FileNotFoundError):
-            if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-                lock.unlink()
-        subprocess.run(
-            [sys.executable, "-c", _COMPILE, _NAME, _SOURCE],
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, _NAME, _SOURCE, str(_STALE_LOCK_S)],
             start_new_session=True,
             check=True,
             capture_output=True,
             text=True,
             timeout=_STALE_LOCK_S,
         )
-        from torch.utils import cpp_extension
-
-        _ext = cpp_extension.load(
-            name=_NAME, sources=[_SOURCE], extra_cflags=["-O2"], verbose=False
-        )
+        _ext = _load(_NAME, done.stdout.strip().splitlines()[-1])
     except Exception as exc:  # no compiler, no headers: replay stays off, said once
         detail = getattr(exc, "stderr", None) or exc
         STATS.disabled = f"{type(exc).__name__}: {detail}"[-500:]
@@ -140,6 +144,18 @@ def _build() -> None:
             f"tritonkit: replay disabled, calls take the Python path ({STATS.disabled})",
             stacklevel=2,
         )
+
+
+def _load(name: str, path: str) -> Any:
+    """The extension module built at ``path``, loaded as torch.utils.cpp_extension loads it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the replay extension from {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def enabled() -> bool:
