@@ -393,6 +393,7 @@ _PIPELINED = ("rms_norm", "layer_norm", "softmax", "cross_entropy", "linear_gelu
 def test_pipelined_launches_give_the_same_bits(device, monkeypatch, op):
     call = _calls(device)[op]
     plain = call()
+    monkeypatch.setattr(L, "_PIPELINE", True)  # opt-in (TRITONKIT_PIPELINE=1)
     monkeypatch.setattr(L.PIPE, "every", True)  # every launch in a region waits as a miss's does
     before = L.PIPE.deferred
     piped = call()
@@ -411,6 +412,7 @@ def test_pipelined_region_flushes_before_aten_ops_and_at_its_end(monkeypatch):
         def _triton(self, grid, args, meta):
             order.append(args[0])
 
+    monkeypatch.setattr(L, "_PIPELINE", True)  # opt-in (TRITONKIT_PIPELINE=1)
     monkeypatch.setattr(L.PIPE, "every", True)
     with L.pipelined() as region:
         L.PIPE.pending = [(_Fake(), (1,), ("a",), {})]
