@@ -133,6 +133,20 @@ def _(grad_output, logits, target, weight, rstats, reduction, label_smoothing, l
 # ----------------------------------------------------------------------------------------------
 
 
+def _forward(logits, target, weight, args, need_grad, f32, config):
+    """(plan or None, the forward's outputs): the plan's launches in plain eager mode, else the
+    torch.library op (which carries the default config only)."""
+    if direct_call_allowed((logits, target, weight)):
+        plan = forward_plan(logits, target, weight, *args, need_grad, f32, config)
+        return plan, plan(logits, target, weight)
+    if config is not None:
+        raise NotImplementedError(
+            "tritonkit.cross_entropy: a config other than the default runs in plain "
+            "eager mode only (the torch.library op carries the default)"
+        )
+    return None, cross_entropy_fwd.overload(logits, target, weight, *args, need_grad, f32)
+
+
 class CrossEntropyFunction(torch.autograd.Function):
     """Cross-entropy; the forward keeps the rows' logsumexps for the backward. ``config``: None
     for the default (see ``CrossEntropyConfig``)."""
@@ -143,19 +157,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         config,
     ):  # fmt: skip
         args = (ignore_index, reduction, label_smoothing)
-        if direct_call_allowed((logits, target, weight)):
-            plan = forward_plan(logits, target, weight, *args, need_grad, f32, config)
-            loss, lse, stats = plan(logits, target, weight)
-        else:
-            if config is not None:
-                raise NotImplementedError(
-                    "tritonkit.cross_entropy: a config other than the default runs in plain "
-                    "eager mode only (the torch.library op carries the default)"
-                )
-            plan = None
-            loss, lse, stats = cross_entropy_fwd.overload(
-                logits, target, weight, *args, need_grad, f32
-            )
+        plan, (loss, lse, stats) = _forward(logits, target, weight, args, need_grad, f32, config)
         if need_grad:
             ctx.save_for_backward(logits, target, weight, lse, stats)
         ctx.plan, ctx.args = plan, args
@@ -184,19 +186,7 @@ class SoftCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, logits, target, weight, reduction, label_smoothing, need_grad, f32, config):
         # ignore_index has no role with class probabilities: one constant keeps one plan.
         args = (-100, reduction, label_smoothing)
-        if direct_call_allowed((logits, target, weight)):
-            plan = forward_plan(logits, target, weight, *args, need_grad, f32, config)
-            loss, rstats, _ = plan(logits, target, weight)
-        else:
-            if config is not None:
-                raise NotImplementedError(
-                    "tritonkit.cross_entropy: a config other than the default runs in plain "
-                    "eager mode only (the torch.library op carries the default)"
-                )
-            plan = None
-            loss, rstats, _ = cross_entropy_fwd.overload(
-                logits, target, weight, *args, need_grad, f32
-            )
+        plan, (loss, rstats, _) = _forward(logits, target, weight, args, need_grad, f32, config)
         if need_grad:
             ctx.save_for_backward(logits, target, weight, rstats)
         ctx.plan, ctx.args = plan, (reduction, label_smoothing)
