@@ -38,7 +38,7 @@ def _rel(a, b):
 
 
 def _train(models_opts, device, steps, seed=0, closure=False, schedulers=()):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # host: one draw sequence on every device
     for _ in range(steps):
         x = torch.randn(8, 13, generator=gen).to(device)
         for model, opt in models_opts:
@@ -172,7 +172,7 @@ def test_adam_zero_grad_keeps_buffers(device):
     """zero_grad(set_to_none=False): the same gradient tensors every step (no table update)."""
     ours, ref = _mlp(device), _mlp(device)
     opt, ref_opt = tko.Adam(ours.parameters(), lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(3)  # host: one draw sequence on every device
     for _ in range(5):
         x = torch.randn(4, 13, generator=gen).to(device)
         for m, o in ((ours, opt), (ref, ref_opt)):
@@ -217,7 +217,7 @@ def test_adam_lr_tensor_capturable(device):
 
 
 def _grads(shape, steps, device, dtype):
-    gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator().manual_seed(7)  # host: one draw sequence on every device
     return [torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(steps)]
 
 
@@ -493,7 +493,7 @@ def test_default_step_never_syncs(device, name, clip):
     synchronizing call. Then the counter and the flag read what happened."""
     model = _mlp(device)
     opt = OPTIMIZERS[name](model)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # host: one draw sequence on every device
     xs = [torch.randn(8, 13, generator=gen).to(device) for _ in range(4)]
     for k, x in enumerate(xs):
         _backward(model, x, float("nan") if k == 2 else None)
@@ -531,7 +531,7 @@ def test_nonfinite_skip_leaves_no_trace(device, name, clip):
     model, twin = _mlp(device), _mlp(device)
     opt, twin_opt = OPTIMIZERS[name](model), OPTIMIZERS[name](twin)
     params = [p for group in opt.param_groups for p in group["params"]]
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(1)  # host: one draw sequence on every device
     xs = [torch.randn(8, 13, generator=gen).to(device) for _ in range(4)]
 
     def step(m, o):
@@ -594,7 +594,7 @@ def test_grad_scaler_protocol(device):
     opt = tko.AdamW(ours.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
     scalers = [torch.amp.GradScaler(device.type, init_scale=1024.0) for _ in range(2)]
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # host: one draw sequence on every device
     for it in range(4):
         x = torch.randn(8, 13, generator=gen).to(device)
         for m, o, s in ((ours, opt, scalers[0]), (ref, ref_opt, scalers[1])):
@@ -766,7 +766,7 @@ def test_muon_matches_torch_20_steps(device, options):
     ours, ref = _matrices(device), _matrices(device)
     opt = tko.Muon(ours.parameters(), lr=5e-3, **options)
     ref_opt = torch.optim.Muon(ref.parameters(), lr=5e-3, **options)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # host: one draw sequence on every device
     for _ in range(20):
         x = torch.randn(8, 24, generator=gen).to(device)
         for m, o in ((ours, opt), (ref, ref_opt)):
@@ -877,7 +877,10 @@ def test_muon_bad_hyperparameters(device, kwargs, name):
 def test_bad_parameters(device, monkeypatch):
     with pytest.raises(TypeError, match=r"params'\]\[1\].*int64"):
         tko.Adam(
-            [torch.nn.Parameter(torch.zeros(2, device=device)), torch.zeros(2, dtype=torch.int64)]
+            [
+                torch.nn.Parameter(torch.zeros(2, device=device)),
+                torch.zeros(2, dtype=torch.int64, device=device),
+            ]
         )
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         tko.Muon([torch.nn.Parameter(torch.zeros(3, device=device))])
@@ -885,7 +888,7 @@ def test_bad_parameters(device, monkeypatch):
         tko.MuonW([{"params": [torch.nn.Parameter(torch.zeros(3, 3, device=device))]}])
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter
     with pytest.raises(TypeError, match="must be on a CUDA device, got cpu"):
-        tko.AdamW([torch.nn.Parameter(torch.zeros(3))])
+        tko.AdamW([torch.nn.Parameter(torch.zeros(3))])  # host: the CPU tensor is what is refused
 
 
 def test_bad_gradient(device):
@@ -909,7 +912,7 @@ def test_adam_step_functional(device):
     adam_step(p, g, m, v, step=4, lr=1e-2, weight_decay=0.1)
     assert torch.equal(g, g_before)
     torch.optim._functional.adam(
-        [q], [g], [m2], [v2], [], [torch.tensor(3.0)],
+        [q], [g], [m2], [v2], [], [torch.tensor(3.0)],  # host: torch's steps
         amsgrad=False, beta1=0.9, beta2=0.999, lr=1e-2, weight_decay=0.1, eps=1e-8,
         maximize=False, foreach=False, capturable=False, differentiable=False, fused=None,
         grad_scale=None, found_inf=None, has_complex=False, decoupled_weight_decay=True,

@@ -273,9 +273,10 @@ def test_bsr_mm_empty_block_rows_write_zeros(device):
 
 def _pattern(m: int, k: int, device, seed: int) -> torch.Tensor:
     """A dense (m, k) float32 matrix, 30% non-zero, with an empty row and an empty column."""
-    gen = torch.Generator().manual_seed(seed)
-    d = torch.randn(m, k, generator=gen)
-    d[torch.rand(m, k, generator=gen) > 0.3] = 0
+    # host: one pattern on every device, drawn on the host and moved
+    gen = torch.Generator().manual_seed(seed)  # host: as above
+    d = torch.randn(m, k, generator=gen)  # host: as above
+    d[torch.rand(m, k, generator=gen) > 0.3] = 0  # host: as above
     d[1], d[:, 2] = 0, 0
     return d.to(device)
 
