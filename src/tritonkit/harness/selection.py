@@ -91,7 +91,6 @@ MIN_CHECK_ELEMENTS = 256
 # A row this long holds hundreds of elements: a reduction over it spans several steps of a
 # kernel's inner loop or a wide block, as real rows do.
 LONG_ROW = 100
-_COMPARED: dict[tuple[str, str, str], list[tuple[int, ...]]] = {}
 
 
 def compared_shapes(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[int, ...]]:
@@ -99,21 +98,25 @@ def compared_shapes(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[
     reference's outputs, the inputs the operator mutates, and with a backward the gradients
     (their inputs' shapes). Found by running the reference on the CPU (milliseconds at test
     shapes); empty where it cannot run there."""
-    key = (spec.name, repr(shape), str(dtype))
-    if key not in _COMPARED:
-        from tritonkit.harness.compare import _flatten, _upcast
+    from tritonkit.ops._core.plan import cached
 
-        try:
-            inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
-            out = spec.reference(*_upcast(inputs), **dict(spec.params[0]))
-            shapes = [tuple(t.shape) for t in (_flatten(out) if out is not None else [])]
-            shapes += [tuple(inputs[i].shape) for i in spec.mutates]
-            if spec.backward:
-                shapes += [tuple(inputs[i].shape) for i in spec.grad_indices(inputs)]
-        except Exception:  # a shape the CPU cannot build or run is not chosen
-            shapes = []
-        _COMPARED[key] = shapes
-    return _COMPARED[key]
+    return cached("selection.compared", (spec.name, repr(shape), str(dtype)),
+                  lambda: _compared(spec, shape, dtype))  # fmt: skip
+
+
+def _compared(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[int, ...]]:
+    from tritonkit.harness.compare import _flatten, _upcast
+
+    try:
+        inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
+        out = spec.reference(*_upcast(inputs), **dict(spec.params[0]))
+        shapes = [tuple(t.shape) for t in (_flatten(out) if out is not None else [])]
+        shapes += [tuple(inputs[i].shape) for i in spec.mutates]
+        if spec.backward:
+            shapes += [tuple(inputs[i].shape) for i in spec.grad_indices(inputs)]
+    except Exception:  # a shape the CPU cannot build or run is not chosen
+        shapes = []
+    return shapes
 
 
 def _shape_rank(spec: OpSpec, shape: Any, dtype: torch.dtype) -> tuple | None:

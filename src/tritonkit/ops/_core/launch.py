@@ -308,10 +308,9 @@ class Kernel:
 
 # ---- first calls: their kernels compile in parallel, their launches keep their order ---------
 
-# Off unless TRITONKIT_PIPELINE=1: on an H100, cross_entropy's, linear's and attention's
-# forward + backward gave other bits with every launch deferred than without (rms_norm,
-# layer_norm, softmax and the optimizers the same bits), so it stays opt-in until that is
-# explained (docs/performance.md, "First calls").
+# Off unless TRITONKIT_PIPELINE=1: on a GPU, cross_entropy's, linear's and attention's forward
+# + backward gave other bits with every launch deferred than without (rms_norm, layer_norm,
+# softmax and the optimizers the same bits), so it stays opt-in until that is explained.
 _PIPELINE = os.environ.get("TRITONKIT_PIPELINE", "0") == "1"
 
 
