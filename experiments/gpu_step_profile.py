@@ -44,6 +44,9 @@ def child(variant: str, name: str, out: Path, tiny: bool) -> None:
         for _ in range(3):
             step()
         gm.sync(device)
+    if not tiny:
+        prof.export_chrome_trace(str(out / f"{variant}.trace.json"))
+    (out / f"{variant}.host.json").write_text(json.dumps(host_phases(model, opt, ids, device)))
     rows = {}
     for e in prof.key_averages():
         t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
@@ -55,6 +58,59 @@ def child(variant: str, name: str, out: Path, tiny: bool) -> None:
     total = sum(v["us_per_step"] for v in rows.values())
     (out / f"{variant}.txt").write_text(f"total {total / 1e3:.2f} ms/step\n" + "\n".join(lines))
     print(variant, f"total kernel time {total / 1e3:.2f} ms/step")
+
+
+def host_phases(model, opt, ids, device: str, steps: int = 10) -> dict:
+    """Where a step's host time goes (no sync inside the steps): the host seconds of the
+    forward, backward, optimizer step and zero_grad, the wall time per step over ``steps``
+    back-to-back steps, the caching allocator's device allocations and frees meanwhile (a
+    cudaFree waits for the device), and the synchronizing calls CUDA reports in one step."""
+    import time
+    import warnings
+
+    import torch
+
+    phases = {"forward": 0.0, "backward": 0.0, "step": 0.0, "zero_grad": 0.0}
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+    cuda = device == "cuda"
+    before = torch.cuda.memory_stats() if cuda else {}
+    if cuda:
+        torch.cuda.synchronize()
+    t_start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        t4 = time.perf_counter()
+        for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[k] += dt
+    host_end = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t_start
+    after = torch.cuda.memory_stats() if cuda else {}
+    out = {f"host_{k}_ms": v * 1e3 / steps for k, v in phases.items()}
+    out["host_total_ms"] = (host_end - t_start) * 1e3 / steps
+    out["wall_ms"] = wall * 1e3 / steps
+    out["allocator"] = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+    if cuda:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        out["sync_warnings"] = [str(w.message)[:300] for w in caught][:20]
+    print(json.dumps(out))
+    return out
 
 
 def main() -> None:

@@ -150,7 +150,7 @@ def _sqnr_outcome(out: torch.Tensor, ref: torch.Tensor, metric: SQNR) -> Outcome
     if r.numel() == 0:
         return Outcome(True, 0.0, 0.0)
     err = (o - r).abs()
-    p50, p99 = torch.quantile(err.float(), torch.tensor([0.5, 0.99])).tolist()
+    p50, p99 = torch.quantile(err.float(), torch.tensor([0.5, 0.99], device=err.device)).tolist()
     res = Outcome(
         True, err.max().item(), _rel_l2(o - r, r), sqnr_db=sqnr_db(o, r), err_p50=p50, err_p99=p99
     )
