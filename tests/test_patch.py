@@ -540,6 +540,8 @@ def test_linear_cross_entropy_edges(device):
         linear_cross_entropy(x, w, t.int())
     with pytest.raises(ValueError, match="leading shape"):
         linear_cross_entropy(x, w, t[:3])
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\], got 1.5"):
+        linear_cross_entropy(x, w, t, label_smoothing=1.5)
 
 
 @pytest.mark.parametrize("route", ["sdpa_repeat_kv", "tritonkit"])

@@ -18,6 +18,7 @@ import torch
 
 import tritonkit
 from tritonkit import _tuning, _warmup
+from tritonkit.ops._core import internals
 from tritonkit.ops._core import launch as L
 from tritonkit.ops._core.plan import PLANS
 
@@ -33,7 +34,17 @@ def _rms_step(x, w):
     return step
 
 
-def test_warmup_records_forward_and_backward_and_leaves_nothing_behind(device):
+@pytest.fixture
+def nothing_compiled(monkeypatch):
+    """The warmup as a fresh process sees it: no specialization this process compiled before
+    counts as compiled (on a GPU, earlier tests on the same worker compiled these kernels)."""
+    real = internals.triton_device_cache
+    monkeypatch.setattr(
+        internals, "triton_device_cache", lambda fn, device: ({}, *real(fn, device)[1:])
+    )
+
+
+def test_warmup_records_forward_and_backward_and_leaves_nothing_behind(device, nothing_compiled):
     x = torch.randn(6, 40, device=device, requires_grad=True)
     w = torch.randn(40, device=device, requires_grad=True)
     before = (x.detach().clone(), w.detach().clone())
@@ -51,7 +62,7 @@ def test_warmup_records_forward_and_backward_and_leaves_nothing_behind(device):
     assert spec["name"].endswith("norm_fwd_tiles_kernel") and spec["signature"]
 
 
-def test_warmup_records_each_specialization_once(device):
+def test_warmup_records_each_specialization_once(device, nothing_compiled):
     x = torch.randn(6, 40, device=device, requires_grad=True)
     w = torch.randn(40, device=device, requires_grad=True)
     step = _rms_step(x, w)
@@ -128,7 +139,7 @@ def _train(warm: bool, device) -> list[torch.Tensor]:
     ]
 
 
-def test_training_after_a_warmup_gives_the_same_bits(device):
+def test_training_after_a_warmup_gives_the_same_bits(device, nothing_compiled):
     plain, warmed = _train(False, device), _train(True, device)
     assert len(plain) == len(warmed)
     for a, b in zip(plain, warmed):
@@ -156,6 +167,7 @@ def test_warmup_of_ops_calls_them_as_the_bench_does():
 _CAPTURE = """
 import json, os, sys
 import torch
+from tritonkit.ops._core import internals
 from tritonkit.ops._core import launch as L
 import tritonkit
 seen, orig = [], L.Kernel._triton

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-import tritonkit
+from tritonkit.ops.cross_entropy.function import loss_and_grad
 
 _REDUCTIONS = ("mean", "sum")
 
@@ -42,18 +42,13 @@ def _chunk_loss_and_grad(
     target: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
-    scale: torch.Tensor | None,
+    grad_output: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed float32 loss, gradient of ``scale * loss`` with respect to the logits)."""
-    logits = logits.detach().requires_grad_(True)
-    half = logits.dtype in (torch.float16, torch.bfloat16)
-    # Under autocast tritonkit's cross-entropy returns a float32 loss and reads the 16-bit
-    # logits as they are: the sum of a chunk's losses is not rounded to 16 bits.
-    amp = torch.autocast(logits.device.type, dtype=logits.dtype, enabled=half)
-    with torch.enable_grad(), amp:
-        loss = tritonkit.cross_entropy(logits, target, None, ignore_index, "sum", label_smoothing)
-    (grad,) = torch.autograd.grad(loss, logits, grad_outputs=scale)
-    return loss.detach().float(), grad
+    """(summed float32 loss, gradient of ``grad_output * loss`` with respect to the logits):
+    tritonkit's cross-entropy forward and backward kernels back to back, as autograd would
+    run them under autocast (the 16-bit logits read as they are, a float32 loss, the gradient
+    in the logits' dtype), without a trip through the autograd engine per chunk."""
+    return loss_and_grad(logits, target, ignore_index, "sum", label_smoothing, grad_output)
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -66,11 +61,11 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         n, _ = x.shape
         vocab = weight.shape[0]
         need = ctx.needs_input_grad
-        valid = (target != ignore_index).sum()
-        scale = None
         if reduction == "mean":
             # 1 / the number of counted rows, on the device (no host sync); NaN when none are.
-            scale = torch.reciprocal(valid.to(torch.float32))
+            scale = torch.reciprocal((target != ignore_index).sum().to(torch.float32))
+        else:
+            scale = torch.ones((), dtype=torch.float32, device=x.device)
         grad_x = torch.empty_like(x) if need[0] else None
         grad_w = torch.zeros_like(weight) if need[1] else None
         grad_b = torch.zeros(vocab, dtype=torch.float32, device=x.device) if need[2] else None
@@ -91,7 +86,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 grad_w.addmm_(grad.t(), xc)
             if grad_b is not None:
                 grad_b += grad.sum(0, dtype=torch.float32)
-        if scale is not None:
+        if reduction == "mean":
             total = total * scale
         ctx.save_for_backward(grad_x, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -145,6 +140,8 @@ def linear_cross_entropy(
             raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{op}: reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     if weight.dim() != 2:
         raise ValueError(f"{op}: weight must be 2-D (V, H), got shape {tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[1]:

@@ -177,6 +177,29 @@ class CrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None, None
 
 
+def loss_and_grad(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    label_smoothing: float,
+    grad_output: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 loss, gradient of ``grad_output * loss`` w.r.t. ``logits``) for 2-D logits and
+    class-index targets, without autograd: the kernels and arguments of ``cross_entropy``'s
+    forward and backward under autocast, called one after the other. For a caller that wants
+    both at once (the chunks of ``linear_cross_entropy``): ``torch.autograd.grad`` through the
+    op would hand each chunk's backward to the autograd engine's device thread and wait.
+    ``grad_output``: a float32 0-d tensor on the logits' device."""
+    args = (ignore_index, reduction, label_smoothing)
+    plan, (loss, lse, stats) = _forward(logits, target, None, args, True, True, None)
+    if plan is not None:
+        run = plan.backward_for(grad_output, logits, target, None)
+        return loss, run(grad_output, logits, target, None, lse, stats)
+    grad = cross_entropy_bwd.overload(grad_output, logits, target, None, lse, stats, *args)
+    return loss, grad
+
+
 class SoftCrossEntropyFunction(torch.autograd.Function):
     """Cross-entropy over class probabilities; the forward keeps each row's logsumexp and
     target sum for the backward, which differentiates the logits and the target, each where
