@@ -64,7 +64,7 @@ for dtype in (torch.float32, torch.float16):
             y = scaled_matmul(a, b, gs, ws, out).float()
             err = (y - ref).abs().max().item()
             zero = int((y == 0).all(0).sum())
-            print(f"  {name:28s} out {str(out):15s} max err {err:.3g}  all-zero columns {zero}")
+            print(f"  {name:28s} out {out!s:15s} max err {err:.3g}  all-zero columns {zero}")
     g4, _, g4s = _q(dy, E4M3, [21, 40], False, "row")
     y = scaled_matmul(g4, wt.t(), g4s, ws, dtype).float()
     print("  e4m3 @ wt.t() max err", (y - deq(g4, g4s) @ deq(wt.t(), ws)).abs().max().item())

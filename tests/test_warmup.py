@@ -242,7 +242,7 @@ def test_records_compile_for_sm90_and_a_real_launch_finds_them(tmp_path):
 
 
 @pytest.mark.gpu
-def test_after_a_warmup_the_first_real_calls_compile_nothing(monkeypatch):
+def test_after_a_warmup_the_first_real_calls_compile_nothing(monkeypatch, nothing_compiled):
     from triton import knobs
 
     x = torch.randn(300, 520, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)

@@ -260,12 +260,16 @@ class _Sandbox(internals.dispatch_mode_class()):
 def _leaves(roots: Iterable[Any]) -> list[torch.Tensor]:
     """The leaf tensors a backward from ``roots`` accumulates into (its AccumulateGrad nodes)."""
     nodes = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
-    seen, leaves = set(), []
+    # Keyed by id and kept alive: a C++ node's Python wrapper is made on demand and freed with
+    # its last reference, and a freed wrapper's id goes to the next one made (on the H100 the
+    # input's AccumulateGrad node was skipped as "seen", and its .grad left behind).
+    seen: dict[int, Any] = {}
+    leaves = []
     while nodes:
         node = nodes.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)
         if isinstance(variable, torch.Tensor):
             leaves.append(variable)

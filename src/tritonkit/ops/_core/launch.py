@@ -580,14 +580,11 @@ class Bound:
     def __call__(self, *tensors: Any) -> None:
         """Launch with ``tensors`` in the slots of the tensors given to ``Kernel.bind``."""
         entry = self._entry
-        # Not while launches are deferred (launch.pipelined): Kernel._launch keeps the order;
-        # nor when tests ask every launch in a region to be deferred (PIPE.every).
-        pipe = PIPE
+        # Not while launches are deferred (launch.pipelined): Kernel._launch keeps the order.
         if (
             entry is not None
             and WARMUP.session is None
-            and not pipe.pending
-            and not pipe.every
+            and not PIPE.pending
             and not self.kernel._hooked()
         ):
             device = torch.cuda.current_device()
