@@ -86,3 +86,31 @@ def test_a_stale_name_is_caught(tmp_path):
     )
     found = _missing(stale)
     assert len(found) == 2 and "no_such_kernel" in found[0] and "N._norm_fwd_kernel" in found[1]
+
+
+def test_the_h100_matmul_table_is_the_tune_logs_winners(tmp_path, monkeypatch):
+    """The shipped H100 matmul/linear table came back from the GPU as a tune log only; rebuilt
+    from that log (ship_from_tune_log.py, run here on the committed log into a scratch folder)
+    it is entry for entry the committed table: the log's last winner of each key."""
+    import importlib.util
+    import json
+
+    from tritonkit import _tuning
+
+    spec = importlib.util.spec_from_file_location("ship", EXPERIMENTS / "ship_from_tune_log.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    root = Path(__file__).resolve().parents[1]
+    log = root / "benchmarks/results/nvidia-h100/session-2026-11-27/tune-matmul-decode.log"
+    gpu = "NVIDIA H100 80GB HBM3"
+    committed = json.loads((_tuning.shipped_dir(gpu) / "matmul.json").read_text())["entries"]
+    monkeypatch.setattr(_tuning, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(
+        "sys.argv",
+        ["ship", str(log), "--gpu", gpu, "--profile", "NVIDIA H100 SXM", "--family", "matmul"],
+    )
+    ship.main()
+    rebuilt = json.loads((tmp_path / _tuning._slug(gpu) / "matmul.json").read_text())["entries"]
+    assert rebuilt == committed
+    found = ship.tunings(log.read_text())
+    assert len(found) == 132 and len(committed) == 57

@@ -37,20 +37,6 @@ class LinearCrossEntropyConfig:
 DEFAULT_CONFIG = LinearCrossEntropyConfig()
 
 
-def _chunk_loss_and_grad(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    ignore_index: int,
-    label_smoothing: float,
-    grad_output: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed float32 loss, gradient of ``grad_output * loss`` with respect to the logits):
-    tritonkit's cross-entropy forward and backward kernels back to back, as autograd would
-    run them under autocast (the 16-bit logits read as they are, a float32 loss, the gradient
-    in the logits' dtype), without a trip through the autograd engine per chunk."""
-    return loss_and_grad(logits, target, ignore_index, "sum", label_smoothing, grad_output)
-
-
 class LinearCrossEntropyFunction(torch.autograd.Function):
     """Forward: the loss, and the gradients of x, weight and bias (kept for the backward)."""
 
@@ -75,8 +61,10 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             stop = min(n, start + rows)
             xc = x[start:stop]
             logits = torch.nn.functional.linear(xc, weight, bias)
-            loss, grad = _chunk_loss_and_grad(
-                logits, target[start:stop], ignore_index, label_smoothing, scale
+            # The chunk's summed float32 loss and the gradient of scale * loss, from the
+            # cross-entropy kernels back to back (no trip through the autograd engine).
+            loss, grad = loss_and_grad(
+                logits, target[start:stop], ignore_index, "sum", label_smoothing, scale
             )
             del logits
             total += loss
