@@ -228,7 +228,7 @@ def timings(name, shape, rounds, flush):
 
 _CE_CODE = """
 import torch, tritonkit
-from tritonkit.ops.cross_entropy.forward import ce_rows_kernel
+from tritonkit.ops.cross_entropy.kernels_forward import ce_rows_kernel
 x = torch.randn(8, 50, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 t = torch.tensor([0, 49, -100, 3, 4, 5, 6, 7], device="cuda")
 for _ in range(3):

@@ -1,5 +1,7 @@
 """Compile tritonkit kernels for sm_90a on a machine without a GPU and print ptxas's resource
-report (registers, spills, shared memory) and SASS instruction counts.
+report (registers, spills, shared memory) and SASS instruction counts. The workbench does the
+same per kernel an operator launches (harness/kernel_stats.py, ``tritonkit profile``); this
+script keeps the hand-written cases (a kernel at chosen constexprs) and the SASS counts.
 
 Triton ships ptxas and nvdisasm; compiling needs no GPU. This answers "does it compile for
 Hopper" (the CPU interpreter does not compile) and "how many programs fit on an SM" before a
@@ -24,16 +26,23 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from tritonkit.harness.kernel_stats import ptxas_log, ptxas_stats  # noqa: F401  (re-exported)
 from tritonkit.ops.norm.backward import norm_bwd_kernel
 from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
 from tritonkit.ops.norm.config import NORM
 from tritonkit.ops.norm.forward_looped import norm_fwd_looped_kernel
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.forward_tiles import norm_fwd_tiles_kernel
-from tritonkit.ops.softmax.aligned import softmax_bwd_aligned_kernel, softmax_fwd_aligned_kernel
-from tritonkit.ops.softmax.looped import softmax_bwd_looped_kernel, softmax_fwd_looped_kernel
-from tritonkit.ops.softmax.row_backward import softmax_bwd_row_kernel
-from tritonkit.ops.softmax.tiles import softmax_fwd_tiles_kernel
+from tritonkit.ops.softmax.kernels_aligned import (
+    softmax_bwd_aligned_kernel,
+    softmax_fwd_aligned_kernel,
+)
+from tritonkit.ops.softmax.kernels_looped import (
+    softmax_bwd_looped_kernel,
+    softmax_fwd_looped_kernel,
+)
+from tritonkit.ops.softmax.kernels_row_backward import softmax_bwd_row_kernel
+from tritonkit.ops.softmax.kernels_tiles import softmax_fwd_tiles_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -73,42 +82,10 @@ def compile_case(fn, types: dict[str, str], constexprs: dict, num_warps: int):
     return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
 
 
-def _ptxas_log(kernel) -> str:
-    """ptxas -v's report on the kernel's PTX (registers, spills, shared memory)."""
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(kernel.asm["ptx"])
-        out = subprocess.run(
-            [ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    return out.stderr
-
-
 def ptxas_report(kernel) -> str:
     return " ".join(
-        re.findall(r"Used \d+ registers|\d+ bytes spill \w+|\d+ bytes smem", _ptxas_log(kernel))
+        re.findall(r"Used \d+ registers|\d+ bytes spill \w+|\d+ bytes smem", ptxas_log(kernel))
     )
-
-
-def ptxas_stats(kernel) -> dict[str, int]:
-    """registers, spill_stores, spill_loads (bytes) and smem (bytes, static) from ptxas -v."""
-    log = _ptxas_log(kernel)
-
-    def number(pattern: str) -> int:
-        m = re.search(pattern, log)
-        return int(m.group(1)) if m else 0
-
-    return {
-        "registers": number(r"Used (\d+) registers"),
-        "spill_stores": number(r"(\d+) bytes spill stores"),
-        "spill_loads": number(r"(\d+) bytes spill loads"),
-        "smem": number(r"(\d+) bytes smem"),
-    }
 
 
 def sass_text(kernel) -> str:

@@ -47,136 +47,26 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ["TRITONKIT_AUTOTUNE"] = "0"  # nothing can be timed: each kernel's default config
 
 import torch
-import triton
-from triton import knobs
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import JITFunction, create_function_from_signature
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ptxas_report import TARGET, ptxas_stats, sass_text
+from ptxas_report import sass_text
 
 from tritonkit.harness import spec as S
 from tritonkit.harness.bench import _mode_callable
-from tritonkit.harness.spec import parse_dtype
-from tritonkit.ops._core import device as _device
-from tritonkit.ops._core import launch as _launch
-
-H100_SMS = 132
-H100_SMEM = 232448  # shared_memory_per_block_optin on H100 and H200 (227 KiB)
-
-# Modules whose ``interpreter_enabled`` only decides whether a CPU tensor is accepted: there it
-# answers True, everywhere else False (the GPU's code paths and configs).
-_DEVICE_CHECKS = (
-    "tritonkit.ops._core.validate",
-    "tritonkit.optim._base",
-    "tritonkit.ops.attention.validate",
+from tritonkit.harness.kernel_stats import (  # the recording and compiling are the workbench's
+    H100_SMEM,
+    H100_SMS,
+    Launch,
+    as_on_gpu,
+    ptxas_stats,
+    recording,
 )
-
-
-def _rebind(name: str, original: Any, replacement: Any, saved: list) -> None:
-    """Replace ``original``, bound as ``name`` in any tritonkit module, by ``replacement``."""
-    for mod_name, mod in list(sys.modules.items()):
-        if mod_name.startswith("tritonkit") and getattr(mod, name, None) is original:
-            saved.append((mod, name, original))
-            setattr(mod, name, replacement)
-
-
-@contextmanager
-def as_on_gpu(sms: int, smem: int) -> Iterator[None]:
-    """The ops' device queries answered as on a GPU of ``sms`` SMs and ``smem`` bytes of shared
-    memory per block, with CPU tensors accepted by the device checks."""
-    import tritonkit.ops.matmul.plan as matmul_plan
-
-    saved: list = []
-    _rebind("sm_count", _device.sm_count, lambda device: sms, saved)
-    _rebind("shared_memory_per_block", _device.shared_memory_per_block, lambda d: smem, saved)
-    _rebind("tma_device", matmul_plan.tma_device, lambda device, options=None: True, saved)
-    for mod_name in _DEVICE_CHECKS:
-        mod = sys.modules[mod_name]
-        saved.append((mod, "interpreter_enabled", mod.interpreter_enabled))
-        mod.interpreter_enabled = lambda: True
-    torch.Tensor.is_cuda = property(lambda self: True)
-    try:
-        yield
-    finally:
-        del torch.Tensor.is_cuda  # torch._C.TensorBase's again
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
-
-
-class Launch:
-    """One launch as the CUDA backend specializes it: what ``triton.compile`` takes."""
-
-    def __init__(self, fn: JITFunction, args: tuple, meta: dict, binders: dict) -> None:
-        backend = make_backend(TARGET)
-        binder = binders.get(fn)
-        if binder is None:
-            binder = binders[fn] = create_function_from_signature(fn.signature, fn.params, backend)
-        kwargs = dict(meta)
-        # As JITFunction.run adds them.
-        kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
-        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(
-            backend, kwargs, bound, specialization, options
-        )
-        self.fn, self.signature, self.constexprs, self.attrs = fn, signature, constexprs, attrs
-        self.options = options.__dict__
-        self.extra = {k: v for k, v in meta.items() if k not in fn.arg_names}
-        self.extra.pop("num_warps", None)
-        self.extra.pop("num_stages", None)
-
-    def key(self) -> str:
-        """Kernel | arguments (type, /16 where divisible by 16) | constexprs | warps, stages and
-        any other launch option given."""
-        aligned = {path[0] for path, a in self.attrs.items() if ["tt.divisibility", 16] in a}
-        args = []
-        for i, (name, ty) in enumerate(self.signature.items()):
-            if ty != "constexpr":
-                args.append(f"{name}:{ty}{'/16' if i in aligned else ''}")
-        consts = []
-        for path, value in sorted(self.constexprs.items()):
-            value = getattr(value, "value", value)
-            consts.append(f"{self.fn.arg_names[path[0]]}={value!r}")
-        opts = f"w{self.options['num_warps']} s{self.options['num_stages']}"
-        opts += "".join(f" {k}={v!r}" for k, v in sorted(self.extra.items()))
-        return f"{self.fn.__name__} | {' '.join(args)} | {' '.join(consts)} | {opts}"
-
-    def compile(self):
-        src = ASTSource(
-            fn=self.fn, signature=self.signature, constexprs=self.constexprs, attrs=self.attrs
-        )
-        return triton.compile(src, target=TARGET, options=self.options)
-
-
-@contextmanager
-def recording(on_launch) -> Iterator[None]:
-    """Every kernel launch calls ``on_launch(fn, args, meta)`` instead of launching."""
-    real_launch, real_run = _launch.Kernel._launch, JITFunction.run
-
-    def fake_launch(self, grid, args, meta):
-        on_launch(self.fn, args, meta)
-        return None, None  # no entry: a Bound launch keeps calling _launch
-
-    def fake_run(self, *args, grid, warmup, **meta):  # a plain triton.jit launch, if any
-        if warmup:
-            raise RuntimeError(f"{self.__name__}: warmup (a compile for this machine) asked")
-        on_launch(self, args, meta)
-
-    _launch.Kernel._launch = fake_launch
-    JITFunction.run = fake_run
-    try:
-        yield
-    finally:
-        _launch.Kernel._launch, JITFunction.run = real_launch, real_run
+from tritonkit.harness.spec import parse_dtype
 
 
 def record_launches(specs, dtypes, sms: int, smem: int) -> dict[str, tuple[Launch, str]]:
@@ -186,7 +76,7 @@ def record_launches(specs, dtypes, sms: int, smem: int) -> dict[str, tuple[Launc
     binders: dict = {}
     context = {"case": ""}
 
-    def on_launch(fn, args, meta):
+    def on_launch(fn, args, meta, grid):
         launch = Launch(fn, args, meta, binders)
         launches.setdefault(launch.key(), (launch, context["case"]))
 

@@ -401,6 +401,14 @@ TABLE = [
         "cross_entropy", empty=("input", "target"), probes=(
             Probe("target-too-large", set_at("target", 0, LOGITS[1]), names=("target",)),
         )),
+    Row("conv2d", lambda x, weight, bias: tritonkit.conv2d(x, weight, bias, padding=1),
+        lambda x, weight, bias: F.conv2d(x, weight, bias, padding=1),
+        lambda d: {"x": randn(2, 4, 6, 5, dtype=d), "weight": randn(3, 4, 3, 3, dtype=d),
+                   "bias": randn(3, dtype=d)}, "conv2d", empty=("x",)),
+    Row("nn.Conv2d", module(tritonkit.nn.Conv2d, 4, 3, 3, padding=1),
+        module(torch.nn.Conv2d, 4, 3, 3, padding=1),
+        lambda d: {"x": randn(2, 4, 6, 5, dtype=d), "weight": randn(3, 4, 3, 3, dtype=d),
+                   "bias": randn(3, dtype=d)}, "conv2d", empty=("x",)),
     # `tritonkit new NAME` adds its operator's row above this line.
 ]  # fmt: skip
 

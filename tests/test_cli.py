@@ -301,8 +301,9 @@ def test_bench_without_gpu_checks_and_says_so(tmp_path, capsys):
     md = (out_dir / "report.md").read_text()
     assert "Timings need a GPU" in md and "measure nothing of the GPU" in md
     assert "## Performance" not in md and "How to read it" not in md  # GPU-only sections
-    # the shape checked is listed, one that can show an error (copy is exact, as PyTorch is)
-    assert "| copy | float32 | (3, 129) | 5/5 | 0 | 1 |" in md, md
+    # the shape checked is listed, one that can show an error (copy is exact, as PyTorch is);
+    # 6 cases: random, mixed, specials, constants, grad, empty
+    assert "| copy | float32 | (3, 129) | 6/6 | 0 | 1 |" in md, md
     from tritonkit.harness.plots import accuracy_rows  # what accuracy.png draws
 
     rows = accuracy_rows(results)

@@ -14,7 +14,7 @@ from tritonkit.harness.spec import get_spec
 from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.ops.cross_entropy import CROSS_ENTROPY, cross_entropy, cross_entropy_loss
 from tritonkit.ops.cross_entropy.config import align_for, ce_config, row_strides
-from tritonkit.ops.cross_entropy.forward import ce_stats_kernel
+from tritonkit.ops.cross_entropy.kernels_forward import ce_stats_kernel
 
 from _checks import assert_spec_passes, compile_backend
 

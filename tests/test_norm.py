@@ -850,7 +850,7 @@ def test_backward_loops_over_rows_the_forward_keeps_in_registers(name, dtype, de
     )
 
 
-PYTHON_PATH = ["norm/api.py", "_core/registry.py", "norm/function.py", "norm/plan.py"]
+PYTHON_PATH = ["norm/function.py", "_core/registry.py", "norm/function.py", "norm/plan.py"]
 PYTHON_PATH += ["_core/launch.py"]
 RECORDED_PATH = [*PYTHON_PATH[:2], "_core/replay.py", *PYTHON_PATH[2:]]
 
@@ -887,11 +887,11 @@ def _launch_route(call) -> list[str] | None:
     return files
 
 
-def test_rms_norm_reaches_its_launch_through_five_files(device):
-    """A warm rms_norm call on the Python path, at its kernel launch, from the public function
-    down: the public function, registry.apply, the autograd Function, the plan, the launch;
-    each file entered once. Under the interpreter every call takes this path (CPU tensors are
-    never recorded); on a GPU a call whose key has no replay plan does, which
+def test_rms_norm_reaches_its_launch_through_four_files(device):
+    """A warm rms_norm call on the Python path, at its kernel launch, from the public function down:
+    the public function, registry.apply, the autograd Function (the public function's module again),
+    the plan, the launch: four files. Under the interpreter every call takes this path (CPU tensors
+    are never recorded); on a GPU a call whose key has no replay plan does, which
     ``replay.suspended()`` makes of every call here (the recorded and replayed calls: the test
     below)."""
     from tritonkit.ops._core import replay
@@ -905,7 +905,7 @@ def test_rms_norm_reaches_its_launch_through_five_files(device):
 
 def test_rms_norm_is_recorded_then_replayed(device):
     """The replay route of one key (ops/_core/replay.py), call by call: the first call takes
-    the Python path (five files), the second is recorded on its way down (replay.py between
+    the Python path (four files), the second is recorded on its way down (replay.py between
     registry.apply and the Function). On a GPU the third runs from C++: no launch from Python,
     the same bits. Under the interpreter (CPU tensors keyed with ``replay.on_host``) the
     recording fails, since the interpreter launches through Triton's own launcher, which

@@ -599,7 +599,7 @@ def _uses_twice(x):
 def test_with_globals_copies_through_decorators_and_changes_nothing_else():
     import functools
 
-    from tritonkit.models.patching import with_globals
+    from tritonkit.models.patcher import with_globals
 
     def logged(f):
         @functools.wraps(f)

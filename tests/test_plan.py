@@ -66,6 +66,9 @@ _NOT_PLAN_CACHES = {
     ("harness/spec.py", "_REGISTRY"),  # the OpSpec registry
     ("harness/timing.py", "@functools.cache _flush_buffer"),  # the bench's L2 flush buffer
     ("specs/_cuda_gelu.py", "@functools.lru_cache(maxsize=1) _module"),  # a compiled baseline
+    ("ops/collectives/plan.py", "_WORKSPACES"),  # symmetric-memory buffers per (group, size)
+    ("harness/bench_cases.py", "_TIMED"),  # the calls a bench case timed, for its energy pass
+    ("harness/energy.py", "_NVML"),  # the NVML library handle per device, opened once
 }
 
 

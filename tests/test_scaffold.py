@@ -120,7 +120,7 @@ def test_remove_undoes_new_exactly(tmp_path, capsys):
     assert "zz_probe" in _families(root)
     cache = root / "src/tritonkit/ops/zz_probe/__pycache__"
     cache.mkdir()
-    (cache / "kernel.cpython-311.pyc").write_bytes(b"\0")
+    (cache / "kernels.cpython-311.pyc").write_bytes(b"\0")
     capsys.readouterr()
     assert cli.main(["new", "--remove", "zz_probe", "--root", str(root)]) == 0
     out = capsys.readouterr().out
@@ -140,12 +140,12 @@ def test_remove_refuses_what_new_did_not_write(tmp_path, capsys):
     with pytest.raises(scaffold.ScaffoldError, match="lowercase Python identifier"):
         scaffold.remove("../norm", root=root)
     scaffold.scaffold("zz_probe", root=root)
-    kernel = root / "src/tritonkit/ops/zz_probe/kernel.py"
+    kernel = root / "src/tritonkit/ops/zz_probe/kernels.py"
     bad_input = root / "tests/test_bad_input.py"
     extra = root / "src/tritonkit/ops/zz_probe/notes.md"
     row = scaffold.render("bad_input_row.py.tmpl", "zz_probe")
     edits = [
-        (kernel, lambda t: t + "# mine\n", "nothing removed: .*wrote .*: [^ ]*kernel.py$"),
+        (kernel, lambda t: t + "# mine\n", "nothing removed: .*wrote .*: [^ ]*kernels.py$"),
         (extra, lambda t: "mine\n", "did not write: .*notes.md"),
         (bad_input, lambda t: t.replace(row, row.replace("2.0", "3.0")), "row .* changed since"),
     ]
@@ -173,7 +173,7 @@ def test_new_operator_passes_its_tests_and_the_workbench(tmp_path):
     of the package-level tests, ``tritonkit check foo``, and ``tritonkit list`` shows it."""
     root = _copy_repo(tmp_path)
     out = _run(root, "-m", "tritonkit", "new", "foo").stdout
-    assert "tests/test_foo.py" in out and "ops/foo/kernel.py" in out
+    assert "tests/test_foo.py" in out and "ops/foo/kernels.py" in out
     _run(root, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider",
          "tests/test_foo.py", "tests/test_cli.py", "tests/test_public_api.py",
          "tests/test_bad_input.py", "-k", "foo or every_public or export")  # fmt: skip

@@ -10,8 +10,11 @@ from tritonkit.harness.spec import get_spec
 from tritonkit.nn.softmax import LogSoftmax, Softmax
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops.softmax import SOFTMAX, log_softmax, softmax, softmax_along
-from tritonkit.ops.softmax.aligned import softmax_bwd_aligned_kernel, softmax_fwd_aligned_kernel
-from tritonkit.ops.softmax.row_backward import softmax_bwd_row_kernel
+from tritonkit.ops.softmax.kernels_aligned import (
+    softmax_bwd_aligned_kernel,
+    softmax_fwd_aligned_kernel,
+)
+from tritonkit.ops.softmax.kernels_row_backward import softmax_bwd_row_kernel
 
 from _checks import assert_spec_passes, compile_backend
 

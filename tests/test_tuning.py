@@ -229,6 +229,7 @@ def _expected_params():
     import dataclasses
 
     from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
+    from tritonkit.ops.conv.config import DepthwiseConfig, GemmConfig, WgradConfig
     from tritonkit.ops.matmul.configs import MatmulConfig
     from tritonkit.ops.matmul.decode import DecodeGemmConfig
     from tritonkit.ops.optim.newton_schulz import DEFAULT_NS, NS_KERNEL
@@ -238,6 +239,7 @@ def _expected_params():
     tile = set(INTERPRETER_FWD.tuning().params)
     matmul = {f.name for f in dataclasses.fields(MatmulConfig)} - {"num_warps", "num_stages"}
     weight_only = set(WeightOnlyConfig(16, 64, 256, 1, 4, 2).to_tuning().params)
+    gemm = set(GemmConfig().tuning().params)
     return {
         "matmul": matmul,
         "attention_fwd": tile,
@@ -249,6 +251,9 @@ def _expected_params():
         "matmul_decode": set(DecodeGemmConfig().tuning().params),
         NS_KERNEL: set(DEFAULT_NS.tuning().params),
         CHUNKS_KERNEL: set(CHUNK_CANDIDATES[0].tuning().params),
+        **dict.fromkeys(("conv_fwd", "conv_1x1", "conv_rows", "conv_dgrad"), gemm),
+        "conv_wgrad": set(WgradConfig().tuning().params),
+        "conv_depthwise": set(DepthwiseConfig().tuning().params),
     }
 
 

@@ -108,6 +108,17 @@ class Stats:
 STATS = Stats()
 
 
+class _Warmup:
+    """The ``tritonkit.warmup`` session that every launch of the process goes to while it
+    runs (``_warmup.py``), or None. Not per thread: a warmed backward runs on autograd's
+    threads. Here, below the launch path, because tuning reads it too."""
+
+    session: Any = None
+
+
+WARMUP = _Warmup()
+
+
 def enabled() -> bool:
     if os.environ.get(AUTOTUNE_ENV, "1") == "0":
         return False
@@ -482,8 +493,6 @@ def tune(
             return candidates[0]
     if not enabled():
         return candidates[0]
-    from tritonkit.ops._core.launch import WARMUP
-
     if WARMUP.session is not None:  # tritonkit.warmup: compile every candidate, time none
         for c in candidates:
             if prune is None or prune(c):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+import tritonkit.cli_warmup as cli_warmup
 from tritonkit.cli_args import (  # noqa: F401  (the names commands and tests use)
     COMMANDS,
     DEFAULT_OUT,
@@ -51,7 +52,7 @@ from tritonkit.cli_run import (
     cmd_bench,
     cmd_tune,
 )
-from tritonkit.harness import quant_report, warm
+from tritonkit.harness import bench_comm, cli_why, quant_report
 
 # ---- commands ---------------------------------------------------------------------------------
 
@@ -358,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time launch configs on this GPU even where the package ships a table",
     )
+    cli_why.add_bench_options(s)  # harness/cli_why.py: --rsd, --energy, --compile-modes
     s.set_defaults(func=cmd_bench)
 
     s = command("report", "render a report (and the README table) from results JSON")
@@ -415,7 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_new)
     quant_report.add_parser(sub, parents=[common])  # harness/quant_report.py
-    warm.add_parser(sub, parents=[common])  # harness/warm.py: `tritonkit warmup`
+    cli_warmup.add_parser(sub, parents=[common])  # cli_warmup.py: `tritonkit warmup`
+    bench_comm.add_parser(sub, parents=[common])  # harness/bench_comm.py (torchrun)
+    cli_why.add_parser(sub, parents=[common])  # harness/cli_why.py: profile, soak, trend
     return p
 
 

@@ -16,7 +16,8 @@ import torch
 
 DEFAULT_OUT = "tritonkit-report"
 COMMANDS = (
-    "list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report", "warmup"
+    "list", "check", "bench", "report", "doctor", "tune", "regress", "new", "quant-report",
+    "warmup", "profile", "soak", "trend",
 )  # fmt: skip
 # Names a user may type for dtypes, beside the names the specs list (float32, float8_e4m3fn...).
 DTYPE_ALIASES = {

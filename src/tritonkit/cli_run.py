@@ -228,6 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bench: list[dict[str, Any]] = []
     ceilings = None
     if gpu:
+        from tritonkit.harness import cli_why
         from tritonkit.harness.bench import bench_spec
 
         profile = _gpu_profile(args)
@@ -248,6 +249,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 seed=seed,
                 on_step=lambda desc, cost=cost: progress.running(desc, cost),
                 variants=it.variants,
+                **cli_why.bench_options(args),  # harness/cli_why.py
             )
     progress.close()
     print(

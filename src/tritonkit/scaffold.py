@@ -2,14 +2,14 @@
 ``tritonkit new --remove NAME`` takes it out again.
 
 It writes the set one operator is made of (docs/DESIGN.md, "Adding an operator"): the family
-package ``ops/NAME/`` (kernel module with its config and launchers; registration, autograd
-Function and public function), its spec ``specs/NAME.py`` (reference, inputs, shapes, bytes,
-FLOPs, baselines) and its test ``tests/test_NAME.py``, adds NAME to ``ops.FAMILIES`` and its
-row to the bad-input table of ``tests/test_bad_input.py`` (which holds every public function). The
-generated operator is a real one (``x + alpha * y`` with autograd) whose test passes at once
-under the CPU interpreter; ``tritonkit list``, ``check`` and ``bench`` see it. The files pass the
-repository's ``ruff check`` and ``ruff format --check`` as written, for any name of up to
-``MAX_NAME`` characters (tests/test_scaffold.py).
+package ``ops/NAME/`` in the shape every family has (``kernels.py``, ``config.py``, ``plan.py``,
+``function.py``: registration, autograd Function and public function), its spec ``specs/NAME.py``
+(reference, inputs, shapes, bytes, FLOPs, baselines) and its test ``tests/test_NAME.py``, adds NAME
+to ``ops.FAMILIES`` and its row to the bad-input table of ``tests/test_bad_input.py`` (which holds
+every public function). The generated operator is a real one (``x + alpha * y`` with autograd)
+whose test passes at once under the CPU interpreter; ``tritonkit list``, ``check`` and ``bench``
+see it. The files pass the repository's ``ruff check`` and ``ruff format --check`` as written, for
+any name of up to ``MAX_NAME`` characters (tests/test_scaffold.py).
 
 ``remove`` undoes exactly what ``scaffold`` did, and only that: it deletes the generated files
 and takes the two edits out of the shared files, after checking that each is still what
@@ -29,7 +29,9 @@ TEMPLATES = Path(__file__).parent / "templates" / "operator"
 # template -> where it goes, relative to the repository root
 FILES = {
     "ops_init.py.tmpl": "src/tritonkit/ops/{name}/__init__.py",
-    "ops_kernel.py.tmpl": "src/tritonkit/ops/{name}/kernel.py",
+    "ops_kernels.py.tmpl": "src/tritonkit/ops/{name}/kernels.py",
+    "ops_config.py.tmpl": "src/tritonkit/ops/{name}/config.py",
+    "ops_plan.py.tmpl": "src/tritonkit/ops/{name}/plan.py",
     "ops_function.py.tmpl": "src/tritonkit/ops/{name}/function.py",
     "spec.py.tmpl": "src/tritonkit/specs/{name}.py",
     "test.py.tmpl": "tests/test_{name}.py",

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from tritonkit.fusion.analyzer import FusionAnalyzer, FusionGroup
+from tritonkit.fusion.codegen import generate
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,6 @@ class CostParams:
         import triton.testing
 
         import tritonkit
-        from tritonkit.fusion.codegen import generate
 
         def bench(fn) -> float:
             return triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3  # us

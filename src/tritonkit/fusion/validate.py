@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tritonkit.fusion.cost import CostParams
+from tritonkit.fusion.planner import plan
 
 
 class _BiasGelu(nn.Module):
@@ -156,8 +157,6 @@ def validate(device: str = "cuda", tiny: bool = False, params: CostParams | None
         "wrong_accepts": [...], "explain": [...]}``; each row names the pattern, the group,
         the decision, the predicted and measured savings (us) and their relative error.
     """
-    from tritonkit.fusion.planner import plan
-
     if params is None:
         params = CostParams.calibrate(device) if device == "cuda" else CostParams.from_profile()
     scale = 8 if tiny else 8192

@@ -25,12 +25,16 @@ MIN_ELEMENTS_FOR_RATIO = 64
 RATIO_FLOOR = {torch.float32: 2.0**-20}
 
 
-def _flatten(out: Any) -> list[torch.Tensor]:
+def flatten(out: Any) -> list[torch.Tensor]:
+    """The tensors of an operator's result (a tensor, or nested tuples and lists of them)."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flatten(o)]
+        return [t for o in out for t in flatten(o)]
     raise TypeError(f"operator returned {type(out).__name__}, expected tensors")
+
+
+_flatten = flatten  # the name experiments/ scripts import
 
 
 def _upcast(inputs: Sequence[Any]) -> tuple:
@@ -201,7 +205,7 @@ def compare(
     """Every output tensor against the float64 reference, each by its metric (``metrics`` by
     output index; otherwise ``tol`` for floating outputs, Exact for the others). A passing
     detail names the outputs passed on ``Tolerance.torch_factor``'s count."""
-    ours_t, ref_t, same_t = _flatten(ours), _flatten(ref), _flatten(torch_same)
+    ours_t, ref_t, same_t = flatten(ours), flatten(ref), flatten(torch_same)
     if len(ours_t) != len(ref_t):
         return Outcome(False, detail=f"{len(ours_t)} outputs, PyTorch gives {len(ref_t)}")
     res = Outcome(True, 0.0, 0.0)

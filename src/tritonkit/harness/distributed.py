@@ -23,6 +23,11 @@ from typing import Any
 
 import torch
 
+# The engines' one-process loops, under the names this module's ranks call them by: check.py
+# and bench.py (which route a distributed spec here) sit above this module, not below it.
+from tritonkit.harness.bench_cases import bench_local as bench_spec
+from tritonkit.harness.check_cases import CheckResult
+from tritonkit.harness.check_cases import check_local as check_spec
 from tritonkit.harness.spec import _REGISTRY, OpSpec, load_specs
 
 
@@ -57,14 +62,10 @@ def _rank_main(rank: int, job: dict[str, Any]) -> None:
     try:
         spec = find_spec(job["origin"], job["name"])
         if job["engine"] == "check":
-            from tritonkit.harness.check import check_spec
-
             rows: list[Any] = [
                 r.as_dict() for r in check_spec(spec, device=device, **job["kwargs"])
             ]
         else:
-            from tritonkit.harness.bench import bench_spec
-
             rows = bench_spec(spec, **job["kwargs"])
         with open(os.path.join(job["tmp"], f"rank{rank}.json"), "w") as f:
             json.dump(rows, f)
@@ -110,8 +111,6 @@ def _needs_gpus(spec: OpSpec, device: torch.device) -> str | None:
 
 def check_on_ranks(spec: OpSpec, device: torch.device, kwargs: dict) -> list:
     """Run the check engine on every rank; one merged result per case."""
-    from tritonkit.harness.check import CheckResult
-
     why = _needs_gpus(spec, device)
     if why is not None:
         return [CheckResult(spec.name, "", "all", "all", "all", False, detail=why, skipped=why)]
@@ -130,8 +129,6 @@ def _worst(values: Sequence[Any], pick) -> Any:
 
 def merge_checks(per_rank: list[list[dict]]) -> list:
     """Per case, one result: passed on every rank, the worst errors, each rank's detail."""
-    from tritonkit.harness.check import CheckResult
-
     lengths = {len(rows) for rows in per_rank}
     merged = []
     for rows in zip(*per_rank):

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tritonkit.harness.report import baselines_in, shapes_checked
+from tritonkit.harness.cells import baselines_in, shapes_checked
 
 
 def _pyplot():
@@ -285,3 +285,39 @@ def plot_accuracy(results: dict[str, Any], out_dir: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_sweeps(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Per operator timed with ``bench --sweep``: its size (bytes moved, from the spec's
+    formula) against % of the roofline, tritonkit's and each baseline's, a line per candidate
+    and mode."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results.get("bench", []):
+        if r.get("sweep") and r.get("bytes") and not r.get("note"):
+            groups[r["op"]].append(r)
+    plt = _pyplot() if groups else None
+    if plt is None:
+        return []
+    paths = []
+    for op, recs in groups.items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        lines: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for r in recs:
+            for name, c in r["candidates"].items():
+                if c.get("pct_of_roofline") is not None:
+                    label = f"{name} {_short(r['dtype'])} {r['mode']}"
+                    lines[label].append((r["bytes"], c["pct_of_roofline"]))
+        for label, pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes moved per call (the spec's formula)")
+        ax.set_ylabel("% of roofline")
+        ax.set_title(f"{op}: shape sensitivity")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"sweep_{safe_stem(op)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tritonkit.harness.report import baselines_in, fmt, md_table, rate_cell, ratio
+from tritonkit.harness.cells import baselines_in, fmt, md_table, rate_cell, ratio
 
 # The README's one table: each operator at its main dtype and largest shape.
 README_SUMMARY_BEGIN = (

@@ -3,8 +3,9 @@
 ``tritonkit regress NEW.json --against OLD.json --threshold 0.10`` matches the timed cases of
 two results files (operator, parameters, shape, dtype, mode) and fails when tritonkit's median
 time grew by more than the threshold, or its error against float64 grew (or a check that passed
-now fails). It refuses to compare runs from different GPUs, or runs whose cases differ, and
-says why.
+now fails). It compares the cases both runs timed and lists the others (a user's run of the main
+job against the committed results of a fuller one); it refuses to compare runs from different
+GPUs, or runs that share no timed case, and says why. trend.py follows many runs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from tritonkit.harness.cells import fmt, md_table
 
 # Relative-L2 errors this small are rounding noise; growth below it is not a regression.
 ACCURACY_FLOOR = 1e-7
@@ -29,7 +32,9 @@ class Row:
     ratio: float | None  # new / old time
     old_err: float | None
     new_err: float | None
-    status: str  # "ok", "slower", "less accurate", "failed check", "faster"
+    # "ok", "slower", "less accurate", "failed check", "faster"; "only in new" and "only in
+    # old" for a case one run did not time (listed, never a regression)
+    status: str
 
 
 def _key(r: dict[str, Any]) -> str:
@@ -62,14 +67,18 @@ def compare(new: dict[str, Any], old: dict[str, Any], threshold: float = 0.10) -
         raise Incomparable("both results files must hold GPU timings (kind 'gpu')")
     a, b = _timed(new), _timed(old)
     only_new, only_old = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-    if only_new or only_old:
+    if not set(a) & set(b):
         detail = "; ".join(
             [f"only in new: {', '.join(only_new[:5])}"] * bool(only_new)
             + [f"only in old: {', '.join(only_old[:5])}"] * bool(only_old)
         )
-        raise Incomparable(f"the two runs timed different cases (shapes or operators): {detail}")
+        raise Incomparable(
+            f"the two runs timed different cases (shapes or operators) and share none: {detail}"
+        )
     rows = []
     for key in a:
+        if key not in b:
+            continue
         nr, orr = a[key], b[key]
         new_ms = nr["candidates"]["tritonkit"]["median"]
         old_ms = orr["candidates"]["tritonkit"]["median"]
@@ -90,6 +99,12 @@ def compare(new: dict[str, Any], old: dict[str, Any], threshold: float = 0.10) -
         elif ratio is not None and ratio < 1 - threshold:
             status = "faster"
         rows.append(Row(key, old_ms, new_ms, ratio, old_err, new_err, status))
+    for key in only_new:
+        rows.append(Row(key, None, a[key]["candidates"]["tritonkit"]["median"], None, None, None,
+                        "only in new"))  # fmt: skip
+    for key in only_old:
+        rows.append(Row(key, b[key]["candidates"]["tritonkit"]["median"], None, None, None, None,
+                        "only in old"))  # fmt: skip
     return rows
 
 
@@ -98,8 +113,6 @@ def failed(rows: list[Row]) -> bool:
 
 
 def render(rows: list[Row], threshold: float) -> str:
-    from tritonkit.harness.report import fmt, md_table
-
     body = [
         [
             r.case,
@@ -118,9 +131,15 @@ def render(rows: list[Row], threshold: float) -> str:
         ["case", "old ms", "new ms", "new / old", "old rel. L2", "new rel. L2", "status"], body
     )
     bad = sum(r.status in ("slower", "less accurate", "failed check") for r in rows)
+    shared = sum(not r.status.startswith("only in") for r in rows)
     verdict = (
         f"{bad} regression(s) beyond {threshold:.0%}"
         if bad
         else f"no regression beyond {threshold:.0%}"
     )
+    if shared < len(rows):
+        verdict = (
+            f"{shared} case(s) compared, {len(rows) - shared} timed by one run only (listed); "
+            + verdict
+        )
     return table + "\n\n" + verdict

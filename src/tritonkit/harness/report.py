@@ -9,12 +9,36 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tritonkit.harness import plots as plots_
+from tritonkit.harness.cells import (  # noqa: F401  (the names callers import from here)
+    BASELINE_ORDER,
+    EXTRA_COLUMNS,
+    baselines_in,
+    fmt,
+    md_table,
+    params_cell,
+    rate_cell,
+    ratio,
+    shapes_checked,
+)
+from tritonkit.harness.readme_tables import (  # noqa: F401
+    README_BEGIN,
+    README_END,
+    README_HOST_BEGIN,
+    README_HOST_END,
+    README_SUMMARY_BEGIN,
+    README_SUMMARY_END,
+    readme_section,
+    render_host_table,
+    render_readme_table,
+    render_summary_table,
+    update_readme,
+)
+
 SCHEMA = 1
-BASELINE_ORDER = ("torch", "torch.compile", "liger", "cuda")
 
 
 def make_results(
@@ -183,44 +207,6 @@ def validate(data: dict[str, Any], path: Path) -> None:
 # ---- formatting -----------------------------------------------------------------------------
 
 
-def fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, str):
-        return x
-    if isinstance(x, float):
-        if not math.isfinite(x):
-            return str(x)
-        if x == 0:
-            return "0"
-        if abs(x) >= 100:
-            return f"{x:,.0f}"
-        return f"{x:.{digits}g}"
-    return str(x)
-
-
-def ratio(x: Any, digits: int = 2) -> str:
-    """A ratio (speedup, error ratio) as ``1.23x``; with no finite baseline, ``n/a``."""
-    if not isinstance(x, (int, float)) or not math.isfinite(x):
-        return "n/a"
-    return f"{x:.{digits}f}x"
-
-
-def _params(p: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in p.items()) or "—"
-
-
-def md_table(header: list[str], rows: Iterable[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def baselines_in(records: list[dict[str, Any]]) -> list[str]:
-    names = {n for r in records for n, c in r["candidates"].items() if c["kind"] == "baseline"}
-    return sorted(names, key=lambda n: (BASELINE_ORDER.index(n) if n in BASELINE_ORDER else 99, n))
-
-
 def environment_lines(results: dict[str, Any]) -> list[str]:
     fp = results["fingerprint"]
     lines = []
@@ -265,15 +251,6 @@ EXCUSED_RULE = (
     "still passes when its largest error is no more than the stated multiple of PyTorch's own "
     "largest error on the same inputs. These checks passed that way:"
 )
-
-
-def shapes_checked(checks: list[dict[str, Any]]) -> str:
-    """The shapes of these checks that computed something (not the empty tensors' cases, not a
-    skipped dtype's), in the order run, joined by ``; ``; ``—`` when there are none."""
-    shapes = dict.fromkeys(
-        c["shape"] for c in checks if c.get("case") != "empty" and not c.get("skipped")
-    )
-    return "; ".join(shapes) or "—"
 
 
 def _check_case(c: dict[str, Any]) -> str:
@@ -367,15 +344,6 @@ def _loop_cell(c: dict[str, Any]) -> str:
     return f"{fmt(c['wall_us'])} / {fmt(c['host_us'])}{mark}"
 
 
-def rate_cell(c: dict[str, Any]) -> str:
-    """The rate that matters: TFLOP/s where compute bounds the operator, else GB/s."""
-    if c.get("TFLOPs") and (c.get("bottleneck") == "compute" or not c.get("GBps")):
-        return f"{fmt(c['TFLOPs'])} TFLOP/s"
-    if c.get("GBps"):
-        return f"{fmt(c['GBps'])} GB/s"
-    return "—"
-
-
 def evolution_rows(record: dict[str, Any]) -> list[list[str]]:
     """Variants in order, then tritonkit's default path: time, rate, % of cuBLAS/torch, gain."""
     cands = record["candidates"]
@@ -403,6 +371,12 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
         base = baselines_in(recs)
         header = ["operator", "params", "shape", "dtype", "mode", "ms", "rate", "% roofline"]
         header += ["wall / host us"]
+        extras = [
+            (title, cell)
+            for title, cell, present in EXTRA_COLUMNS
+            if any(present(r, r["candidates"].get("tritonkit", {})) for r in recs)
+        ]
+        header += [title for title, _ in extras]
         header += [f"vs {b} [95% CI]; wall" for b in base]
         header += ["peak MiB (ours / torch)", "correct (rel. L2)"]
         rows, notes = [], []
@@ -414,15 +388,18 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
             roof = ours.get("pct_of_roofline")
             row = [
                 r["op"],
-                _params(r["params"]),
+                params_cell(r["params"]),
                 r["shape"],
                 r["dtype"],
                 r["mode"],
                 fmt(ours.get("median")),
                 rate_cell(ours),
-                f"{roof:.0f}% ({ours.get('bottleneck')})" if roof is not None else "—",
+                f"{roof:.0f}% ({ours.get('bound') or ours.get('bottleneck')})"
+                if roof is not None
+                else "—",
                 _loop_cell(ours),
             ]
+            row += [cell(r, ours) for _, cell in extras]
             row += [_speedup_cell(r, b) for b in base]
             torch_mem = r["candidates"].get("torch", {}).get("peak_mem_bytes")
             ours_mem = ours.get("peak_mem_bytes")
@@ -439,6 +416,12 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
                 if c.get("flag")
             ]
             notes += flags
+            if ours.get("rsd_met") is False:
+                notes.append(
+                    f"{r['op']} {r['shape']} {r['dtype']} {r['mode']}: RSD "
+                    f"{100 * ours['rsd']:.1f}% missed the target after {ours.get('batches')} "
+                    "batches of samples (the time cap): compare its medians with care"
+                )
         parts.append(f"### {family}\n\n" + md_table(header, rows))
         for r in recs:
             if r.get("note") or not any(c["kind"] == "variant" for c in r["candidates"].values()):
@@ -451,6 +434,31 @@ def render_bench(bench: list[dict[str, Any]]) -> str:
         if notes:
             parts.append("Notes:\n\n" + "\n".join(f"- {n}" for n in notes))
     return "\n\n".join(parts)
+
+
+def _extra_legend(bench: list[dict[str, Any]]) -> str:
+    """What the columns a run has beyond the older documents' mean (empty where it has none)."""
+    ours = [r["candidates"].get("tritonkit", {}) for r in bench]
+    text = ""
+    if any(c.get("rsd") is not None for c in ours):
+        text += (
+            " `RSD`: standard deviation over mean of the samples inside the fences; samples "
+            "are added batch after batch until it is at most the target (5% unless set) or a "
+            "time cap, ⚑ where the cap came first."
+        )
+    if any(c.get("joules_per_call") is not None for c in ours):
+        text += (
+            " `energy`: NVML over back-to-back calls: the board's watts, microjoules per call "
+            "and GB/s (or GFLOP/s) per watt (bytes or FLOPs per joule)."
+        )
+    if any(r.get("kernels") for r in bench):
+        text += (
+            " `kernels`: per kernel launched, registers, spill bytes (stores/loads) and "
+            "theoretical occupancy on sm_90, with a profiler's achieved occupancy, L2 hit "
+            "rate and DRAM GB/s where measured; the class in `% roofline` follows "
+            "harness/bottleneck.py's rule."
+        )
+    return text
 
 
 def render_markdown(results: dict[str, Any], plots: list[Path] | None = None) -> str:
@@ -480,7 +488,8 @@ def render_markdown(results: dict[str, Any], plots: list[Path] | None = None) ->
         "bounds it; `vs X` is X's median time over tritonkit's (above 1: tritonkit is faster), "
         "both timed in the same run, interleaved, L2 flushed before every sample, outliers "
         "beyond 1.5 IQR dropped, with a 95% bootstrap interval; (≈) marks no significant "
-        "difference, ⚠ a speedup above 10x to review; n/a, a ratio without a baseline.",
+        "difference, ⚠ a speedup above 10x to review; n/a, a ratio without a baseline."
+        + _extra_legend(results["bench"]),
         "",
     ]
     if images:
@@ -504,31 +513,10 @@ def write_report(results: dict[str, Any], out_dir: Path, with_json: bool = True)
     out_dir.mkdir(parents=True, exist_ok=True)
     if with_json:
         write_json(results, out_dir / "results.json")
-    from tritonkit.harness.plots import (
-        plot_accuracy,
-        plot_bandwidth,
-        plot_roofline,
-        plot_speedups,
-    )
-
-    plots = [p for p in (plot_roofline(results, out_dir), plot_bandwidth(results, out_dir)) if p]
-    plots += plot_speedups(results, out_dir)
-    plots += [p for p in (plot_accuracy(results, out_dir),) if p]
+    # Through the module: a caller (a test that leaves the plots out) may replace its functions.
+    drawn = [plots_.plot_roofline(results, out_dir), plots_.plot_bandwidth(results, out_dir)]
+    plots = [p for p in drawn if p] + plots_.plot_speedups(results, out_dir)
+    plots += [p for p in (plots_.plot_accuracy(results, out_dir),) if p]
+    plots += plots_.plot_sweeps(results, out_dir)  # only runs of `bench --sweep` have any
     (out_dir / "report.md").write_text(render_markdown(results, plots))
     return [out_dir / "results.json"] * with_json + [out_dir / "report.md", *plots]
-
-
-# The README's tables (readme_tables.py), where callers have always found them.
-from tritonkit.harness.readme_tables import (  # noqa: E402, F401
-    README_BEGIN,
-    README_END,
-    README_HOST_BEGIN,
-    README_HOST_END,
-    README_SUMMARY_BEGIN,
-    README_SUMMARY_END,
-    readme_section,
-    render_host_table,
-    render_readme_table,
-    render_summary_table,
-    update_readme,
-)

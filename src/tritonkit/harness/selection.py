@@ -2,13 +2,14 @@
 
 By default a representative selection: every operator at its main dtype (its first bench
 dtype; under the interpreter the first one it can compute), at one test shape for the
-accuracy checks (a random draw, a mixed layout, NaN/inf, the gradients, empty tensors) and one
-bench shape for the timings. Every operator is a spec, so the fused paths (``bias_act``,
-``add_rms_norm``, ``linear``) and the low-precision ones (``scaled_matmul``, ``int8_matmul``,
-``quantize``, ``float8_linear``) are in it. The checks' shape is one that can show an error
-(``check_shape``: hundreds of elements, in several rows): a spec's first test shapes are its
-degenerate ones ((1, 1), one number), where a kernel is exact by construction and PyTorch's
-own error cannot be measured; they stay in the test suite. ``--full`` is every dtype, shape
+accuracy checks (a random draw, a mixed layout, NaN/inf, constant edge inputs, the gradients,
+empty tensors) and one bench shape for the timings. Every operator is a spec, so the fused
+paths (``bias_act``, ``add_rms_norm``, ``linear``) and the low-precision ones
+(``scaled_matmul``, ``int8_matmul``, ``quantize``, ``float8_linear``) are in it. The checks'
+shape is one that can show an error (``check_shape``: hundreds of elements, in several rows):
+a spec's first test shapes are its degenerate ones ((1, 1), one number), where a kernel is
+exact by construction and PyTorch's own error cannot be measured; they stay in the test
+suite. ``--full`` is every dtype, shape
 and case; dtypes or shapes asked for on the command line replace the selection's.
 
 The estimate is a cost model in seconds per case, a prior the progress display corrects by
@@ -29,12 +30,13 @@ from typing import Any
 
 import torch
 
-from tritonkit.harness.check import CASES
+from tritonkit.harness.check_cases import CASES, planned_cases
+from tritonkit.harness.compare import _upcast, flatten
 from tritonkit.harness.spec import OpSpec
 from tritonkit.ops._core.device import interpreter_enabled
 
 # The accuracy cases of the representative selection (CASES has every one).
-QUICK_CASES = ("random", "mixed", "specials", "grad", "empty")
+QUICK_CASES = ("random", "mixed", "specials", "constants", "grad", "empty")
 
 # Interpreter: seconds per check case at the test shapes (a vector operator, a GEMM), per
 # element (per multiply-add) beyond them, and the factor of a gradient case over a forward one;
@@ -105,12 +107,12 @@ def compared_shapes(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[
 
 
 def _compared(spec: OpSpec, shape: Any, dtype: torch.dtype) -> list[tuple[int, ...]]:
-    from tritonkit.harness.compare import _flatten, _upcast
-
     try:
         inputs = spec.make_inputs(shape, dtype, torch.device("cpu"), 0)
+        if spec.distributed is not None:  # the reference runs on the ranks: a collective's
+            return [tuple(t.shape) for t in flatten(inputs)]  # outputs are its inputs' shapes
         out = spec.reference(*_upcast(inputs), **dict(spec.params[0]))
-        shapes = [tuple(t.shape) for t in (_flatten(out) if out is not None else [])]
+        shapes = [tuple(t.shape) for t in (flatten(out) if out is not None else [])]
         shapes += [tuple(inputs[i].shape) for i in spec.mutates]
         if spec.backward:
             shapes += [tuple(inputs[i].shape) for i in spec.grad_indices(inputs)]
@@ -257,8 +259,6 @@ def expected_check_seconds(
 ) -> float:
     """The prior cost of ``check_spec`` with these arguments (the cases ``planned_cases``
     counts, each at its ``case_seconds``)."""
-    from tritonkit.harness.check import planned_cases
-
     total = 0.0
     for dtype in dtypes or spec.dtypes:
         if dtype not in spec.dtypes:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tritonkit.harness.stats import remove_outliers
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -40,6 +42,8 @@ class Stats:
     p99: float
     min: float
     spread: float  # (p90 - p10) / median: how much to trust a difference between two medians
+    std: float = 0.0  # sample standard deviation (ddof=1)
+    rsd: float = 0.0  # relative standard deviation, std / mean (0.05: 5%)
 
     def as_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -59,7 +63,21 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
         p99=float(p99),
         min=float(a.min()),
         spread=float((p90 - p10) / p50) if p50 > 0 else 0.0,
+        std=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        rsd=float(a.std(ddof=1) / a.mean()) if a.size > 1 and a.mean() > 0 else 0.0,
     )
+
+
+# Repeats go on until every candidate's relative standard deviation (after Tukey's fences,
+# stats.remove_outliers) is at most this, or until the time cap: seed 001's "RSD < 5%".
+RSD_TARGET = 0.05
+RSD_CAP_MS = 2000.0  # GPU time per candidate spent on further rounds, at most
+RSD_WALL_S = 10.0  # and wall-clock time, at most
+
+
+def rsd_of(samples_ms: list[float] | np.ndarray) -> float:
+    """The RSD of the samples inside Tukey's fences (what the report's medians are taken over)."""
+    return summarize(remove_outliers(samples_ms)).rsd
 
 
 # How the L2 is flushed before each sample: "write" zeroes a buffer twice the L2's size (as
@@ -101,6 +119,9 @@ def time_interleaved(
     flush_l2: bool = True,
     host_times: dict[str, float] | None = None,
     setup: Mapping[str, Callable[[], object]] | None = None,
+    rsd_target: float | None = RSD_TARGET,
+    rsd_cap_ms: float = RSD_CAP_MS,
+    repeats: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each zero-argument callable; returns per-candidate samples in milliseconds.
 
@@ -110,6 +131,12 @@ def time_interleaved(
     ``[min_samples, max_samples]``. If ``host_times`` is given, it receives each candidate's
     median host (CPU) time per call, in microseconds. ``setup``, by candidate, runs before each
     of its calls, outside the timed region (an in-place operator's state put back).
+
+    Then, while some candidate's RSD (std / mean of its samples inside Tukey's fences) is
+    above ``rsd_target`` (None: one batch only), another batch of rounds is timed, until the
+    extra rounds have taken ``rsd_cap_ms`` of GPU time or ``max_samples`` * 10 samples in all.
+    ``repeats``, if given, receives per candidate the batches run, its RSD and whether it met
+    the target.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("time_interleaved needs a CUDA device; timings on the CPU mean nothing")
@@ -146,24 +173,65 @@ def time_interleaved(
     # Enough GPU-side delay for the host to enqueue the call before the start event fires.
     sleep_cycles = int(_CYCLES_PER_US * (20.0 + 1.5 * max(host_us.values())))
 
-    events = {name: [] for name in names}
-    for i in range(n):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        for name in order:
-            if name in setup:
-                setup[name]()
-            if flush is not None:
-                _flush(flush)
-            torch.cuda._sleep(sleep_cycles)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name]()
-            end.record()
-            events[name].append((start, end))
-    torch.cuda.synchronize(device)
-    samples = {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+    def batch() -> dict[str, list[float]]:
+        events = {name: [] for name in names}
+        for i in range(n):
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name in order:
+                if name in setup:
+                    setup[name]()
+                if flush is not None:
+                    _flush(flush)
+                torch.cuda._sleep(sleep_cycles)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                end.record()
+                events[name].append((start, end))
+        torch.cuda.synchronize(device)
+        return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
+
+    samples = until_stable(batch, rsd_target, rsd_cap_ms, 10 * max_samples, repeats)
     if host_times is not None:
         host_times.update(host_us)
+    return samples
+
+
+def until_stable(
+    batch: Callable[[], dict[str, list[float]]],
+    rsd_target: float | None,
+    cap_ms: float,
+    max_total: int,
+    repeats: dict[str, dict[str, float]] | None = None,
+    wall_s: float = RSD_WALL_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Samples of ``batch()`` (per candidate, in ms), batch after batch while some candidate's
+    RSD (inside Tukey's fences) is above ``rsd_target``, until the further batches' samples add
+    up to ``cap_ms`` for the slowest candidate, a candidate holds ``max_total`` samples, or the
+    further batches have taken ``wall_s`` seconds of wall-clock time (flushes and host work
+    included, which ``cap_ms`` does not count).
+    ``repeats`` receives per candidate the batches run, the RSD and whether it met the target
+    (``rsd_met``; None as a target: one batch, always met)."""
+    samples = batch()
+    names = list(samples)
+    batches, extra_ms, t0 = 1, 0.0, clock()
+    while rsd_target is not None and extra_ms < cap_ms and clock() - t0 < wall_s:
+        if all(rsd_of(samples[name]) <= rsd_target for name in names):
+            break
+        if max(len(samples[name]) for name in names) >= max_total:
+            break
+        more = batch()
+        batches += 1
+        extra_ms += max(sum(more[name]) for name in names)
+        for name in names:
+            samples[name] = list(samples[name]) + list(more[name])
+    if repeats is not None:
+        for name in names:
+            rsd = rsd_of(samples[name])
+            met = rsd_target is None or rsd <= rsd_target
+            repeats[name] = {"batches": batches, "rsd": rsd, "rsd_met": bool(met)}
     return samples
 
 

@@ -10,7 +10,8 @@ from tritonkit.models.loss import (
     LinearCrossEntropyFunction,
     linear_cross_entropy,
 )
-from tritonkit.models.patching import PatchOptions, PatchReport, patch, patched, unpatch
+from tritonkit.models.patcher import PatchOptions, PatchReport
+from tritonkit.models.patching import patch, patched, unpatch
 
 __all__ = [
     "LinearCrossEntropyConfig",

@@ -18,7 +18,7 @@ from torch import nn
 
 import tritonkit
 from tritonkit.models.loss import linear_cross_entropy
-from tritonkit.models.patching import Patcher, model_device, original_forward, with_globals
+from tritonkit.models.patcher import Patcher, model_device, original_forward, with_globals
 
 # Families whose decoder layer is ``x + attn(norm(x))`` then ``h + mlp(norm(h))`` with
 # RMSNorms ``weight * normalize(x)`` and gated MLPs ``down(act(gate(x)) * up(x))``.

@@ -2,6 +2,7 @@
 
 from tritonkit.nn.activation import GELU, ReLU, SiLU
 from tritonkit.nn.attention import SdpaPatchReport, sdpa_patch
+from tritonkit.nn.conv import Conv2d, convert_conv2d, fuse_conv_bn
 from tritonkit.nn.linear import Linear
 from tritonkit.nn.loss import CrossEntropyLoss
 from tritonkit.nn.norm import LayerNorm, RMSNorm
@@ -11,6 +12,7 @@ from tritonkit.nn.softmax import LogSoftmax, Softmax
 
 __all__ = [
     "GELU",
+    "Conv2d",
     "CrossEntropyLoss",
     "LayerNorm",
     "Linear",
@@ -20,5 +22,7 @@ __all__ = [
     "SdpaPatchReport",
     "SiLU",
     "Softmax",
+    "convert_conv2d",
+    "fuse_conv_bn",
     "sdpa_patch",
 ]

@@ -14,4 +14,5 @@ FAMILIES: tuple[str, ...] = (
     "cross_entropy",
     "attention",
     "rope",
+    "conv",
 )

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import triton
 
+from tritonkit._tuning import WARMUP
 from tritonkit._tuning import searching as _searching
 from tritonkit.ops._core import early_launch, internals
 
@@ -169,16 +170,6 @@ class _Recorder(threading.local):
 
 
 RECORDER = _Recorder()
-
-
-class _Warmup:
-    """The ``tritonkit.warmup`` session that every launch of the process goes to while it
-    runs (warmup.py), or None. Not per thread: a warmed backward runs on autograd's threads."""
-
-    session: Any = None
-
-
-WARMUP = _Warmup()
 
 
 def direct_launch(enabled: bool | None = None) -> bool:

@@ -4,6 +4,8 @@ functions ``attention`` (F.scaled_dot_product_attention's semantics) and ``atten
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
@@ -162,78 +164,32 @@ def attention_backward(
 # ----------------------------------------------------------------------------------------------
 
 
-@define_op("tritonkit::attention_fwd")
-def _attention_fwd_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    cu_q: torch.Tensor | None,
-    cu_k: torch.Tensor | None,
-    max_q: int,
-    max_k: int,
-    rng: torch.Tensor | None,
-    dropout_p: float,
-    scale: float,
-    causal: bool,
-    left: int,
-    right: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention_forward(
-        q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
-    )
+def _op_launcher(fn):
+    """``fn`` as an op's launcher: the signature (and so the schema) without its tuning
+    arguments (``path``, ``config``), which the op never passes; written once, here."""
+    signature = inspect.signature(fn)
+    tuning = ("path", "config")
+    params = [p for name, p in signature.parameters.items() if name not in tuning]
+
+    def launcher(*args):
+        return fn(*args)
+
+    launcher.__signature__ = signature.replace(parameters=params)
+    launcher.__name__ = launcher.__qualname__ = fn.__name__
+    return launcher
+
+
+_attention_fwd_op = define_op("tritonkit::attention_fwd")(_op_launcher(attention_forward))
+_attention_bwd_op = define_op("tritonkit::attention_bwd")(_op_launcher(attention_backward))
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right):
+def _(q, k, v, mask, cu_q, *rest):
     return _outputs(q, cu_q is not None)
 
 
-@define_op("tritonkit::attention_bwd")
-def _attention_bwd_op(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    mask: torch.Tensor | None,
-    cu_q: torch.Tensor | None,
-    cu_k: torch.Tensor | None,
-    max_q: int,
-    max_k: int,
-    rng: torch.Tensor | None,
-    dropout_p: float,
-    scale: float,
-    causal: bool,
-    left: int,
-    right: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(
-        do,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        mask,
-        cu_q,
-        cu_k,
-        max_q,
-        max_k,
-        rng,
-        dropout_p,
-        scale,
-        causal,
-        left,
-        right,
-    )
-
-
 @_attention_bwd_op.register_fake
-def _(
-    do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
-):
+def _(do, q, k, v, *rest):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 

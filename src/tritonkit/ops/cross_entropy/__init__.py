@@ -50,10 +50,10 @@ logits (N, C, d1, ..., dk) are (N, C, d) with their positions flattened (a view 
 evenly strided): a row is a (sample, position) pair, addressed through two strides per tensor
 (segments.row_offset), one where every tensor's rows are evenly strided.
 
-Modules: ``segments.py`` (the segment helpers), ``forward.py`` (the forward's kernels),
-``backward.py`` (the gradient kernel), ``soft.py`` (the class-probability kernels),
-``config.py`` (``CrossEntropyConfig`` and the choice of launches), ``plan.py`` (launches cached
-per layout), ``function.py`` (ops, autograd, the public function).
+Modules: ``kernels_segments.py`` (the segment helpers), ``kernels_forward.py`` (the forward's
+kernels), ``kernels_backward.py`` (the gradient kernel), ``kernels_soft.py`` (the class-probability
+kernels), ``config.py`` (``CrossEntropyConfig`` and the choice of launches), ``plan.py`` (launches
+cached per layout), ``function.py`` (ops, autograd, the public function).
 """
 
 from tritonkit.ops.cross_entropy.config import CROSS_ENTROPY, CrossEntropyConfig

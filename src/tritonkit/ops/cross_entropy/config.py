@@ -15,14 +15,14 @@ import torch
 from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.rows import pow2_floor
-from tritonkit.ops.cross_entropy.backward import ce_grad_kernel
-from tritonkit.ops.cross_entropy.forward import (
+from tritonkit.ops.cross_entropy.kernels_backward import ce_grad_kernel
+from tritonkit.ops.cross_entropy.kernels_forward import (
     ce_reduce_kernel,
     ce_rows_kernel,
     ce_stats_kernel,
     ce_weight_sum_kernel,
 )
-from tritonkit.ops.cross_entropy.soft import (
+from tritonkit.ops.cross_entropy.kernels_soft import (
     ce_soft_grad_kernel,
     ce_soft_rows_kernel,
     ce_soft_stats_kernel,

@@ -199,7 +199,7 @@ def forward_plan(
             host_check, config,
         )  # fmt: skip
 
-    return cached("cross_entropy.forward", key, build)
+    return cached("cross_entropy.kernels_forward", key, build)
 
 
 def backward_plan(
@@ -212,7 +212,7 @@ def backward_plan(
         reduction, label_smoothing, config,
     )  # fmt: skip
     return cached(
-        "cross_entropy.backward",
+        "cross_entropy.kernels_backward",
         key,
         lambda: _backward(
             grad_output, logits, target, weight, ignore_index, reduction, label_smoothing, config

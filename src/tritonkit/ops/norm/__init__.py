@@ -40,27 +40,27 @@ The fused residual forms return ``(norm(x + residual), x + residual)``: the sum 
 fp32 before it is rounded and stored (the unfused eager code normalizes the rounded sum, one
 rounding less accurate); the backward reads the stored sum, not x and residual.
 
-A call's path: ``api.py`` (the public functions: validation, autocast, ``registry.apply``) ->
-``function.py`` (the autograd Functions and the torch.library ops) -> ``plan.py`` (the plan of
-one layout: allocations and launches, kept in the plan cache) -> ``ops/_core/launch.py``.
+A call's path: ``function.py`` (the public functions: validation, autocast,
+``registry.apply``; the autograd Functions and the torch.library ops) -> ``plan.py`` (the plan
+of one layout: allocations and launches, kept in the plan cache) -> ``ops/_core/launch.py``.
 ``config.py`` holds every tunable (``NormConfig``, one dataclass per kernel path) and
 ``launches.py`` chooses the launches when a plan is built.
 """
 
-from tritonkit.ops.norm.api import (
-    add_layer_norm,
-    add_norm,
-    add_rms_norm,
-    layer_norm,
-    norm,
-    rms_norm,
-)
 from tritonkit.ops.norm.config import (
     NORM,
     NormBackwardConfig,
     NormConfig,
     NormForwardConfig,
     NormTiles,
+)
+from tritonkit.ops.norm.function import (
+    add_layer_norm,
+    add_norm,
+    add_rms_norm,
+    layer_norm,
+    norm,
+    rms_norm,
 )
 
 # The public functions (tritonkit.__all__ derives from them); configs and internal entry

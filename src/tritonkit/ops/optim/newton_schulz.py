@@ -38,6 +38,7 @@ from tritonkit.ops._core.gemm import mac, mainloop_ptr, tile_coords
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import cached
+from tritonkit.ops.matmul import matmul
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -394,8 +395,6 @@ def newton_schulz_(
             a_op, b_op = (cur, ws.poly) if tall else (ws.poly, cur)
             ns_gemm(a_op, b_op, cur, nxt, 1.0, a_coef, False, config)
         else:
-            from tritonkit.functional import matmul  # the public GEMM (no cycle at import)
-
             nxt = matmul(cur, ws.poly) if tall else matmul(ws.poly, cur)
         cur, nxt = nxt, cur
     out = ws.result(steps)

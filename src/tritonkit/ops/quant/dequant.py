@@ -8,7 +8,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
 
 _FP8_NAN = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7D}
 
@@ -16,7 +16,7 @@ _FP8_NAN = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7D}
 @kernel
 def _dequant_kernel(
     q_ptr,  # (n_rows, n_cols) codes (PACKED: (n_rows, n_cols // 2) bytes)
-    scale_ptr,  # (n_rows // rows_per_scale, scale_cols) float32, contiguous
+    scale_ptr,  # (n_rows // rows_per_scale, n_cols // cols_per_scale) float32, unit column stride
     zp_ptr,  # same shape: int32 zero points (HAS_ZP)
     out_ptr,  # (n_rows, n_cols) output
     n_rows,
@@ -27,7 +27,7 @@ def _dequant_kernel(
     stride_oc,
     rows_per_scale,
     cols_per_scale,
-    scale_cols,
+    stride_sr,  # scale rows apart (the compressed collectives interleave codes and scales)
     HAS_ZP: tl.constexpr,
     PACKED: tl.constexpr,
     FP8_NAN: tl.constexpr,  # interpreter, float8 codes: the smallest NaN code (0: none)
@@ -49,7 +49,7 @@ def _dequant_kernel(
             if FP8_NAN == 0x7D:  # E5M2 has infinities
                 code = tl.where(low == 0x7C, code * float("inf"), code)
             code = tl.where(low >= FP8_NAN, float("nan"), code)
-    s_offs = (r // rows_per_scale)[:, None] * scale_cols + (c // cols_per_scale)[None, :]
+    s_offs = (r // rows_per_scale)[:, None] * stride_sr + (c // cols_per_scale)[None, :]
     if HAS_ZP:
         code = code - tl.load(zp_ptr + s_offs, mask, other=0).to(tl.float32)
     out = code * tl.load(scale_ptr + s_offs, mask, other=1.0)
@@ -64,16 +64,22 @@ def dequantize_2d(
     rows_per_scale: int,
     cols_per_scale: int,
     packed: bool,
+    stride_sr: int | None = None,
 ) -> None:
-    """Launch over ``out2`` (n_rows, n_cols); ``q2`` holds its codes (packed: half the columns)."""
+    """Launch over ``out2`` (n_rows, n_cols); ``q2`` holds its codes (packed: half the columns);
+    ``scale``'s rows are ``stride_sr`` apart (None: contiguous)."""
     n_rows, n_cols = out2.shape
     if out2.numel() == 0:
         return
-    block_r, block_c = 16, 256
+    # 4096 elements a program; fewer rows than 16 (the collectives' (world, shard) views) take
+    # wider column tiles rather than masked rows.
+    block_r = min(16, next_power_of_2(n_rows))
+    block_c = 4096 // block_r
     grid = (cdiv(n_rows, block_r), cdiv(n_cols, block_c))
     _dequant_kernel[grid](
         q2, scale, zp, out2, n_rows, n_cols, *q2.stride(), *out2.stride(),
-        rows_per_scale, cols_per_scale, cdiv(n_cols, cols_per_scale),
+        rows_per_scale, cols_per_scale,
+        cdiv(n_cols, cols_per_scale) if stride_sr is None else stride_sr,
         HAS_ZP=zp is not None, PACKED=packed,
         FP8_NAN=_FP8_NAN.get(q2.dtype, 0) if interpreter_enabled() else 0,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,

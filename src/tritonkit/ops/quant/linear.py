@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from tritonkit.functional import int8_matmul, scaled_matmul
 from tritonkit.ops._core.registry import apply
+from tritonkit.ops.matmul import int8_matmul, scaled_matmul
 from tritonkit.ops.matmul.api import call_scaled_matmul
 from tritonkit.ops.quant.quantize import call_quantize
 from tritonkit.ops.quant.weight_only import call_weight_only

@@ -5,7 +5,7 @@ import torch
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops._core.registry import apply, define_op, eager_direct
 from tritonkit.ops._core.validate import check_operand, check_tensor
-from tritonkit.ops.rope.kernel import rope_launch
+from tritonkit.ops.rope.plan import rope_launch
 
 
 @define_op("tritonkit::rope")

@@ -8,10 +8,10 @@ C; over dim 0 it is ``(1, R, C)`` with unit-stride rows, so that a tile of adjac
 coalesced. Neither needs a transpose copy; only a layout whose row dimensions cannot be merged
 into two strided axes is copied (and counted in ``LAYOUT_COPIES``).
 
-Kernel paths, one module each: rows held in registers (``tiles.py``), rows wider than that in
-two sweeps (``looped.py``), the backward of one row per program with the width a constant
-(``row_backward.py``), rows off 16 bytes (``aligned.py``). ``config.py`` holds the tunables
-(``SoftmaxConfig``) and chooses a launch; ``plan.py`` caches the launches per layout;
+Kernel paths, one module each: rows held in registers (``kernels_tiles.py``), rows wider than that
+in two sweeps (``kernels_looped.py``), the backward of one row per program with the width a constant
+(``kernels_row_backward.py``), rows off 16 bytes (``kernels_aligned.py``). ``config.py`` holds the
+tunables (``SoftmaxConfig``) and chooses a launch; ``plan.py`` caches the launches per layout;
 ``function.py`` has the ops, the autograd Function and the public functions. Arithmetic is fp32
 whatever the storage dtype; each output is rounded once.
 """

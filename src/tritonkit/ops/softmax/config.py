@@ -20,16 +20,22 @@ from tritonkit.ops._core.rows import (
     row_program_config,
     variants,
 )
-from tritonkit.ops.softmax.aligned import softmax_bwd_aligned_kernel, softmax_fwd_aligned_kernel
-from tritonkit.ops.softmax.looped import softmax_bwd_looped_kernel, softmax_fwd_looped_kernel
-from tritonkit.ops.softmax.row_backward import softmax_bwd_row_kernel
-from tritonkit.ops.softmax.tiles import softmax_bwd_tiles_kernel, softmax_fwd_tiles_kernel
+from tritonkit.ops.softmax.kernels_aligned import (
+    softmax_bwd_aligned_kernel,
+    softmax_fwd_aligned_kernel,
+)
+from tritonkit.ops.softmax.kernels_looped import (
+    softmax_bwd_looped_kernel,
+    softmax_fwd_looped_kernel,
+)
+from tritonkit.ops.softmax.kernels_row_backward import softmax_bwd_row_kernel
+from tritonkit.ops.softmax.kernels_tiles import softmax_bwd_tiles_kernel, softmax_fwd_tiles_kernel
 
 
 @dataclass(frozen=True)
 class LoopedSoftmaxConfig:
-    """Rows wider than ``SoftmaxConfig.max_fused_cols`` (``looped.py``), forward and backward
-    apart: elements per thread of a chunk and programs per SM (each keeps one row in flight
+    """Rows wider than ``SoftmaxConfig.max_fused_cols`` (``kernels_looped.py``), forward and
+    backward apart: elements per thread of a chunk and programs per SM (each keeps one row in flight
     between its two sweeps, in L2); the next chunk's loads issued before working on the current
     one (``prefetch_*``: two chunks per program in flight); L2 hints (``evict_*``: the first
     sweep's loads evict_last, the second sweep's loads and stores evict_first, so that the rows
@@ -52,7 +58,7 @@ class LoopedSoftmaxConfig:
 @dataclass(frozen=True)
 class RowBackwardConfig:
     """The backward of one row per program with the width a compile-time constant
-    (``row_backward.py``; ``enabled``): 16-bit rows of contiguous columns, softmax's of
+    (``kernels_row_backward.py``; ``enabled``): 16-bit rows of contiguous columns, softmax's of
     ``min_cols`` to ``max_cols``, log_softmax's from ``min_cols_log``; fp32 softmax rows up to
     ``max_cols_fp32``. Warps by the bytes of a row of dy (``warps``, fp32 ``warps_fp32``; wider
     rows 32) and chunks of ``elems_per_thread[warps]`` per thread (``chunk``: a fixed BLOCK_N
@@ -72,8 +78,8 @@ class RowBackwardConfig:
 @dataclass(frozen=True)
 class AlignedConfig:
     """Rows that do not start on 16 bytes, or whose width is not a whole number of 16-byte
-    vectors, take the aligned walk (``aligned.py``; ``enabled``) where every tensor's rows start
-    at the same offset within 16 bytes: the forward for rows of ``min_cols_fwd`` or more
+    vectors, take the aligned walk (``kernels_aligned.py``; ``enabled``) where every tensor's
+    rows start at the same offset within 16 bytes: the forward for rows of ``min_cols_fwd`` or more
     (narrower odd rows in registers do well already), the backward from ``min_cols_bwd``. The
     forward: (warps, elements per thread) by element size (``fwd``); the backward: warps by the
     row's bytes (``warps_bwd``, wider rows 32) and elements per thread by warps; ``chunk``: a
@@ -92,10 +98,10 @@ class AlignedConfig:
 class SoftmaxConfig:
     """Every tunable of softmax and log_softmax, forward and backward.
 
-    Rows in registers (``tiles.py``): a row of up to ``max_fused_cols`` is one tile (wider rows
-    in registers spill); short rows share a tile of up to ``tile_elems`` elements; rows adjacent
-    in memory (a reduction over a non-last dim) take ``adjacent_rows`` per tile, so that a warp
-    reads a contiguous run of them. Wider rows loop in chunks of ``loop_block_n`` (``looped``).
+    Rows in registers (``kernels_tiles.py``): a row of up to ``max_fused_cols`` is one tile (wider
+    rows in registers spill); short rows share a tile of up to ``tile_elems`` elements; rows
+    adjacent in memory (a reduction over a non-last dim) take ``adjacent_rows`` per tile, so that a
+    warp reads a contiguous run of them. Wider rows loop in chunks of ``loop_block_n`` (``looped``).
     Warps are sized so that each thread holds about ``elems_per_thread`` elements of a tile, at
     most ``max_warps``. ``row_backward`` and ``aligned``: the one-row-per-program kernels.
     ``sms``: streaming multiprocessors to size grids for; None: the device's. The measurements

@@ -1,0 +1,558 @@
+# ruff: noqa: E501, B023 (long table rows; lambdas timed where they are made)
+"""GPU checks and timings of tritonkit.dist (issue 47; issue 49 runs it at 8 GPUs), one torchrun
+launch of under 5 minutes on a machine of 2 (or 4, 8) GPUs:
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
+        torchrun --standalone --nproc-per-node 2 experiments/gpu_dist.py --out $OUT --budget-s 210
+
+    PYTHONPATH=src python experiments/gpu_dist.py --smoke --world 2 --out /tmp/dist   # CPU, gloo
+
+Without torchrun's environment the script spawns ``--world`` processes itself (file store).
+``--smoke`` runs every section on CPU tensors with gloo and the Triton interpreter at tiny
+sizes: a test of the script, its numbers meaningless.
+
+Sections in order of value (each guarded: an error is recorded and the run goes on; all ranks
+skip alike once ``--budget-s`` is spent; results written after each), results in $OUT/dist_w{N}.json and .md:
+
+1. correct: every collective against NCCL's (torch.distributed's) result: all_reduce (nccl,
+   ring, symm, auto; SUM, AVG, MAX), broadcast, all_gather, reduce_scatter exactly on
+   integer-valued inputs; compressed int8 within its bound; the fused all-reduce + residual +
+   RMSNorm against NCCL's all_reduce then tritonkit.add_rms_norm.
+2. latency: symm all-reduce (ours; one-shot and two-shot forced) vs NCCL vs PyTorch's
+   torch.ops.symm_mem.one_shot_all_reduce, bf16, 1 KB - 1 MB (and up to 4 MB for the
+   crossover); writes tuned/<gpu>/collectives.json (the crossover row) under $OUT.
+3. fused: all-reduce + residual + RMSNorm, hidden 4096 and 8192, tokens 1-64, fused vs NCCL
+   all_reduce then tritonkit.add_rms_norm.
+4. compressed: effective algbw (uncompressed bytes / time) of the int8 all-reduce vs NCCL's
+   algbw at 256 MB (bf16 and fp32 inputs).
+5. kernels: GB/s of the compression kernels on one GPU (bytes each reads and writes / time)
+   against torch's clone (2 x bytes / time) of a tensor of the same size.
+6. bench_comm: `tritonkit bench-comm`'s table and plot, 1 KB - 1 GB (every other size
+   when time is short).
+7. ddp: a small language model (embedding, 2 MLP blocks, vocab 512) trained 60 steps with the
+   int8 hook (error feedback) and uncompressed: final loss and bytes counted by the hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE or not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch.distributed as dist  # noqa: E402
+
+from tritonkit import dist as td  # noqa: E402
+from tritonkit.harness import bench_comm as bc  # noqa: E402
+
+BUDGET_S = 230.0  # --budget-s
+T0 = time.perf_counter()
+RESULTS: dict = {"sections": {}, "errors": {}}
+
+
+def log(rank: int, *msg) -> None:
+    if rank == 0:
+        print(f"[{time.perf_counter() - T0:6.1f}s]", *msg, flush=True)
+
+
+def agree_stop(device, share: float) -> bool:
+    """True on every rank when rank 0 sees less than ``share`` of the budget left."""
+    left = BUDGET_S - (time.perf_counter() - T0)
+    flag = torch.tensor([1.0 if left < share else 0.0], device=device)
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
+
+
+SYMM = {"ok": False}  # the probe's verdict: symmetric-memory sections run only when it passed
+
+
+def probe_symm(rank, world, device) -> dict:
+    """Two symm all-reduces of 1K integers (the first compiles): equal to NCCL's and quick, on
+    every rank, or the symmetric-memory parts are skipped (a broken barrier would spin ~10 s a
+    call)."""
+    out = {"ok": False}
+    if device.type == "cuda":
+        try:
+            x = ints((1024,), torch.bfloat16, device, rank)
+            ref = x.clone()
+            dist.all_reduce(ref)
+            for _ in range(2):
+                y = x.clone()
+                t = time.perf_counter()
+                td.symm_all_reduce(y)
+                torch.cuda.synchronize()
+                out["seconds"] = time.perf_counter() - t
+            out["equal"] = bool(torch.equal(y, ref))
+            out["ok"] = out["equal"] and out["seconds"] < 1.0
+        except Exception as exc:
+            out["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    flag = torch.tensor([1.0 if out["ok"] else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    out["ok"] = bool(flag.item())
+    SYMM["ok"] = out["ok"]
+    return out
+
+
+def ints(shape, dtype, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(-8, 9, shape, generator=g).to(dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def sec_correct(rank, world, device, smoke):
+    out = {}
+    dtypes = [torch.float32] if smoke else [torch.float32, torch.bfloat16]
+    shapes = [(7,), (3, 129)] if smoke else [(7,), (3, 129), (1 << 20,)]
+    algos = ["nccl", "ring"] + (["symm", "auto"] if SYMM["ok"] else [])
+    for dtype in dtypes:
+        for shape in shapes:
+            x = ints(shape, dtype, device, 1 + rank)
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
+                ref = x.clone()
+                dist.all_reduce(ref, op)
+                for algo in algos:
+                    if algo in ("symm", "auto") and op == dist.ReduceOp.MAX:
+                        continue
+                    y = x.clone()
+                    td.all_reduce(y, op, algorithm=algo, timeout=60)
+                    key = f"all_reduce/{algo}/{op}/{tuple(shape)}/{dtype}"
+                    # AVG of integers: a division both sides round alike only where exact
+                    tol = 0.0 if op != dist.ReduceOp.AVG else float(torch.finfo(dtype).eps) * 16
+                    out[key] = bool(
+                        ((y.float() - ref.float()).abs() <= tol * ref.float().abs()).all()
+                    )
+            # broadcast / all_gather / reduce_scatter through tritonkit.dist against torch's
+            b = x.clone()
+            td.broadcast(b, 0, timeout=60)
+            bref = x.clone()
+            dist.broadcast(bref, 0)
+            out[f"broadcast/{tuple(shape)}/{dtype}"] = bool(torch.equal(b, bref))
+            got = [torch.empty_like(x) for _ in range(world)]
+            exp = [torch.empty_like(x) for _ in range(world)]
+            td.all_gather(got, x, timeout=60)
+            dist.all_gather(exp, x)
+            out[f"all_gather/{tuple(shape)}/{dtype}"] = all(
+                torch.equal(a, e) for a, e in zip(got, exp)
+            )
+            pieces = [ints(shape, dtype, device, 100 * rank + i) for i in range(world)]
+            o1, o2 = torch.empty_like(x), torch.empty_like(x)
+            td.reduce_scatter(o1, pieces, timeout=60)
+            dist.reduce_scatter(o2, [p.clone() for p in pieces])
+            out[f"reduce_scatter/{tuple(shape)}/{dtype}"] = bool(torch.equal(o1, o2))
+    # compressed: within its documented bound (per block: (sum_r amax_r + amax_sum) / 254)
+    n = 5000 if smoke else 1 << 22
+    g = torch.Generator(device="cpu").manual_seed(7 + rank)
+    x = torch.randn(n, generator=g).to(device)
+    ref = x.double()
+    dist.all_reduce(ref)
+    y = x.clone()
+    td.compressed_all_reduce(y, block=256, timeout=60)
+    pad = (-n) % 256
+    amax = torch.nn.functional.pad(x.abs().double(), (0, pad)).view(-1, 256).amax(1)
+    dist.all_reduce(amax)
+    bound = (amax * (2 + 1 / 254) / 254).repeat_interleave(256)[:n] * 1.0001 + 1e-6
+    err = (y.double() - ref).abs()
+    out["compressed/int8/within_bound"] = bool((err <= bound).all())
+    out["compressed/int8/max_err_over_bound"] = float((err / bound).max())
+    # fused all-reduce + residual + RMSNorm
+    fused_ok = SYMM["ok"] or device.type != "cuda"  # a failed probe: the kernel is not run
+    for hidden in ((64,) if smoke else (4096, 8192)) if fused_ok else ():
+        dt = torch.float32 if smoke else torch.bfloat16
+        xx = torch.randn(5, hidden, generator=g).to(device, dt)
+        res = torch.randn(5, hidden, generator=g).to(device, dt)
+        w = torch.randn(hidden, generator=g).to(device, dt)
+        y, h = td.fused_all_reduce_add_rms_norm(xx, res, w, 1e-6, timeout=60)
+        r = xx.clone()
+        dist.all_reduce(r)
+        from tritonkit.ops.collectives.plan import add_rms_norm_reference
+
+        y_ref, h_ref = add_rms_norm_reference(r, res, w, 1e-6)
+        tol = 2.0**-7 if dt == torch.bfloat16 else 1e-5
+        out[f"fused_norm/{hidden}/h_equal"] = bool(torch.equal(h, h_ref))
+        out[f"fused_norm/{hidden}/y_close"] = bool(
+            torch.allclose(y.float(), y_ref.float(), rtol=tol, atol=tol)
+        )
+    out["all_passed"] = all(v for k, v in out.items() if isinstance(v, bool))
+    return out
+
+
+def sec_latency(rank, world, device, smoke):
+    if not SYMM["ok"]:
+        return {"skipped": "symmetric memory unavailable or its probe failed"}
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import SymmConfig
+
+    rows = []
+    group_name = dist.group.WORLD.group_name
+    sizes = bc.sizes_between(1 << 10, 4 << 20)  # 1K-1M asked; to 4M for the crossover
+    for nbytes in sizes:
+        n = nbytes // 2
+        x = torch.ones(n, dtype=torch.bfloat16, device=device)
+        ws = plan.workspace(None, device, torch.bfloat16, n)
+        row = {"bytes": nbytes}
+        inner, reps = (20, 15) if nbytes <= (1 << 20) else (5, 5)
+        row["nccl_us"] = bc.time_call(lambda: dist.all_reduce(x), device, reps, inner) * 1e6
+        row["ours_us"] = bc.time_call(lambda: td.symm_all_reduce(x), device, reps, inner) * 1e6
+        for name, one in (("one_shot_us", True), ("two_shot_us", False)):
+            cfg = SymmConfig.heuristic(nbytes, world, 0 if not one else 1 << 62)
+            row[name] = (
+                bc.time_call(lambda: plan.symm_launch(x, x, ws, cfg, 1.0), device, reps, inner)
+                * 1e6
+            )
+        if nbytes <= (1 << 20):
+            try:
+                buf = symm_mem.empty(n, dtype=torch.bfloat16, device=device)
+                symm_mem.rendezvous(buf, group_name)
+                buf.fill_(1)
+                fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)  # noqa: E731
+                row["torch_one_shot_us"] = bc.time_call(fn, device, reps, inner) * 1e6
+            except Exception as exc:  # PyTorch's op may be missing or refuse
+                row["torch_one_shot_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(row)
+        log(
+            rank,
+            f"latency {bc.show_size(nbytes)}: "
+            + ", ".join(f"{k}={v:.1f}" for k, v in row.items() if k.endswith("_us")),
+        )
+    # The crossover: the largest size up to which ours beats NCCL at every size; the one-shot's
+    # limit: the largest size where the one-shot beats the two-shot.
+    max_bytes = 0
+    for r in rows:
+        if r["ours_us"] < r["nccl_us"]:
+            max_bytes = r["bytes"]
+        else:
+            break
+    one_max = max([r["bytes"] for r in rows if r["one_shot_us"] <= r["two_shot_us"]] or [0])
+    if rank == 0 and max_bytes:
+        write_crossover(world, max_bytes, one_max)
+    return {"rows": rows, "crossover_bytes": max_bytes, "one_shot_max_bytes": one_max}
+
+
+def write_crossover(world: int, max_bytes: int, one_max: int) -> None:
+    """$OUT/tuned/<gpu>/collectives.json in the shipped-table schema (merge it into
+    src/tritonkit/tuned/<gpu>/ to ship the measured crossover)."""
+    import triton
+
+    from tritonkit import _tuning
+
+    gpu = torch.cuda.get_device_name()
+    path = OUT / "tuned" / _tuning._slug(gpu) / "collectives.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = json.loads(path.read_text())["entries"] if path.exists() else {}
+    key = _tuning._entry_key("collectives.symm", {"world_size": world, "dtype": "bfloat16"})
+    cfg = _tuning.Config({"max_bytes": max_bytes, "one_shot_max_bytes": one_max}, 8, 1)
+    entries[key] = {"config": cfg.to_dict()}
+    doc = {"schema": _tuning.SCHEMA, "gpu": gpu, "triton": triton.__version__, "family": "collectives",
+           "tuned": time.strftime("%Y-%m-%d"), "entries": dict(sorted(entries.items()))}  # fmt: skip
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def sec_fused(rank, world, device, smoke):
+    if not SYMM["ok"]:
+        return {"skipped": "symmetric memory unavailable or its probe failed"}
+    import tritonkit
+
+    rows = []
+    for hidden in (4096, 8192):
+        for tokens in (1, 2, 4, 8, 16, 32, 64):
+            x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+            res = torch.randn_like(x)
+            w = torch.randn(hidden, device=device, dtype=torch.bfloat16)
+
+            def unfused():
+                y = x.clone()
+                dist.all_reduce(y)
+                return tritonkit.add_rms_norm(y, res, w, 1e-6)
+
+            fused = lambda: td.fused_all_reduce_add_rms_norm(x, res, w, 1e-6)  # noqa: E731
+            t_u = bc.time_call(unfused, device, 15, 10) * 1e6
+            t_f = bc.time_call(fused, device, 15, 10) * 1e6
+            rows.append({"hidden": hidden, "tokens": tokens, "nccl_plus_add_rms_norm_us": t_u,
+                         "fused_us": t_f, "speedup": t_u / t_f})  # fmt: skip
+            log(rank, f"fused H={hidden} T={tokens}: unfused {t_u:.1f} us, fused {t_f:.1f} us")
+    return {"rows": rows}
+
+
+def sec_compressed(rank, world, device, smoke):
+    nbytes = (64 << 10) if smoke else (256 << 20)
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        n = nbytes // torch.tensor([], dtype=dtype).element_size()
+        x = torch.randn(n, device=device, dtype=dtype)
+        reps = 2 if smoke else 5
+        t_n = bc.time_call(lambda: dist.all_reduce(x), device, reps, 1)
+        res = torch.zeros(td.residual_size(n, world), device=device)
+        y = x.clone()
+        t_c = bc.time_call(lambda: td.compressed_all_reduce(y, residual=res), device, reps, 1)
+        rows.append({"dtype": str(dtype), "bytes": nbytes, "nccl_algbw_GBs": nbytes / t_n / 1e9,
+                     "compressed_effective_algbw_GBs": nbytes / t_c / 1e9, "speedup": t_n / t_c})  # fmt: skip
+        log(
+            rank,
+            f"compressed {dtype}: nccl {nbytes / t_n / 1e9:.1f} GB/s, int8 {nbytes / t_c / 1e9:.1f} GB/s effective",
+        )
+    return {"rows": rows, "formula": "algbw = uncompressed bytes / time"}
+
+
+def sec_kernels(rank, world, device, smoke):
+    """One GPU (rank 0 only times; others wait at the next barrier)."""
+    from tritonkit.ops._core.device import interpreter_enabled
+    from tritonkit.ops._core.layout import cdiv
+    from tritonkit.ops.collectives import kernels as K
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+    from tritonkit.ops.quant.formats import get_format
+
+    if rank != 0:
+        return {}
+    n = (1 << 14) if smoke else (1 << 26)
+    cfg = CompressConfig.heuristic(n)
+    fmt = get_format(torch.int8)
+    qmeta = {"QMAX": fmt.qmax, "IS_FLOAT": False, "MANT": 0, "EMIN": 0}
+    lay = plan.CompressedLayout.of(n, world, cfg)
+    x = torch.randn(n, device=device)
+    res = torch.zeros(lay.padded, device=device)
+    send = torch.empty((world, lay.chunk_bytes), dtype=torch.uint8, device=device)
+    sq, ss = plan._views(send, lay, torch.int8)
+    bpp = cfg.blocks_per_program
+    nb = world * lay.blocks_per_shard
+    em = interpreter_enabled()
+
+    def quant():
+        K._ef_quantize_kernel[(cdiv(nb, bpp),)](
+            x, res, sq, ss, n, nb, lay.blocks_per_shard, sq.stride(0), ss.stride(0), **qmeta,
+            B=lay.block, BLOCK_G=bpp, HAS_RES=True, EMULATE=em, num_warps=cfg.num_warps)  # fmt: skip
+
+    mine = torch.empty(lay.chunk_bytes, dtype=torch.uint8, device=device)
+    mq, ms = plan._views(mine, lay, torch.int8)
+    sres = torch.zeros(lay.shard, device=device)
+
+    def dar():
+        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+            sq, ss, mq, ms, sres, lay.blocks_per_shard, sq.stride(0), ss.stride(0), 1.0,
+            WORLD=world, **qmeta, B=lay.block, BLOCK_G=bpp, HAS_RES=True, EMULATE=em,
+            num_warps=cfg.num_warps)  # fmt: skip
+
+    def timed(fn, reps=20):
+        for _ in range(3):
+            fn()
+        if device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(ts)
+
+    bytes_q = (
+        4 * n + 4 * lay.padded + 4 * lay.padded + lay.padded + 4 * nb
+    )  # x, res r/w, codes, scales
+    bytes_d = lay.padded + 4 * nb + 4 * lay.shard * 2 + lay.shard + 4 * lay.blocks_per_shard
+    t_q, t_d = timed(quant), timed(dar)
+    rows = {}
+    for name, t, nbytes in (("ef_quantize", t_q, bytes_q), ("dequant_acc_requant", t_d, bytes_d)):
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
+        t_c = timed(lambda: src.clone())
+        rows[name] = {
+            "bytes": nbytes,
+            "GBs": nbytes / t / 1e9,
+            "clone_GBs": 2 * (nbytes // 2) / t_c / 1e9,
+        }
+        rows[name]["fraction_of_copy"] = rows[name]["GBs"] / rows[name]["clone_GBs"]
+        log(
+            rank,
+            f"kernel {name}: {rows[name]['GBs']:.0f} GB/s, clone {rows[name]['clone_GBs']:.0f} GB/s",
+        )
+    return {"rows": rows, "formula": "GB/s = bytes read + written / time; clone: 2 x bytes / time"}
+
+
+def sec_bench_comm(rank, world, device, smoke):
+    hi = (64 << 10) if smoke else (1 << 30)
+    left = BUDGET_S - (time.perf_counter() - T0) - 12  # leave the ddp section its share
+    sizes = bc.sizes_between(1 << 10, hi)
+    sizes = sizes if left > 150 else sizes[::2]  # 1K, 4K, ..., 1G when time is short
+    paths = [p for p in bc.PATHS if p != "symm" or SYMM["ok"]]
+    rows = bc.bench_comm(
+        sizes, paths=paths, device=device, reps=2 if smoke else 3, budget_s=max(5.0, left)
+    )
+    if rank == 0:
+        bc.write(rows, OUT, device)
+    return {"rows": rows}
+
+
+def sec_ddp(rank, world, device, smoke):
+    steps = 6 if smoke else 60
+    out = {}
+    for name, dtype in (("uncompressed", None), ("int8", torch.int8)):
+        loss, state = train_lm(device, steps, dtype, small=smoke)
+        out[name] = {"final_loss": loss, "bytes_sent": state.bytes_sent,
+                     "bytes_uncompressed": state.bytes_uncompressed}  # fmt: skip
+    out["loss_rel_diff"] = (
+        abs(out["int8"]["final_loss"] - out["uncompressed"]["final_loss"])
+        / out["uncompressed"]["final_loss"]
+    )
+    out["bytes_ratio"] = out["uncompressed"]["bytes_sent"] / max(1, out["int8"]["bytes_sent"])
+    log(rank, f"ddp: loss diff {out['loss_rel_diff']:.4f}, bytes ratio {out['bytes_ratio']:.2f}")
+    return out
+
+
+def train_lm(device, steps, dtype, small=False):
+    """A small language model on a fixed synthetic corpus (a noisy bigram process), DDP."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    vocab, dim = (64, 32) if small else (512, 256)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(vocab, dim),
+        torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim),
+        torch.nn.Linear(dim, vocab),
+    ).to(device)  # fmt: skip
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=1)
+    state = td.CompressionState(dtype=dtype)
+    ddp.register_comm_hook(state, td.compressed_allreduce_hook)
+    opt = torch.optim.Adam(ddp.parameters(), lr=3e-3)
+    g = torch.Generator(device="cpu").manual_seed(1 + dist.get_rank())
+    nxt = torch.randint(0, vocab, (vocab,), generator=torch.Generator().manual_seed(5))
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        cur = torch.randint(0, vocab, (256,), generator=g)
+        noise = torch.rand(256, generator=g) < 0.1
+        tgt = torch.where(noise, torch.randint(0, vocab, (256,), generator=g), nxt[cur])
+        loss = torch.nn.functional.cross_entropy(ddp(cur.to(device)), tgt.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    final = loss.detach().clone()
+    dist.all_reduce(final)
+    return float(final.item()) / dist.get_world_size(), state
+
+
+# By value, and the least a section needs left to start (ddp last, bench_comm trimmed to fit).
+SECTIONS = [
+    ("correct", sec_correct, 20),
+    ("latency", sec_latency, 25),
+    ("fused", sec_fused, 20),
+    ("compressed", sec_compressed, 15),
+    ("kernels", sec_kernels, 10),
+    ("bench_comm", sec_bench_comm, 20),
+    ("ddp", sec_ddp, 10),
+]
+
+
+def write_results(rank: int, world: int, device) -> None:
+    if rank != 0:
+        return
+    RESULTS["machine"] = bc.machine_name(device)
+    RESULTS["world"] = world
+    RESULTS["torch"] = torch.__version__
+    RESULTS["elapsed_s"] = time.perf_counter() - T0
+    (OUT / f"dist_w{world}.json").write_text(json.dumps(RESULTS, indent=1, default=str) + "\n")
+    lines = [f"# tritonkit.dist on {RESULTS['machine']}, world size {world}", ""]
+    for name, res in RESULTS["sections"].items():
+        lines.append(f"## {name}")
+        lines.append("```")
+        lines.append(json.dumps(res, indent=1, default=str)[:6000])
+        lines.append("```")
+    for name, err in RESULTS["errors"].items():
+        lines.append(f"## {name}: ERROR\n```\n{err}\n```")
+    (OUT / f"dist_w{world}.md").write_text("\n".join(lines) + "\n")
+
+
+def main_rank(args) -> None:
+    global BUDGET_S
+    BUDGET_S = args.budget_s
+    rank, world, device = bc.init_from_env(timeout_s=90.0)
+    log(rank, f"world {world} on {bc.machine_name(device)}; torch {torch.__version__}")
+    only = set(args.sections.split(",")) if args.sections else None
+    RESULTS["symm_probe"] = probe_symm(rank, world, device)
+    log(rank, f"symm probe: {RESULTS['symm_probe']}")
+    for name, fn, share in SECTIONS:
+        if only and name not in only:
+            continue
+        if agree_stop(device, share):
+            RESULTS["sections"][name] = {"skipped": "time budget"}
+            write_results(rank, world, device)
+            continue
+        t = time.perf_counter()
+        try:
+            RESULTS["sections"][name] = fn(rank, world, device, args.smoke)
+        except Exception:  # recorded; the run goes on
+            RESULTS["errors"][name] = traceback.format_exc()[-3000:]
+            log(rank, f"{name}: ERROR\n{RESULTS['errors'][name]}")
+        dist.barrier()
+        log(rank, f"section {name}: {time.perf_counter() - t:.1f} s")
+        write_results(rank, world, device)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _spawned(rank: int, world: int, store: str, argv: list[str]) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": os.environ.get("MASTER_PORT", "29531")})  # fmt: skip
+    args = parse(argv)
+    global OUT
+    OUT = Path(args.out)
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() and not args.smoke else "gloo",
+        init_method=f"file://{store}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=90),
+    )  # fmt: skip
+    if torch.cuda.is_available() and not args.smoke:
+        torch.cuda.set_device(rank)
+    main_rank(args)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "dist-results"))
+    p.add_argument("--smoke", action="store_true", help="CPU, gloo, interpreter, tiny sizes")
+    p.add_argument("--world", type=int, default=2, help="processes to spawn without torchrun")
+    p.add_argument("--budget-s", type=float, default=230.0, help="wall seconds for all sections")
+    p.add_argument(
+        "--sections",
+        default="",
+        help="comma-separated subset of " + ",".join(s[0] for s in SECTIONS),
+    )
+    return p.parse_args(argv)
+
+
+OUT = Path("dist-results")
+
+if __name__ == "__main__":
+    ARGS = parse(sys.argv[1:])
+    OUT = Path(ARGS.out)
+    OUT.mkdir(parents=True, exist_ok=True)
+    if "RANK" in os.environ:  # torchrun
+        main_rank(ARGS)
+    else:
+        store = os.path.join(tempfile.mkdtemp(prefix="tritonkit-dist-"), "store")
+        torch.multiprocessing.start_processes(
+            _spawned,
+            args=(ARGS.world, store, sys.argv[1:]),
+            nprocs=ARGS.world,
+            start_method="spawn",
+        )

@@ -1,0 +1,323 @@
+"""The collectives' kernels: the ring's reduction, the compressed all-reduce's quantize (with
+error feedback) and dequantize-accumulate-requantize, and the symmetric-memory all-reduces.
+
+Wire layout of the compressed all-reduce (``plan.py`` builds the views): the flat input, padded
+to ``world * shard`` elements, is ``world`` chunks of ``shard = blocks_per_shard * B`` elements;
+chunk ``c`` goes on the wire as ``shard`` code bytes followed by ``blocks_per_shard`` float32
+scales, so one ``all_to_all`` and one ``all_gather`` move codes and scales together. Kernels
+see the codes as a ``(world, shard)`` view and the scales as a ``(world, blocks_per_shard)``
+view, both with the chunk's row stride.
+
+Symmetric memory (``torch.distributed._symmetric_memory``): every rank allocated the same
+buffer, and ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev`` are device tables of the peers'
+addresses (uint64). A kernel loads a peer's base from the table and casts it to a typed
+pointer. Ranks synchronize per program through the signal pads: program ``b`` of rank ``r``
+sets slot ``b * WORLD + r`` of every peer's pad (compare-and-swap 0 -> 1, release, system
+scope) and waits for slot ``b * WORLD + p`` of its own pad to hold 1 for every peer ``p``
+(swapping it back to 0, acquire), so the pads are zero again after every barrier. Programs
+must be laid out alike on every rank (same shapes, same grid), which the public functions
+ensure. Peer memory is loaded with ``.cv`` (no stale cached lines of an earlier call).
+"""
+
+import triton
+import triton.language as tl
+
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.quant_codes import encode, finite_abs, symmetric_scales
+
+# Reduction ops of the ring (torch.distributed.ReduceOp's subset that it implements).
+OP_SUM = tl.constexpr(0)
+OP_MAX = tl.constexpr(1)
+OP_MIN = tl.constexpr(2)
+OP_PROD = tl.constexpr(3)
+# Polls of a signal slot before a barrier gives up: seconds of system-scope atomics, so that a
+# dead peer ends the wait instead of hanging the GPU.
+SPIN_LIMIT = tl.constexpr(1 << 24)
+
+
+@triton.jit
+def _combine(a, b, OP: tl.constexpr):
+    if OP == OP_MAX:
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    elif OP == OP_MIN:
+        return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    elif OP == OP_PROD:
+        return a * b
+    else:
+        return a + b
+
+
+@kernel
+def _ring_reduce_kernel(
+    acc_ptr,  # (n,) this rank's chunk, updated in place
+    x_ptr,  # (n,) the chunk received from the left neighbour
+    n,
+    alpha,  # multiplies the result (1 / world on the last step of an average)
+    OP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(acc_ptr + offs, mask=mask).to(tl.float32)
+    b = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(acc_ptr + offs, (_combine(a, b, OP) * alpha).to(acc_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_blocks(
+    v,  # (BLOCK_G, B) float32 values
+    QMAX: tl.constexpr,
+    IS_FLOAT: tl.constexpr,
+    MANT: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    """(codes as float32, their dequantized values, scale per block): symmetric, one scale per
+    row of ``v``, rounded as the quant family rounds (ops/quant/formats.py)."""
+    amax = tl.max(finite_abs(v), axis=1)
+    qscale, scale = symmetric_scales(amax, QMAX, False)
+    zp = tl.zeros_like(qscale)[:, None]
+    codes = encode(v * qscale[:, None], zp, -QMAX, QMAX, IS_FLOAT, MANT, EMIN, EMULATE)
+    codes = codes.to(tl.float32)
+    return codes, codes * scale[:, None], scale
+
+
+@kernel
+def _ef_quantize_kernel(
+    x_ptr,  # (n,) input, contiguous
+    res_ptr,  # (world * shard,) float32 error-feedback residual, read and rewritten (HAS_RES)
+    q_ptr,  # (world, shard) codes, rows stride_qc apart
+    s_ptr,  # (world, blocks_per_shard) float32 scales, rows stride_sc apart
+    n,  # valid input elements (the rest of the padded vector counts as 0)
+    n_blocks,  # world * blocks_per_shard
+    blocks_per_shard,
+    stride_qc,
+    stride_sc,
+    QMAX: tl.constexpr,
+    IS_FLOAT: tl.constexpr,
+    MANT: tl.constexpr,
+    EMIN: tl.constexpr,
+    B: tl.constexpr,  # elements per scale
+    BLOCK_G: tl.constexpr,  # blocks per program
+    HAS_RES: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    j = tl.arange(0, B)
+    g_ok = g < n_blocks
+    offs = g[:, None] * B + j[None, :]
+    x = tl.load(x_ptr + offs, mask=g_ok[:, None] & (offs < n), other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0)
+    codes, deq, scale = _quantize_blocks(x, QMAX, IS_FLOAT, MANT, EMIN, EMULATE)
+    if HAS_RES:
+        # Error feedback: what this step's codes failed to carry goes into the next step.
+        tl.store(res_ptr + offs, x - deq, mask=g_ok[:, None])
+    chunk = g // blocks_per_shard
+    jb = g - chunk * blocks_per_shard
+    q_offs = (chunk * stride_qc + jb * B)[:, None] + j[None, :]
+    tl.store(q_ptr + q_offs, codes.to(q_ptr.dtype.element_ty), mask=g_ok[:, None])
+    tl.store(s_ptr + chunk * stride_sc + jb, scale, mask=g_ok)
+
+
+@kernel
+def _dequant_acc_requant_kernel(
+    rq_ptr,  # (WORLD, shard) received codes of this rank's shard, rows stride_rq apart
+    rs_ptr,  # (WORLD, blocks_per_shard) their scales, rows stride_rs apart
+    q_ptr,  # (shard,) requantized codes of the reduced shard
+    s_ptr,  # (blocks_per_shard,) their scales, times alpha (what every rank dequantizes with)
+    res_ptr,  # (shard,) float32 residual of the requantization, read and rewritten (HAS_RES)
+    blocks_per_shard,
+    stride_rq,
+    stride_rs,
+    alpha,  # 1, or 1 / world for an average
+    WORLD: tl.constexpr,
+    QMAX: tl.constexpr,
+    IS_FLOAT: tl.constexpr,
+    MANT: tl.constexpr,
+    EMIN: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    EMULATE: tl.constexpr,
+):
+    g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    j = tl.arange(0, B)
+    g_ok = g < blocks_per_shard
+    offs = g[:, None] * B + j[None, :]
+    acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
+    for c in tl.static_range(WORLD):
+        code = tl.load(rq_ptr + c * stride_rq + offs, mask=g_ok[:, None], other=0.0)
+        scale = tl.load(rs_ptr + c * stride_rs + g, mask=g_ok, other=0.0)
+        acc += code.to(tl.float32) * scale[:, None]
+    if HAS_RES:
+        acc += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0)
+    codes, deq, scale = _quantize_blocks(acc, QMAX, IS_FLOAT, MANT, EMIN, EMULATE)
+    if HAS_RES:
+        tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
+    tl.store(q_ptr + offs, codes.to(q_ptr.dtype.element_ty), mask=g_ok[:, None])
+    tl.store(s_ptr + g, scale * alpha, mask=g_ok)
+
+
+@triton.jit
+def _peer_base(table, peer, dtype: tl.constexpr):
+    """Peer ``peer``'s buffer from a device table of uint64 addresses, as a ``dtype`` pointer."""
+    return tl.load(table.to(tl.pointer_type(tl.uint64)) + peer).to(tl.pointer_type(dtype))
+
+
+@triton.jit
+def symm_barrier(pad_table, block_id, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Every rank's program ``block_id`` has arrived (see the module's docstring); the stores
+    made before it by this program are visible to the peers after it, and theirs to this one."""
+    tl.debug_barrier()  # this program's stores happen before its signals
+    for p in tl.static_range(WORLD):
+        slot = _peer_base(pad_table, p, tl.uint32) + block_id * WORLD + RANK
+        old = tl.full((), 1, tl.int32)  # atomic_cas on int literals returns int32
+        spins = 0
+        # The slot is free once the peer consumed the previous call's signal. Spins are
+        # bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
+        while (old != 0) & (spins < SPIN_LIMIT):
+            old = tl.atomic_cas(slot, 0, 1, sem="release", scope="sys")
+            spins += 1
+    own = _peer_base(pad_table, RANK, tl.uint32) + block_id * WORLD
+    for p in tl.static_range(WORLD):
+        old = tl.full((), 0, tl.int32)
+        spins = 0
+        while (old != 1) & (spins < SPIN_LIMIT):
+            old = tl.atomic_cas(own + p, 1, 0, sem="acquire", scope="sys")
+            spins += 1
+    tl.debug_barrier()  # no thread reads peers' data before the signals arrived
+
+
+@kernel
+def _one_shot_kernel(
+    x_ptr,  # (n,) this rank's input, contiguous
+    out_ptr,  # (n,) the reduced output (may be x)
+    buf_table,  # device table of the peers' symmetric buffers (>= n elements each)
+    pad_table,  # device table of the peers' signal pads (uint32)
+    n,
+    alpha,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BARRIER: tl.constexpr,  # off only in the interpreter's test of the arithmetic
+):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    ty = x_ptr.dtype.element_ty
+    local = _peer_base(buf_table, RANK, ty)
+    start = pid.to(tl.int64) * BLOCK
+    for base in range(start, n, step):
+        offs = base + tl.arange(0, BLOCK)
+        tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)
+    for base in range(start, n, step):
+        offs = base + tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            peer = _peer_base(buf_table, p, ty)
+            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
+                tl.float32
+            )
+        tl.store(out_ptr + offs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=offs < n)
+    if BARRIER:  # no rank overwrites its buffer (next call) while a peer still reads it
+        symm_barrier(pad_table, pid, RANK, WORLD)
+
+
+@kernel
+def _two_shot_kernel(
+    x_ptr,  # (n,) this rank's input, contiguous
+    out_ptr,  # (n,) the reduced output (may be x)
+    buf_table,
+    pad_table,
+    n,
+    alpha,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,  # elements of a slice each rank reduces; a program's span is WORLD x
+    BARRIER: tl.constexpr,
+):
+    # Reduce-scatter then all-gather through the buffers: rank r reduces part r of each span
+    # (reading it from every peer) and writes the result into part r of every peer's buffer.
+    pid = tl.program_id(0)
+    span = WORLD * BLOCK
+    step = tl.num_programs(0).to(tl.int64) * span
+    ty = x_ptr.dtype.element_ty
+    local = _peer_base(buf_table, RANK, ty)
+    start = pid.to(tl.int64) * span
+    for base in range(start, n, step):
+        for part in tl.static_range(WORLD):  # WORLD need not be a power of 2
+            offs = base + part * BLOCK + tl.arange(0, BLOCK)
+            tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)
+    for base in range(start, n, step):
+        offs = base + RANK * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            peer = _peer_base(buf_table, p, ty)
+            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
+                tl.float32
+            )
+        acc = (acc * alpha).to(ty)
+        for p in tl.static_range(WORLD):
+            tl.store(_peer_base(buf_table, p, ty) + offs, acc, mask=offs < n)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)
+    for base in range(start, n, step):
+        for part in tl.static_range(WORLD):
+            offs = base + part * BLOCK + tl.arange(0, BLOCK)
+            v = tl.load(local + offs, mask=offs < n, cache_modifier=".cv")
+            tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=offs < n)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)
+
+
+@kernel
+def _all_reduce_add_rms_norm_kernel(
+    x_ptr,  # (n_rows, H) this rank's partial sums, contiguous
+    res_ptr,  # (n_rows, H) residual, contiguous
+    w_ptr,  # (H,) weight (HAS_WEIGHT)
+    out_ptr,  # (n_rows, H) normalized output
+    res_out_ptr,  # (n_rows, H) new residual: all_reduce(x) + residual
+    buf_table,
+    pad_table,
+    n_rows,
+    H,
+    eps,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    # The tensor-parallel block's epilogue: rounded as NCCL's all-reduce followed by
+    # tritonkit.add_rms_norm round (the reduced sum once to x's dtype, then h in float32).
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)
+    cmask = cols < H
+    ty = x_ptr.dtype.element_ty
+    local = _peer_base(buf_table, RANK, ty)
+    for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
+        offs = row * H + cols
+        tl.store(local + offs, tl.load(x_ptr + offs, mask=cmask), mask=cmask)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)
+    for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
+        offs = row * H + cols
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            peer = _peer_base(buf_table, p, ty)
+            acc += tl.load(peer + offs, mask=cmask, other=0.0, cache_modifier=".cv").to(tl.float32)
+        h = acc.to(ty).to(tl.float32) + tl.load(res_ptr + offs, mask=cmask, other=0.0).to(
+            tl.float32
+        )
+        tl.store(res_out_ptr + offs, h.to(res_out_ptr.dtype.element_ty), mask=cmask)
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+        y = h * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=cmask)
+    if BARRIER:
+        symm_barrier(pad_table, pid, RANK, WORLD)

@@ -1,0 +1,401 @@
+"""Launchers of the collectives: the ring all-reduce over point-to-point sends, the compressed
+all-reduce's pipeline, the symmetric-memory workspaces and their kernels, and the wait with a
+timeout every collective ends in."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops.collectives import kernels as K
+from tritonkit.ops.collectives.config import (
+    CompressConfig,
+    FusedNormConfig,
+    RingConfig,
+    SymmConfig,
+)
+from tritonkit.ops.quant.dequant import dequantize_2d
+from tritonkit.ops.quant.formats import get_format
+
+Timeout = datetime.timedelta | float | None
+
+
+class CollectiveError(RuntimeError):
+    """A collective that did not complete: a peer died, never arrived or timed out."""
+
+
+def as_timedelta(timeout: datetime.timedelta | float | None) -> datetime.timedelta | None:
+    if timeout is None or isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def issue(call, timeout: datetime.timedelta | None, what: str, group=None):
+    """``call()`` (issuing collectives), a failure at issue raised as CollectiveError (gloo
+    reports a peer that already died there)."""
+    try:
+        return call()
+    except Exception as exc:
+        raise _error(what, timeout, group, exc) from exc
+
+
+def wait_all(works, timeout: datetime.timedelta | None, what: str, group=None) -> None:
+    """Wait for every ``work`` (a torch.distributed Work) within ``timeout``; a failure or an
+    expiry raises CollectiveError naming the collective, this rank and the time allowed."""
+    for work in works:
+        if work is None:
+            continue
+        try:
+            ok = work.wait(timeout) if timeout is not None else work.wait()
+        except Exception as exc:  # gloo: a closed connection or its own timeout
+            raise _error(what, timeout, group, exc) from exc
+        if ok is False:
+            raise _error(what, timeout, group, None)
+
+
+def _error(what: str, timeout, group, exc) -> CollectiveError:
+    rank = dist.get_rank(group) if dist.is_initialized() else -1
+    limit = f"within {timeout.total_seconds():g} s" if timeout is not None else ""
+    why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+    return CollectiveError(
+        f"tritonkit.dist.{what}: rank {rank} did not complete {limit} (a peer rank died, "
+        f"never arrived, or passed different arguments){why}"
+    )
+
+
+def group_ranks(group) -> tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def global_rank(group, rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# The debug mode's check
+
+
+def signature(*tensors: torch.Tensor, **extra: object) -> tuple:
+    return tuple((tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors) + tuple(
+        sorted((k, str(v)) for k, v in extra.items())
+    )
+
+
+def check_same_arguments(what: str, group, timeout: Timeout, signature: tuple) -> None:
+    """Raise ValueError on every rank, naming the ranks whose ``signature`` differs from rank
+    0's (on gloo, a monitored barrier first names a rank that never arrived)."""
+    td = as_timedelta(timeout) if timeout is not None else None
+    if dist.get_backend(group) == "gloo":
+        try:
+            dist.monitored_barrier(group, timeout=td, wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise CollectiveError(f"tritonkit.dist.{what}: {exc}") from exc
+    world = dist.get_world_size(group)
+    got: list[object] = [None] * world
+    dist.all_gather_object(got, signature, group=group)
+    bad = [r for r in range(world) if got[r] != got[0]]
+    if bad:
+        shown = "; ".join(f"rank {r} passed {_show(got[r])}" for r in bad)
+        raise ValueError(
+            f"tritonkit.dist.{what}: ranks disagree: {shown}, where rank 0 passed {_show(got[0])}"
+        )
+
+
+def _show(sig) -> str:
+    parts = []
+    for item in sig:
+        if isinstance(item[0], tuple):
+            parts.append(f"shape {item[0]} {item[1]}")
+        else:
+            parts.append(f"{item[0]}={item[1]}")
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ring all-reduce
+
+
+REDUCE_CODES = {
+    dist.ReduceOp.SUM: K.OP_SUM.value,
+    dist.ReduceOp.AVG: K.OP_SUM.value,
+    dist.ReduceOp.MAX: K.OP_MAX.value,
+    dist.ReduceOp.MIN: K.OP_MIN.value,
+    dist.ReduceOp.PRODUCT: K.OP_PROD.value,
+}
+
+
+def ring_reduce(acc: torch.Tensor, x: torch.Tensor, op_code: int, alpha: float) -> None:
+    """``acc = op(acc, x) * alpha`` elementwise, in float32, in place (both flat, contiguous)."""
+    n = acc.numel()
+    if n == 0:
+        return
+    cfg = RingConfig.heuristic(n)
+    K._ring_reduce_kernel[(cdiv(n, cfg.block),)](
+        acc, x, n, alpha, OP=op_code, BLOCK=cfg.block, num_warps=cfg.num_warps
+    )
+
+
+def ring_all_reduce(flat: torch.Tensor, op, group, timeout: datetime.timedelta | None) -> None:
+    """All-reduce ``flat`` (contiguous, 1-D) in place: a reduce-scatter then an all-gather over
+    the ring, ``world - 1`` steps each, every step one send to the right neighbour and one
+    receive from the left (``batch_isend_irecv``), the reductions in ``_ring_reduce_kernel``."""
+    rank, world = group_ranks(group)
+    if world == 1:  # the reduction of one value is the value (an average too)
+        return
+    chunks = list(torch.tensor_split(flat, world))
+    recv = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype, device=flat.device)
+    right = global_rank(group, (rank + 1) % world)
+    left = global_rank(group, (rank - 1) % world)
+    op_code = REDUCE_CODES[op]
+
+    def exchange(send: torch.Tensor, into: torch.Tensor) -> None:
+        # What a rank sends is the chunk its right neighbour receives (one split on every
+        # rank): an empty one is skipped at both ends.
+        ops = []
+        if send.numel():
+            ops.append(dist.P2POp(dist.isend, send, right, group))
+        if into.numel():
+            ops.append(dist.P2POp(dist.irecv, into, left, group))
+        if ops:
+            works = issue(lambda: dist.batch_isend_irecv(ops), timeout, "ring_all_reduce", group)
+            wait_all(works, timeout, "ring_all_reduce", group)
+
+    for step in range(world - 1):  # reduce-scatter: rank r ends owning chunk r + 1
+        send_i, recv_i = (rank - step) % world, (rank - step - 1) % world
+        dst = chunks[recv_i]
+        exchange(chunks[send_i], recv[: dst.numel()])
+        last = step == world - 2
+        alpha = 1.0 / world if (last and op == dist.ReduceOp.AVG) else 1.0
+        ring_reduce(dst, recv[: dst.numel()], op_code, alpha)
+    for step in range(world - 1):  # all-gather of the owned chunks
+        send_i, recv_i = (rank - step + 1) % world, (rank - step) % world
+        exchange(chunks[send_i], chunks[recv_i])
+
+
+# ----------------------------------------------------------------------------------------------
+# Compressed all-reduce
+
+
+@dataclass
+class CompressedLayout:
+    """Sizes of one compressed all-reduce's wire buffers (see kernels.py)."""
+
+    numel: int
+    world: int
+    block: int
+    blocks_per_shard: int
+
+    @property
+    def shard(self) -> int:
+        return self.blocks_per_shard * self.block
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.shard + 4 * self.blocks_per_shard
+
+    @property
+    def padded(self) -> int:
+        return self.world * self.shard
+
+    def wire_bytes(self) -> int:
+        """Bytes this rank sends: world - 1 chunks in the all-to-all and in the all-gather."""
+        return 2 * (self.world - 1) * self.chunk_bytes
+
+    @classmethod
+    def of(cls, numel: int, world: int, cfg: CompressConfig) -> CompressedLayout:
+        return cls(numel, world, cfg.block, max(1, cdiv(cdiv(numel, world), cfg.block)))
+
+
+def _views(buf: torch.Tensor, lay: CompressedLayout, code_dtype: torch.dtype):
+    """Codes and scales of a (rows, chunk_bytes) uint8 wire buffer."""
+    codes = buf[..., : lay.shard].view(code_dtype)
+    scales = buf[..., lay.shard :].view(torch.float32)
+    return codes, scales
+
+
+def compressed_all_reduce_flat(
+    flat: torch.Tensor,
+    out: torch.Tensor,
+    group,
+    cfg: CompressConfig,
+    worker_res: torch.Tensor | None,
+    server_res: torch.Tensor | None,
+    average: bool,
+    timeout: datetime.timedelta | None,
+) -> int:
+    """Reduce ``flat`` over the group into ``out`` (both 1-D, contiguous, same numel) through
+    ``cfg.dtype`` codes; returns the bytes this rank sent. ``worker_res`` (``padded`` float32)
+    and ``server_res`` (``shard`` float32) carry the error feedback when given."""
+    world = dist.get_world_size(group)
+    lay = CompressedLayout.of(flat.numel(), world, cfg)
+    fmt = get_format(cfg.dtype)
+    emulate = interpreter_enabled()
+    qmeta = {"QMAX": fmt.qmax, "IS_FLOAT": fmt.is_float, "MANT": fmt.mantissa, "EMIN": fmt.emin}
+    bpp = cfg.blocks_per_program
+    dev = flat.device
+    send = torch.empty((world, lay.chunk_bytes), dtype=torch.uint8, device=dev)
+    sq, ss = _views(send, lay, cfg.dtype)
+    n_blocks = world * lay.blocks_per_shard
+    K._ef_quantize_kernel[(cdiv(n_blocks, bpp),)](
+        flat, worker_res, sq, ss, flat.numel(), n_blocks, lay.blocks_per_shard,
+        sq.stride(0), ss.stride(0), **qmeta, B=lay.block, BLOCK_G=bpp,
+        HAS_RES=worker_res is not None, EMULATE=emulate, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    recv = torch.empty_like(send)
+    what = "compressed_all_reduce"
+    work = issue(
+        lambda: dist.all_to_all_single(recv, send, group=group, async_op=True), timeout, what, group
+    )
+    wait_all([work], timeout, what, group)
+    mine = torch.empty(lay.chunk_bytes, dtype=torch.uint8, device=dev)
+    rq, rs = _views(recv, lay, cfg.dtype)
+    mq, ms = _views(mine, lay, cfg.dtype)
+    K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+        rq, rs, mq, ms, server_res, lay.blocks_per_shard, rq.stride(0), rs.stride(0),
+        1.0 / world if average else 1.0, WORLD=world, **qmeta, B=lay.block, BLOCK_G=bpp,
+        HAS_RES=server_res is not None, EMULATE=emulate, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    gathered = torch.empty_like(send)
+    # A flat output: gloo's all_gather_into_tensor takes no (world, n) one.
+    work = issue(
+        lambda: dist.all_gather_into_tensor(gathered.view(-1), mine, group=group, async_op=True),
+        timeout, what, group,
+    )  # fmt: skip
+    wait_all([work], timeout, what, group)
+    gq, gs = _views(gathered, lay, cfg.dtype)
+    exact = out.numel() == lay.padded
+    out2 = (
+        out.view(world, lay.shard)
+        if exact
+        else torch.empty((world, lay.shard), dtype=out.dtype, device=dev)
+    )
+    dequantize_2d(gq, gs, None, out2, 1, lay.block, False, stride_sr=gs.stride(0))
+    if not exact:
+        out.copy_(out2.view(-1)[: out.numel()])
+    return lay.wire_bytes()
+
+
+# ----------------------------------------------------------------------------------------------
+# Symmetric memory
+
+
+def symm_unavailable(tensor: torch.Tensor, group) -> str | None:
+    """Why the symmetric-memory path cannot run here, or None."""
+    if tensor.device.type != "cuda":
+        return "symmetric memory needs CUDA tensors"
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - builds without distributed
+        return f"torch.distributed._symmetric_memory does not import ({exc})"
+    if dist.get_backend(group) != "nccl":
+        return f"the process group's backend is {dist.get_backend(group)}, not nccl"
+    return None
+
+
+class SymmWorkspace:
+    """One symmetric buffer per (group, device, dtype), grown (collectively: every rank calls
+    with the same sizes) when a message needs more."""
+
+    def __init__(self, group, device: torch.device, dtype: torch.dtype, numel: int) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        name = (group or dist.group.WORLD).group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:  # needed before torch 2.8; a deprecated no-op since
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                enable(name)
+        self.numel = numel
+        self.buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+        self.handle = symm_mem.rendezvous(self.buffer, name)  # a group name: every version
+        self.rank = self.handle.rank
+        self.world = self.handle.world_size
+        # Signal-pad slots (uint32) each program uses one of per peer.
+        # (get_signal_pad_size is newer than symmetric memory; its pads held 2 KB before.)
+        pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
+        self.max_programs = max(1, pad_bytes // 4 // self.world)
+
+
+_WORKSPACES: dict[tuple, SymmWorkspace] = {}
+_RETIRED: list[SymmWorkspace] = []
+
+
+def workspace(group, device: torch.device, dtype: torch.dtype, numel: int) -> SymmWorkspace:
+    g = group or dist.group.WORLD
+    key = (g.group_name, device.index, dtype)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel < numel:
+        if ws is not None:  # kernels queued on the stream may still read it: never freed
+            _RETIRED.append(ws)
+        # Powers of two (at least 1M elements): a few growths cover every size.
+        ws = SymmWorkspace(g, device, dtype, max(1 << 20, next_power_of_2(numel)))
+        _WORKSPACES[key] = ws
+    return ws
+
+
+def symm_launch(
+    x: torch.Tensor, out: torch.Tensor, ws: SymmWorkspace, cfg: SymmConfig, alpha: float
+) -> None:
+    """One-shot or two-shot all-reduce of ``x`` (flat, contiguous) into ``out``."""
+    n = x.numel()
+    span = cfg.block if cfg.one_shot else cfg.block * ws.world
+    programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
+    kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
+    kern[(programs,)](
+        x, out, ws.handle.buffer_ptrs_dev, ws.handle.signal_pad_ptrs_dev, n, alpha,
+        RANK=ws.rank, WORLD=ws.world, BLOCK=cfg.block, BARRIER=True, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def fused_norm_launch(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    ws: SymmWorkspace,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = math.prod(x.shape[:-1])
+    hidden = x.shape[-1]
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(residual)
+    cfg = FusedNormConfig.heuristic(hidden)
+    programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
+    K._all_reduce_add_rms_norm_kernel[(programs,)](
+        x, residual, weight, out, res_out, ws.handle.buffer_ptrs_dev,
+        ws.handle.signal_pad_ptrs_dev, rows, hidden, eps, RANK=ws.rank, WORLD=ws.world,
+        BLOCK_H=next_power_of_2(hidden), HAS_WEIGHT=weight is not None, BARRIER=True,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out, res_out
+
+
+def add_rms_norm_reference(
+    reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = reduced + residual`` in float32, normalized, and h rounded (the fused kernel's
+    formula in torch, for the fallback and the tests).
+
+    Args:
+        reduced: the all-reduced partial sums.
+        residual: the residual stream.
+        weight: (hidden,) scale, or None.
+        eps: added to the mean square.
+    """
+    if reduced.is_cuda:
+        from tritonkit.ops.norm import add_rms_norm
+
+        return add_rms_norm(reduced, residual, weight, eps)
+    h = reduced.float() + residual.float()
+    y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(reduced.dtype), h.to(reduced.dtype)

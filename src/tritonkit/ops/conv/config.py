@@ -1,0 +1,258 @@
+"""Launch configs of the conv family and the problem they are chosen for.
+
+One frozen dataclass per kernel path: ``GemmConfig`` (the implicit-GEMM forward, the 1x1
+GEMM and dgrad, three GEMMs of one shape of tile), ``WgradConfig`` and ``DepthwiseConfig``.
+Each ``heuristic`` derives a config from the problem and the hardware; ``candidates`` lists
+the few worth timing (the heuristic first) for ``tritonkit._tuning``, which takes a tuned
+winner from the machine's cache or the shipped table ``tuned/<gpu>/conv.json`` (written by
+``experiments/gpu_conv.py --tune``), keyed by ``ConvProblem.key``.
+
+The Hopper starting points are those of Triton's bf16 GEMMs on sm_90: 128-pixel tiles, 64 or
+128 output channels, 64 input channels per step, 4-8 warps, 3-4 stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from tritonkit import _tuning
+from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.layout import cdiv, next_power_of_2
+
+
+class ConvProblem(NamedTuple):
+    """One convolution's sizes (batched, after padding modes are resolved)."""
+
+    n: int
+    c: int  # input channels
+    h: int
+    w: int
+    k: int  # output channels
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]  # top, left (the bottom/right edge is masked)
+    dilation: tuple[int, int]
+    groups: int
+    dtype: torch.dtype
+
+    @property
+    def c_g(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def k_g(self) -> int:
+        return self.k // self.groups
+
+    @property
+    def m(self) -> int:
+        return self.n * self.oh * self.ow
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.c_g == 1
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, stride 1, no padding: a plain GEMM over the pixels."""
+        return (self.kh, self.kw, self.stride, self.padding) == (1, 1, (1, 1), (0, 0))
+
+    def key(self, kind: str) -> dict:
+        """What a tuned config depends on: the GEMM's per-group sizes, the kernel window, the
+        stride, the dtype and the pixel count's power-of-4 class (coarse enough that a
+        network's layers at batch 32 and 64 share their tuned configs)."""
+        return {
+            "kind": kind,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "c": self.c_g,
+            "k": self.k_g,
+            "window": [self.kh, self.kw],
+            "stride": list(self.stride),
+            "m": _power_of_4(self.m),
+        }
+
+
+def _power_of_4(n: int) -> int:
+    """The least power of 4 >= n (integers only: no float rounding at exact powers)."""
+    out = 1
+    while out < n:
+        out *= 4
+    return out
+
+
+def _floor16(n: int, cap: int) -> int:
+    """A tile side for ``n`` channels: a power of 2 in [16, cap] (tl.dot needs 16)."""
+    return max(16, min(cap, next_power_of_2(n)))
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """An implicit-GEMM tile: BLOCK_M pixels x BLOCK_N channels, BLOCK_K reduction channels
+    per step, GROUP_M row tiles walked per column band (L2 reuse), warps, pipeline stages."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 128
+    BLOCK_K: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def tuning(self) -> _tuning.Config:
+        params = {"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N, "BLOCK_K": self.BLOCK_K}
+        return _tuning.Config({**params, "GROUP_M": self.GROUP_M}, self.num_warps, self.num_stages)
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config) -> GemmConfig:
+        p = cfg.params
+        return GemmConfig(
+            int(p["BLOCK_M"]), int(p["BLOCK_N"]), int(p["BLOCK_K"]), int(p["GROUP_M"]),
+            cfg.num_warps, cfg.num_stages,
+        )  # fmt: skip
+
+    def smem_bytes(self, elem: int) -> int:
+        return self.num_stages * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * elem
+
+    @classmethod
+    def heuristic(cls, p: ConvProblem, reduce_c: int, out_c: int) -> GemmConfig:
+        """``reduce_c`` channels are reduced per tap (Cin/g forward, Cout/g dgrad), ``out_c``
+        make the columns."""
+        if interpreter_enabled():
+            # Small unequal tiles: the test shapes cross several blocks each way.
+            return cls(32, _floor16(out_c, 32), 16, 2, 4, 1)
+        wide = p.dtype != torch.float32
+        block_k = _floor16(reduce_c, 64 if wide else 32)
+        block_n = _floor16(out_c, 128)
+        block_m = 128 if p.m >= 4096 else 64
+        warps = 8 if block_m * block_n >= 128 * 128 else 4
+        return cls(block_m, block_n, block_k, 8, warps, 4 if block_k <= 32 else 3)
+
+    @classmethod
+    def candidates(cls, p: ConvProblem, reduce_c: int, out_c: int) -> list[GemmConfig]:
+        first = cls.heuristic(p, reduce_c, out_c)
+        out = [first]
+        if interpreter_enabled():
+            return out
+        bk = first.BLOCK_K
+        for bm, bn, warps, stages in (
+            (128, 128, 8, 3), (128, 128, 4, 4), (128, 64, 4, 4), (128, 256, 8, 3),
+            (256, 128, 8, 3), (64, 128, 4, 4), (64, 64, 4, 4),
+        ):  # fmt: skip
+            if bn > 2 * max(16, next_power_of_2(out_c)):
+                continue
+            c = cls(bm, bn, bk, 8, warps, stages)
+            if c not in out:
+                out.append(c)
+        return out
+
+
+@dataclass(frozen=True)
+class WgradConfig:
+    """The weight gradient: BLOCK_M output channels x BLOCK_N input channels per tap,
+    BLOCK_K pixels per step, ``split`` programs sharing one tile's reduction (0: chosen from
+    the machine), warps, stages."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 128
+    BLOCK_K: int = 64
+    split: int = 0
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def tuning(self) -> _tuning.Config:
+        params = {"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N, "BLOCK_K": self.BLOCK_K}
+        return _tuning.Config({**params, "SPLIT": self.split}, self.num_warps, self.num_stages)
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config) -> WgradConfig:
+        p = cfg.params
+        return WgradConfig(
+            int(p["BLOCK_M"]), int(p["BLOCK_N"]), int(p["BLOCK_K"]), int(p["SPLIT"]),
+            cfg.num_warps, cfg.num_stages,
+        )  # fmt: skip
+
+    def splits(self, p: ConvProblem, deterministic: bool, sms: int) -> int:
+        """How many programs share one tile's pixels: enough tiles for two waves of the
+        machine, each split at least 8 steps long; 1 in deterministic mode (atomics add in
+        any order)."""
+        if deterministic:
+            return 1
+        if self.split:
+            return self.split
+        tiles = cdiv(p.k_g, self.BLOCK_M) * cdiv(p.c_g, self.BLOCK_N) * p.kh * p.kw * p.groups
+        most = max(1, p.m // (8 * self.BLOCK_K))
+        return max(1, min(most, cdiv(2 * sms, tiles)))
+
+    @classmethod
+    def heuristic(cls, p: ConvProblem) -> WgradConfig:
+        if interpreter_enabled():
+            return cls(_floor16(p.k_g, 32), 16, 16, 0, 4, 1)
+        wide = p.dtype != torch.float32
+        bm = _floor16(p.k_g, 128)
+        bn = _floor16(p.c_g, 128)
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        return cls(bm, bn, 64 if wide else 32, 0, warps, 3)
+
+    @classmethod
+    def candidates(cls, p: ConvProblem) -> list[WgradConfig]:
+        first = cls.heuristic(p)
+        out = [first]
+        if interpreter_enabled():
+            return out
+        for bm, bn, bk, warps, stages in (
+            (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4),
+            (128, 128, 32, 8, 4),
+        ):  # fmt: skip
+            c = cls(min(bm, first.BLOCK_M), min(bn, first.BLOCK_N), bk, 0, warps, stages)
+            if c not in out:
+                out.append(c)
+        return out
+
+
+@dataclass(frozen=True)
+class DepthwiseConfig:
+    """The depthwise direct kernel: BLOCK_P pixels x BLOCK_C channels per program, warps."""
+
+    BLOCK_P: int = 64
+    BLOCK_C: int = 64
+    num_warps: int = 4
+
+    def tuning(self) -> _tuning.Config:
+        return _tuning.Config({"BLOCK_P": self.BLOCK_P, "BLOCK_C": self.BLOCK_C}, self.num_warps, 1)
+
+    @staticmethod
+    def from_tuning(cfg: _tuning.Config) -> DepthwiseConfig:
+        return DepthwiseConfig(
+            int(cfg.params["BLOCK_P"]), int(cfg.params["BLOCK_C"]), cfg.num_warps
+        )
+
+    @classmethod
+    def heuristic(cls, p: ConvProblem) -> DepthwiseConfig:
+        if interpreter_enabled():
+            return cls(16, 16, 4)
+        block_c = max(8, min(64, next_power_of_2(p.k)))
+        return cls(max(16, 4096 // block_c), block_c, 4)
+
+    @classmethod
+    def candidates(cls, p: ConvProblem) -> list[DepthwiseConfig]:
+        out = [cls.heuristic(p)]
+        if interpreter_enabled():
+            return out
+        for bp, bc, warps in ((32, 64, 4), (64, 32, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8)):
+            c = cls(bp, bc, warps)
+            if c not in out and bc <= 2 * max(8, next_power_of_2(p.k)):
+                out.append(c)
+        return out
+
+
+def fits(cfg: _tuning.Config, elem: int) -> bool:
+    """Prune: the GEMM tiles' pipeline buffers fit the active profile's shared memory."""
+    p = cfg.params
+    if "BLOCK_K" not in p:
+        return True
+    need = cfg.num_stages * (p["BLOCK_M"] + p["BLOCK_N"]) * p["BLOCK_K"] * elem
+    return _tuning.fits_shared_memory(need)

@@ -1,0 +1,556 @@
+"""The conv launchers: output allocation, the path and config choice, the grid, the launch.
+
+Arguments arrive validated (``function.py``): 4-D tensors, ``padding`` as four ints (top,
+bottom, left, right; "same" with an even window pads one more at the bottom/right, as torch
+does). The choice of path and config depends only on the problem (``ConvProblem``) and the
+Env, so it is a plan kept in the one plan cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tritonkit import _tuning
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.math import ACTIVATIONS
+from tritonkit.ops._core.plan import cached, current_env
+from tritonkit.ops.conv.config import (
+    ConvProblem,
+    DepthwiseConfig,
+    GemmConfig,
+    WgradConfig,
+    fits,
+)
+from tritonkit.ops.conv.kernels import (
+    act_grad_kernel,
+    bias_grad_kernel,
+    cast_kernel,
+    conv1x1_kernel,
+    conv1x1_tma_kernel,
+    conv_dgrad_kernel,
+    conv_dgrad_phase_kernel,
+    conv_fwd_kernel,
+    conv_fwd_rows_kernel,
+    conv_wgrad_kernel,
+    depthwise_kernel,
+)
+from tritonkit.ops.conv.kernels_variants import conv_direct_kernel, im2col_kernel
+
+
+def channels_last_strides(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """PyTorch's ``is_channels_last_strides_2d`` (c10/core/MemoryFormat.h): whether a 4-D
+    tensor's strides suggest channels_last, ambiguous cases (N111) read as NCHW."""
+    if len(size) != 4 or stride[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if size[d] == 0 or stride[d] < low:
+            return False
+        if d == 0 and low == stride[1]:
+            return False
+        low = stride[d] * (size[d] if size[d] > 1 else 1)
+    return True
+
+
+def output_format(x: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """The output layout PyTorch's convolution gives: channels_last when the input's or the
+    weight's strides suggest it (cuDNN's and oneDNN's rule), else contiguous."""
+    if channels_last_strides(tuple(x.shape), x.stride()) or channels_last_strides(
+        tuple(weight.shape), weight.stride()
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def problem(x_shape, w_shape, stride, padding, dilation, groups, dtype) -> ConvProblem:
+    n, c, h, w = x_shape
+    k, _, kh, kw = w_shape
+    oh = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return ConvProblem(
+        n, c, h, w, k, kh, kw, oh, ow, tuple(stride), (padding[0], padding[2]), tuple(dilation),
+        groups, dtype,
+    )  # fmt: skip
+
+
+def _precision(t: torch.Tensor) -> tuple[str | None, bool]:
+    """(INPUT_PRECISION, UPCAST): float32 products in TF32 where PyTorch's convolution would
+    use it (``torch.backends.cudnn.allow_tf32``, CUDA only); bf16 products in fp32 under the
+    interpreter, whose tl.dot is wrong on bf16 operands."""
+    if t.dtype != torch.float32:
+        return None, t.dtype == torch.bfloat16 and interpreter_enabled()
+    return ("tf32" if t.is_cuda and current_env().cudnn_tf32 else "ieee"), False
+
+
+def _s(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return tuple(t.stride())
+
+
+def _k_major(w: torch.Tensor) -> torch.Tensor:
+    """The weight with unit stride along input channels (channels_last), so a B tile's
+    reduction channels are one contiguous read; a copy (counted) when it is not already."""
+    if w.stride(1) == 1 or w.shape[1] == 1:
+        return w
+    LAYOUT_COPIES.count += 1
+    return w.contiguous(memory_format=torch.channels_last)
+
+
+def _tma_device(device: torch.device) -> bool:
+    """Tensor descriptors: Hopper or later (the interpreter runs them too)."""
+    if interpreter_enabled():
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _tma_1x1(x: torch.Tensor, w: torch.Tensor, groups: int) -> bool:
+    """Whether the 1x1 GEMM can load both operands by TMA: x dense NHWC (an (M, C) row-major
+    matrix), the weight a (K, C) row-major one, rows 16-byte aligned."""
+    _, c, h, wd = x.shape
+    return (
+        groups == 1
+        and x.stride() == (h * wd * c, 1, wd * c, c)
+        and (w.stride(0), w.stride(1)) == (c, 1)
+        and c * x.element_size() % 16 == 0
+        and x.data_ptr() % 16 == 0
+        and w.data_ptr() % 16 == 0
+        and _tma_device(x.device)
+    )
+
+
+def _tune(kind: str, p: ConvProblem, cands, from_tuning, run, elem: int):
+    def choose():
+        best = _tuning.tune(
+            f"conv_{kind}", p.key(kind), [c.tuning() for c in cands], lambda c: run(from_tuning(c)),
+            prune=lambda c: fits(c, elem),
+        )  # fmt: skip
+        return from_tuning(best)
+
+    return cached(f"conv.{kind}", p, choose)
+
+
+def forward_path(p: ConvProblem) -> str:
+    """The forward kernel: "depthwise" (direct), "1x1" (plain GEMM), "rows" (few input
+    channels: a K step per window row, when the layout allows it) or "fwd" (implicit GEMM)."""
+    if p.depthwise:
+        return "depthwise"
+    if p.pointwise:
+        return "1x1"
+    if p.groups == 1 and p.c < 16 and p.kw * p.c <= 64 and p.dilation[1] == 1:
+        return "rows"
+    return "fwd"
+
+
+def _rows_layout(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """x's and the weight's window rows are contiguous (NHWC pixels C apart, channels_last
+    weight), as the "rows" kernel reads them."""
+    c, kw = x.shape[1], w.shape[3]
+    return (x.stride(1), x.stride(3)) == (1, c) and (w.stride(1), w.stride(3), w.stride(2)) == (
+        1, c, c * kw,
+    )  # fmt: skip
+
+
+def _sig(t: torch.Tensor | None) -> tuple | None:
+    """What a plan depends on of a tensor: shape, strides, dtype, device, 16-byte alignment."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
+class _Plan:
+    """One launcher's decisions for a signature of its arguments: the output's shape and
+    layout, the copies to make, and the bound launch (``Kernel.bind``: the binder ran once,
+    a call substitutes its tensors and calls the compiled launcher)."""
+
+    __slots__ = ("copy_b", "copy_w", "fmt", "path", "run", "shape", "split")
+
+
+def conv_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    activation: str,
+    config: GemmConfig | DepthwiseConfig | None = None,
+) -> torch.Tensor:
+    """``act(conv2d(x, weight) + bias + residual)``; x (N, C, H, W), weight (K, C/g, KH, KW),
+    bias (K,), residual shaped like the output; padding (top, bottom, left, right). A warm
+    call is one plan lookup, the output's allocation and one bound launch."""
+    key = (
+        _sig(x), _sig(weight), _sig(bias), _sig(residual), tuple(stride), tuple(padding),
+        tuple(dilation), groups, activation, config,
+    )  # fmt: skip
+    plan = cached(
+        "conv.forward",
+        key,
+        lambda: _forward_plan(
+            x, weight, bias, residual, stride, padding, dilation, groups, activation, config
+        ),
+    )
+    if plan.copy_w:
+        weight = _k_major(weight)
+    if plan.copy_b:  # the kernels index the bias by channel
+        LAYOUT_COPIES.count += 1
+        bias = bias.contiguous()
+    out = torch.empty(plan.shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
+    if plan.run is not None:
+        plan.run(
+            x, weight, out if bias is None else bias, out if residual is None else residual, out
+        )
+    return out
+
+
+def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, activation, config):
+    p = problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype)
+    plan = _Plan()
+    plan.shape, plan.fmt = (p.n, p.k, p.oh, p.ow), output_format(x, weight)
+    out = torch.empty(plan.shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
+    plan.copy_b = bias is not None and bias.stride(0) != 1
+    if plan.copy_b:
+        bias = bias.contiguous()
+    path = forward_path(p)
+    plan.copy_w = path != "depthwise" and weight.stride(1) != 1 and weight.shape[1] != 1
+    w = weight.contiguous(memory_format=torch.channels_last) if plan.copy_w else weight
+    if path == "rows" and not _rows_layout(x, w):
+        path = "fwd"
+    if path == "1x1" and _tma_1x1(x, w, groups):
+        path = "1x1-tma"
+    plan.path, plan.run = path, None
+    if out.numel() == 0:
+        return plan
+    res = residual if residual is not None else out
+    tensors = (x, w, bias if bias is not None else out, res, out)
+    epilogue = {
+        "HAS_BIAS": bias is not None,
+        "HAS_RES": residual is not None,
+        "ACT": ACTIVATIONS[activation],
+    }
+    sx, sw, sr, so = _s(x), _s(w), _s(res), _s(out)
+    geometry = (*p.stride, *p.padding, *p.dilation)
+    precision, upcast = _precision(x)
+
+    def launch_args(cfg):
+        """(kernel, grid, args, meta) of the launch with ``cfg``."""
+        if path == "depthwise":
+            grid = (cdiv(p.m, cfg.BLOCK_P), cdiv(p.k, cfg.BLOCK_C))
+            args = (
+                *tensors, p.m, p.h, p.w, p.oh, p.ow, p.k, p.k // p.c, *sx, sw[0], sw[2], sw[3],
+                *sr, *so, *geometry,
+            )  # fmt: skip
+            meta = {**epilogue, "KH": p.kh, "KW": p.kw, "BLOCK_P": cfg.BLOCK_P,
+                    "BLOCK_C": cfg.BLOCK_C, "num_warps": cfg.num_warps}  # fmt: skip
+            return depthwise_kernel, grid, args, meta
+        grid = (cdiv(p.m, cfg.BLOCK_M) * cdiv(p.k_g, cfg.BLOCK_N), groups)
+        meta = {
+            **epilogue, "INPUT_PRECISION": precision, "UPCAST": upcast,
+            "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
+            "GROUP_M": cfg.GROUP_M, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        }  # fmt: skip
+        if path == "1x1-tma":
+            args = (*tensors, p.m, p.oh, p.ow, p.c, p.k, *sr, *so)
+            return conv1x1_tma_kernel, grid, args, meta
+        if path == "1x1":
+            args = (*tensors, p.m, p.oh, p.ow, p.c_g, p.k_g, *sx, sw[0], sw[1], *sr, *so)
+            return conv1x1_kernel, grid, args, meta
+        if path == "rows":
+            meta["BLOCK_K"] = max(16, next_power_of_2(p.kw * p.c))  # one window row per step
+            args = (
+                *tensors, p.m, p.h, p.w, p.oh, p.ow, p.c, p.k, sx[0], sx[2], sw[0], sw[2], *sr,
+                *so, *p.stride, *p.padding, p.dilation[0],
+            )  # fmt: skip
+            return conv_fwd_rows_kernel, grid, args, {**meta, "KH": p.kh, "ROW": p.kw * p.c}
+        args = (
+            *tensors, p.m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g, *sx, *sw, *sr, *so, *geometry,
+        )  # fmt: skip
+        return conv_fwd_kernel, grid, args, {**meta, "KH": p.kh, "KW": p.kw}
+
+    def run(cfg):
+        kern, grid, args, meta = launch_args(cfg)
+        kern[grid](*args, **meta)
+
+    kind = "1x1" if path == "1x1-tma" else path
+    if path == "depthwise":
+        cands, from_tuning = DepthwiseConfig.candidates(p), DepthwiseConfig.from_tuning
+    else:
+        cands, from_tuning = GemmConfig.candidates(p, p.c_g, p.k_g), GemmConfig.from_tuning
+    cfg = config or _tune(kind, p, cands, from_tuning, run, x.element_size())
+    kern, grid, args, meta = launch_args(cfg)
+    plan.run = kern.bind(grid, *args, **meta)
+    return plan
+
+
+def conv_dgrad(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    x_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """The input gradient of the convolution, from the output gradient ``grad``."""
+    key = (
+        _sig(grad), _sig(weight), tuple(x_shape), tuple(stride), tuple(padding), tuple(dilation),
+        groups, config,
+    )  # fmt: skip
+    plan = cached(
+        "conv.dgrad",
+        key,
+        lambda: _dgrad_plan(grad, weight, x_shape, stride, padding, dilation, groups, config),
+    )
+    if plan.copy_w:
+        weight = _k_major(weight)
+    dx = torch.empty(plan.shape, dtype=grad.dtype, device=grad.device, memory_format=plan.fmt)
+    if plan.run is not None:
+        plan.run(grad, weight, dx)
+    elif plan.path == "zero":
+        dx.zero_()
+    return dx
+
+
+def _dgrad_plan(grad, weight, x_shape, stride, padding, dilation, groups, config):
+    p = problem(x_shape, weight.shape, stride, padding, dilation, groups, grad.dtype)
+    plan = _Plan()
+    plan.shape, plan.fmt = tuple(x_shape), output_format(grad, weight)
+    plan.copy_w = weight.stride(1) != 1 and weight.shape[1] != 1
+    w = weight.contiguous(memory_format=torch.channels_last) if plan.copy_w else weight
+    dx = torch.empty(plan.shape, dtype=grad.dtype, device=grad.device, memory_format=plan.fmt)
+    plan.run, plan.path = None, "none"
+    if dx.numel() == 0:
+        return plan
+    if grad.numel() == 0:  # no output pixel: nothing flows back
+        plan.path = "zero"
+        return plan
+    precision, upcast = _precision(grad)
+    m = p.n * p.h * p.w
+    phases = p.stride != (1, 1) and p.dilation == (1, 1)
+    strides = (*_s(grad), *_s(w), *_s(dx))
+
+    def launch_args(cfg):
+        meta = {
+            "KH": p.kh, "KW": p.kw, "INPUT_PRECISION": precision, "UPCAST": upcast,
+            "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
+            "GROUP_M": cfg.GROUP_M, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        }  # fmt: skip
+        if phases:  # one dense implicit GEMM per stride phase (see conv_dgrad_phase_kernel)
+            rows = p.n * cdiv(p.h, p.stride[0]) * cdiv(p.w, p.stride[1])
+            tiles = cdiv(rows, cfg.BLOCK_M) * cdiv(p.c_g, cfg.BLOCK_N)
+            grid = (tiles, groups, p.stride[0] * p.stride[1])
+            args = (grad, w, dx, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g, *strides, *p.padding, p.n)
+            meta.update(SH=p.stride[0], SW=p.stride[1])
+            return conv_dgrad_phase_kernel, grid, args, meta
+        grid = (cdiv(m, cfg.BLOCK_M) * cdiv(p.c_g, cfg.BLOCK_N), groups)
+        args = (
+            grad, w, dx, m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g, *strides, *p.stride, *p.padding,
+            *p.dilation,
+        )  # fmt: skip
+        return conv_dgrad_kernel, grid, args, meta
+
+    def run(cfg):
+        kern, grid, args, meta = launch_args(cfg)
+        kern[grid](*args, **meta)
+
+    cands = GemmConfig.candidates(p._replace(oh=p.h, ow=p.w), p.k_g, p.c_g)
+    cfg = config or _tune("dgrad", p, cands, GemmConfig.from_tuning, run, grad.element_size())
+    kern, grid, args, meta = launch_args(cfg)
+    plan.run, plan.path = kern.bind(grid, *args, **meta), "dgrad"
+    return plan
+
+
+def conv_wgrad(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w_shape: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    config: WgradConfig | None = None,
+) -> torch.Tensor:
+    """The weight gradient (K, C/g, KH, KW), laid out as PyTorch's (channels_last when x is).
+    Split reductions add fp32 partial sums into a zeroed buffer, rounded once at the end."""
+    key = (
+        _sig(grad), _sig(x), tuple(w_shape), tuple(stride), tuple(padding), tuple(dilation),
+        groups, config,
+    )  # fmt: skip
+    plan = cached(
+        "conv.wgrad",
+        key,
+        lambda: _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config),
+    )
+    dw = torch.empty(plan.shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
+    if plan.run is None:
+        return dw.zero_() if plan.path == "zero" else dw
+    if plan.split == 1:
+        plan.run(grad, x, dw)
+        return dw
+    partial = torch.empty(plan.shape, dtype=torch.float32, device=x.device, memory_format=plan.fmt)
+    plan.run(grad, x, partial.zero_())
+    return _round_into(partial, dw)
+
+
+def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
+    p = problem(x.shape, w_shape, stride, padding, dilation, groups, x.dtype)
+    plan = _Plan()
+    plan.shape, plan.fmt = tuple(w_shape), output_format(x, grad)
+    plan.run, plan.path, plan.split = None, "none", 1
+    if math.prod(w_shape) == 0:
+        return plan
+    if p.m == 0:
+        plan.path = "zero"
+        return plan
+    precision, upcast = _precision(x)
+    deterministic = current_env().deterministic
+    sms = sm_count(x.device)
+
+    def launch_args(cfg, target):
+        split = cfg.splits(p, deterministic, sms)
+        per_split = cdiv(cdiv(p.m, split), cfg.BLOCK_K) * cfg.BLOCK_K
+        grid = (cdiv(p.k_g, cfg.BLOCK_M) * cdiv(p.c_g, cfg.BLOCK_N), p.kh * p.kw, groups * split)
+        args = (
+            grad, x, target, p.m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g,
+            *_s(grad), *_s(x), *_s(target), *p.stride, *p.padding, *p.dilation, per_split,
+        )  # fmt: skip
+        meta = {
+            "KW": p.kw, "SPLIT": split, "INPUT_PRECISION": precision, "UPCAST": upcast,
+            "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K,
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        }  # fmt: skip
+        return split, grid, args, meta
+
+    def target_for(split):
+        dtype = x.dtype if split == 1 else torch.float32
+        buf = torch.empty(w_shape, dtype=dtype, device=x.device, memory_format=plan.fmt)
+        return buf if split == 1 else buf.zero_()
+
+    def run(cfg):
+        split = cfg.splits(p, deterministic, sms)
+        _, grid, args, meta = launch_args(cfg, target_for(split))
+        conv_wgrad_kernel[grid](*args, **meta)
+
+    cands = WgradConfig.candidates(p)
+    cfg = config or _tune("wgrad", p, cands, WgradConfig.from_tuning, run, x.element_size())
+    split = cfg.splits(p, deterministic, sms)
+    split, grid, args, meta = launch_args(cfg, target_for(split))
+    plan.run, plan.path, plan.split = conv_wgrad_kernel.bind(grid, *args, **meta), "wgrad", split
+    return plan
+
+
+def _round_into(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (dense, ``partial``'s layout) = the fp32 ``partial`` rounded to out's dtype: a
+    kernel, not ``copy_``, so that a replayed call (replay.py) can redo it."""
+    numel = out.numel()
+    cast_kernel[(cdiv(numel, 1024),)](partial, out, numel, BLOCK=1024, num_warps=4)
+    return out
+
+
+def bias_grad(dz: torch.Tensor) -> torch.Tensor:
+    """db[c] = the sum of dz (N, C, OH, OW) over everything but C, in dz's dtype."""
+    plan = cached("conv.bias_grad", _sig(dz), lambda: _bias_grad_plan(dz))
+    db = torch.empty(plan.shape, dtype=dz.dtype, device=dz.device)
+    if plan.run is None:
+        return db.zero_()
+    if plan.split == 1:
+        plan.run(dz, db)
+        return db
+    partial = torch.zeros(plan.shape, dtype=torch.float32, device=dz.device)
+    plan.run(dz, partial)
+    return _round_into(partial, db)
+
+
+def _bias_grad_plan(dz):
+    n, c, oh, ow = dz.shape
+    m = n * oh * ow
+    plan = _Plan()
+    plan.shape, plan.run, plan.split = (c,), None, 1
+    if m == 0 or c == 0:
+        return plan
+    block_c = 32 if interpreter_enabled() else 64
+    block_m = 16 if interpreter_enabled() else 64
+    split = 1 if current_env().deterministic else max(1, min(64, m // (16 * block_m)))
+    per_split = cdiv(cdiv(m, split), block_m) * block_m
+    target = torch.empty(c, dtype=dz.dtype if split == 1 else torch.float32, device=dz.device)
+    plan.split = split
+    plan.run = bias_grad_kernel.bind(
+        (cdiv(c, block_c), split), dz, target, m, oh, ow, c, *_s(dz), per_split, SPLIT=split,
+        BLOCK_M=block_m, BLOCK_C=block_c, num_warps=4,
+    )  # fmt: skip
+    return plan
+
+
+def act_backward(grad: torch.Tensor, src: torch.Tensor, activation: str) -> torch.Tensor:
+    """dz = grad * act'(z): ``src`` is the output for relu, the pre-activation otherwise."""
+    if grad.stride() != src.stride():
+        LAYOUT_COPIES.count += 1
+        grad = torch.empty_like(src).copy_(grad)
+    dz = torch.empty_like(src)
+    numel = src.numel()
+    if numel:
+        block = 1024
+        act_grad_kernel[(cdiv(numel, block),)](
+            grad, src, dz, numel, ACT=ACTIVATIONS[activation], BLOCK=block, num_warps=4
+        )
+    return dz
+
+
+def conv_direct(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    activation: str,
+) -> torch.Tensor:
+    """The workbench's ``direct`` variant: ``act(conv2d + bias)`` by the loop nest on the CUDA
+    cores (``conv_direct_kernel``), no tensor cores, no plan (a variant is timed, not served)."""
+    p = problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype)
+    out = torch.empty(
+        (p.n, p.k, p.oh, p.ow), dtype=x.dtype, device=x.device,
+        memory_format=output_format(x, weight),
+    )  # fmt: skip
+    if out.numel() == 0:
+        return out
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    bm, bn = (32, 16) if interpreter_enabled() else (64, 64)
+    grid = (cdiv(p.m, bm), cdiv(p.k_g, bn), groups)
+    conv_direct_kernel[grid](
+        x, weight, out if bias is None else bias, out, p.m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g,
+        *_s(x), *_s(weight), *_s(out), *p.stride, *p.padding, *p.dilation, KH=p.kh, KW=p.kw,
+        HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], BLOCK_M=bm, BLOCK_N=bn,
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def im2col(
+    x: torch.Tensor,
+    w_shape: tuple[int, ...],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+) -> torch.Tensor:
+    """The patch matrix of the ``im2col`` variant: (groups, N*OH*OW, KH*KW*C/groups), column
+    ``(kh * KW + kw) * C/groups + c`` (the implicit GEMM's K order), zeros in the padding."""
+    p = problem(x.shape, w_shape, stride, padding, dilation, groups, x.dtype)
+    k_cols = p.kh * p.kw * p.c_g
+    cols = torch.empty((groups, p.m, k_cols), dtype=x.dtype, device=x.device)
+    if cols.numel() == 0:
+        return cols
+    bm, bk = (16, 16) if interpreter_enabled() else (64, 64)
+    im2col_kernel[(cdiv(p.m, bm), cdiv(k_cols, bk), groups)](
+        x, cols, p.m, p.h, p.w, p.oh, p.ow, p.c_g, k_cols, *_s(x), cols.stride(0),
+        cols.stride(1), *p.stride, *p.padding, *p.dilation, KW=p.kw, BLOCK_M=bm, BLOCK_K=bk,
+        num_warps=4,
+    )  # fmt: skip
+    return cols

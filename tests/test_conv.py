@@ -1,0 +1,361 @@
+"""conv2d: forward and backward against a float64 F.conv2d (strides, padding modes, dilation,
+groups and depthwise, odd sizes, NCHW / channels_last / strided views, fp32 / fp16 / bf16),
+the fused epilogues, output layouts, bad input raising PyTorch's errors, BN folding and the
+model converter, torch.compile, and the spec through the check engine."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tritonkit
+import tritonkit.nn as tnn
+from tritonkit.harness.spec import get_spec
+from tritonkit.nn.conv import FusedBlock
+from tritonkit.ops.conv import GemmConfig, WgradConfig
+from tritonkit.ops.conv.plan import bias_grad, conv_forward, conv_wgrad
+
+from _checks import assert_spec_passes, compile_backend
+
+ACTS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+# A unit in the last place of the output (unit-variance outputs), and an atol above fp32
+# accumulation error; gradients pass through a rounded dz (see specs/conv.py).
+TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 1.6e-2)}
+GRAD_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 4e-3), torch.bfloat16: (1e-1, 3e-2)}
+
+
+def _case(device, n, c, h, w, k, kh, kw, groups, dtype=torch.float32, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=g, device=device)
+    fan = c // groups * kh * kw
+    wt = torch.randn(k, c // groups, kh, kw, generator=g, device=device) / fan**0.5
+    b = torch.randn(k, generator=g, device=device)
+    return x.to(dtype), wt.to(dtype), b.to(dtype)
+
+
+def _layout(t, layout):
+    if layout == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":  # a non-contiguous view: every other column of a wider tensor
+        wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+    return t
+
+
+def _close(out, ref, dtype, grad=False):
+    atol, rtol = (GRAD_TOL if grad else TOL)[dtype]
+    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol)
+
+
+# (n, c, h, w, k, kh, kw, groups, stride, padding, dilation)
+GEOMETRIES = [
+    (2, 5, 9, 7, 6, 3, 3, 1, 1, 1, 1),  # odd sizes, 3x3
+    (2, 8, 9, 7, 6, 3, 3, 2, 2, 1, 1),  # groups, stride 2
+    (1, 4, 6, 7, 8, 3, 3, 4, 1, 2, 2),  # depthwise, multiplier 2, dilation 2
+    (3, 20, 5, 6, 33, 1, 1, 1, 1, 0, 1),  # 1x1 stride 1: the plain GEMM path
+    (1, 3, 9, 8, 8, 5, 5, 1, 2, 2, 1),  # a stem: 5x5 stride 2 on 3 channels ("rows" path)
+    (2, 6, 8, 7, 5, 2, 3, 1, (2, 1), (1, 0), (1, 2)),  # tuples, even window
+    (2, 4, 8, 8, 6, 1, 1, 1, 2, 0, 1),  # 1x1 stride 2 (ResNet's downsample)
+]
+# Every geometry in channels_last (the fast path); NCHW and a strided view on a few.
+CASES = (
+    [(g, "channels_last") for g in GEOMETRIES]
+    + [(GEOMETRIES[i], "nchw") for i in (0, 3, 5)]
+    + [(GEOMETRIES[i], "strided") for i in (0, 5)]
+)
+
+
+@pytest.mark.parametrize(
+    ("geometry", "layout"),
+    CASES,
+    ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:8])),
+)
+def test_forward_and_backward_against_float64(device, geometry, layout):
+    n, c, h, w, k, kh, kw, groups, stride, padding, dilation = geometry
+    x, wt, b = _case(device, n, c, h, w, k, kh, kw, groups, seed=hash(geometry) % 1000)
+    x = _layout(x, layout).requires_grad_(True)
+    wt = wt.requires_grad_(True)
+    b = b.requires_grad_(True)
+    out = tritonkit.conv2d(x, wt, b, stride, padding, dilation, groups)
+    xd, wd, bd = (t.detach().double().requires_grad_(True) for t in (x, wt, b))
+    ref = F.conv2d(xd, wd, bd, stride, padding, dilation, groups)
+    _close(out, ref, torch.float32)
+    assert out.stride() == F.conv2d(x.detach(), wt.detach(), b.detach(), stride, padding,
+                                    dilation, groups).stride()  # fmt: skip
+    dy = torch.randn(ref.shape, device=device, dtype=torch.float64)
+    grads = torch.autograd.grad(out, (x, wt, b), dy.float())
+    ref_grads = torch.autograd.grad(ref, (xd, wd, bd), dy)
+    for got, want in zip(grads, ref_grads, strict=True):
+        _close(got, want, torch.float32, grad=True)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "geometry"),
+    [
+        (torch.float16, GEOMETRIES[1]),
+        (torch.bfloat16, GEOMETRIES[1]),
+        (torch.bfloat16, GEOMETRIES[3]),
+    ],
+    ids=str,
+)
+def test_half_precision_forward_and_backward(device, dtype, geometry):
+    """bf16 GEMMs run their dot in fp32 under the interpreter (its bf16 tl.dot is wrong), the
+    same kernel code otherwise."""
+    n, c, h, w, k, kh, kw, groups, stride, padding, dilation = geometry
+    x, wt, b = _case(device, n, c, h, w, k, kh, kw, groups, dtype, seed=3)
+    x = _layout(x, "channels_last").requires_grad_(True)
+    wt, b = wt.requires_grad_(True), b.requires_grad_(True)
+    out = tritonkit.conv2d(x, wt, b, stride, padding, dilation, groups, activation="relu")
+    assert out.dtype == dtype
+    xd, wd, bd = (t.detach().double().requires_grad_(True) for t in (x, wt, b))
+    ref = F.relu(F.conv2d(xd, wd, bd, stride, padding, dilation, groups))
+    _close(out, ref, dtype)
+    dy = torch.randn(ref.shape, device=device, dtype=torch.float64)
+    grads = torch.autograd.grad(out, (x, wt, b), dy.to(dtype))
+    # The reference's dz is masked where our rounded output is 0: relu's derivative is read
+    # from the output, as PyTorch's own 16-bit relu backward reads it.
+    mask = (out.detach() > 0).double()
+    ref_grads = torch.autograd.grad(ref, (xd, wd, bd), dy.to(dtype).double() * mask)
+    for got, want in zip(grads, ref_grads, strict=True):
+        _close(got, want, dtype, grad=True)
+
+
+@pytest.mark.parametrize(
+    ("activation", "geometry"),
+    [("relu", GEOMETRIES[0]), ("gelu", GEOMETRIES[0]), ("silu", GEOMETRIES[3]),
+     (None, GEOMETRIES[3]), ("relu", GEOMETRIES[2]), ("silu", GEOMETRIES[4])],
+    ids=str,
+)  # fmt: skip
+def test_fused_epilogue_bias_residual_activation(device, activation, geometry):
+    """act(conv + bias + residual) in the kernel, with gradients for all four inputs."""
+    n, c, h, w, k, kh, kw, groups, stride, padding, dilation = geometry
+    x, wt, b = _case(device, n, c, h, w, k, kh, kw, groups, seed=7)
+    xd, wd, bd = (t.double().requires_grad_(True) for t in (x, wt, b))
+    z = F.conv2d(xd, wd, bd, stride, padding, dilation, groups)
+    res = torch.randn(z.shape, device=device, dtype=torch.float64)
+    resd = res.clone().requires_grad_(True)
+    ref = ACTS[activation](z + resd)
+    ins = [t.detach().float().requires_grad_(True) for t in (x, wt, b, res)]
+    out = tritonkit.conv2d(ins[0], ins[1], ins[2], stride, padding, dilation, groups,
+                           residual=ins[3], activation=activation)  # fmt: skip
+    _close(out, ref, torch.float32)
+    dy = torch.randn(ref.shape, device=device, dtype=torch.float64)
+    grads = torch.autograd.grad(out, ins, dy.float())
+    ref_grads = torch.autograd.grad(ref, (xd, wd, bd, resd), dy)
+    for got, want in zip(grads, ref_grads, strict=True):
+        _close(got, want, torch.float32, grad=True)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid", 0, (2, 1)])
+def test_padding_modes_and_unbatched_input(device, padding):
+    x, wt, b = _case(device, 1, 4, 7, 6, 5, 4, 3, 1, seed=11)  # an even window: "same" pads
+    out = tritonkit.conv2d(x[0], wt, b, 1, padding, (1, 2))  # asymmetrically, as torch does
+    ref = F.conv2d(x[0].double(), wt.double(), b.double(), 1, padding, (1, 2))
+    assert out.shape == ref.shape
+    _close(out, ref, torch.float32)
+
+
+def test_weight_layout_decides_the_output_layout(device):
+    x, wt, b = _case(device, 2, 4, 6, 6, 8, 3, 3, 1)
+    w_cl = wt.contiguous(memory_format=torch.channels_last)
+    for xx, ww in ((x, w_cl), (x.contiguous(memory_format=torch.channels_last), wt)):
+        assert (
+            tritonkit.conv2d(xx, ww, b, padding=1).stride()
+            == F.conv2d(xx, ww, b, padding=1).stride()
+        )
+
+
+def test_empty_batch_and_tiles_config(device):
+    x, wt, b = _case(device, 0, 4, 5, 5, 6, 3, 3, 1)
+    x = x.requires_grad_(True)
+    wt = wt.requires_grad_(True)
+    out = tritonkit.conv2d(x, wt, b, padding=1)
+    assert out.shape == (0, 6, 5, 5)
+    dx, dw = torch.autograd.grad(out, (x, wt), torch.ones_like(out))
+    assert dx.shape == x.shape and torch.equal(dw, torch.zeros_like(dw))
+    # A config given explicitly steers the launcher (the tuning search does this).
+    x, wt, b = _case(device, 2, 20, 6, 5, 24, 3, 3, 1)
+    for cfg in (GemmConfig(16, 16, 16, 1, 4, 1), GemmConfig(64, 32, 32, 4, 4, 2)):
+        got = conv_forward(x, wt, b, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "relu", cfg)
+        _close(got, F.relu(F.conv2d(x.double(), wt.double(), b.double(), padding=1)), torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_wgrad_split_reduction_and_bias_grad(device, layout):
+    """wgrad split over programs (fp32 partial sums added atomically into a zeroed buffer,
+    rounded once) gives the float64 gradient, in both layouts; so does the split bias sum."""
+    x, wt, _ = _case(device, 3, 6, 7, 9, 10, 3, 3, 1, seed=13)
+    x = _layout(x, layout)
+    dy = torch.randn(3, 10, 4, 5, device=device)
+    dy = _layout(dy, layout)
+    xd = x.double().requires_grad_(True)
+    wd = wt.double().requires_grad_(True)
+    ref = F.conv2d(xd, wd, None, 2, 1)
+    (dw_ref,) = torch.autograd.grad(ref, wd, dy.double())
+    geo = ([2, 2], [1, 1, 1, 1], [1, 1], 1)
+    for split in (1, 3):
+        dw = conv_wgrad(dy, x, list(wt.shape), *geo, WgradConfig(16, 16, 16, split, 4, 1))
+        assert dw.dtype == x.dtype
+        _close(dw, dw_ref, torch.float32, grad=True)
+    _close(bias_grad(dy), dy.double().sum((0, 2, 3)), torch.float32, grad=True)
+
+
+def test_bad_input_raises_torchs_errors(device):
+    x, wt, _ = _case(device, 1, 4, 5, 5, 6, 3, 3, 1)
+    cases = [
+        ((x, torch.randn(6, 3, 3, 3, device=device)), {}, "expected input"),  # channels
+        ((x, torch.randn(6, 2, 3, 3, device=device)), {"groups": 4}, "divisible by 4"),
+        ((x[:, :, :2, :2], wt), {}, "Kernel size can't be greater"),
+        ((x[0, 0], wt), {}, "3D \\(unbatched\\) or 4D"),
+        ((x, wt[0]), {}, "weight must be 4-D"),
+        ((x, wt), {"stride": 0}, "non-positive stride"),
+        ((x, wt), {"padding": -1}, "negative padding"),
+        ((x, wt), {"stride": 2, "padding": "same"}, "strided convolutions"),
+        ((x, wt, torch.randn(5, device=device)), {}, "bias to be 1-dimensional with 6"),
+        ((x, wt), {"stride": (1, 1, 1)}, "single integer value or a list of 2"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            F.conv2d(*args, **kwargs) if message.startswith("non") else None
+            tritonkit.conv2d(*args, **kwargs)
+        with pytest.raises(ValueError, match=message):  # also a ValueError, as tritonkit's
+            tritonkit.conv2d(*args, **kwargs)
+    with pytest.raises(TypeError, match="weight must have x's dtype"):
+        tritonkit.conv2d(x, wt.half())
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor"):
+        tritonkit.conv2d([1.0], wt)
+    with pytest.raises(ValueError, match="Invalid padding string"):
+        tritonkit.conv2d(x, wt, padding="full")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        tritonkit.conv2d(x, wt, activation="tanh")
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        tritonkit.conv2d(x, wt, residual=torch.randn(1, 6, 5, 5, device=device))
+
+
+def test_fuse_conv_bn_matches_eval_mode(device):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(5, 7, 3, padding=1, bias=True).to(device)
+    bn = torch.nn.BatchNorm2d(7).to(device)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-0.5, 0.5)
+    conv.eval()
+    bn.eval()
+    x = torch.randn(2, 5, 6, 7, device=device)
+    fused = tnn.fuse_conv_bn(conv, bn, "relu")
+    assert isinstance(fused, tnn.Conv2d) and isinstance(fused, torch.nn.Conv2d)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), F.relu(bn(conv(x))), atol=1e-5, rtol=1e-5)
+
+
+class _Bottleneck(torch.nn.Module):
+    """torchvision's Bottleneck, by its attribute names."""
+
+    def __init__(self, cin, mid, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, mid, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(mid)
+        self.conv2 = torch.nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(mid)
+        self.conv3 = torch.nn.Conv2d(mid, mid * 4, 1, bias=False)
+        self.bn3 = torch.nn.BatchNorm2d(mid * 4)
+        self.relu = torch.nn.ReLU()
+        self.downsample = torch.nn.Sequential(
+            torch.nn.Conv2d(cin, mid * 4, 1, stride, bias=False), torch.nn.BatchNorm2d(mid * 4)
+        )
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        return self.relu(self.bn3(self.conv3(out)) + self.downsample(x))
+
+
+def _model(device):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        _Bottleneck(8, 4, 2), torch.nn.Conv2d(16, 4, 1), torch.nn.SiLU(),
+    ).to(device)  # fmt: skip
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def test_converter_fuses_bn_relu_and_residual_in_eval(device):
+    model = _model(device).eval()
+    x = torch.randn(2, 3, 9, 8, device=device)
+    with torch.no_grad():
+        ref = model(x)
+        tnn.convert_conv2d(model)
+        out = model(x)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert all(isinstance(m, tnn.Conv2d) for m in convs)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert model[0].activation == "relu"
+    assert isinstance(model[3], FusedBlock) and model[3].convs[-1].activation == "relu"
+
+
+def test_converter_in_training_swaps_only_and_trains(device):
+    model = _model(device).train()
+    x = torch.randn(2, 3, 9, 8, device=device)
+    ref = model(x)
+    tnn.convert_conv2d(model)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    out = model(x)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    out.sum().backward()
+    assert model[0].weight.grad is not None
+    with pytest.raises(ValueError, match="eval mode"):
+        tnn.convert_conv2d(model, fuse=True)
+
+
+@pytest.mark.parametrize("variant", ["direct", "im2col", "implicit_gemm"])
+def test_workbench_variants(device, variant):
+    """The spec's earlier versions of the kernel (timed beside it) compute the same thing."""
+    spec = get_spec("conv2d")
+    fn = spec.variants[variant]
+    for shape in [(2, 4, 7, 9, 6, 3, 3, 1), (2, 5, 6, 5, 5, 3, 3, 5)]:
+        x, w, b = spec.make_inputs(shape, torch.float32, device, 21)
+        params = {"stride": 2, "padding": 1, "activation": "relu"}
+        ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), 2, 1, 1, shape[-1]))
+        _close(fn(x, w, b, **params), ref, torch.float32)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_torch_compile_fullgraph_forward_and_backward(device):
+    x, wt, b = _case(device, 2, 4, 7, 6, 6, 3, 3, 1, seed=5)
+    res = torch.randn(2, 6, 4, 3, device=device)
+    ins = [t.clone().requires_grad_(True) for t in (x, wt, b, res)]
+
+    def fn(x, w, b, r):
+        return tritonkit.conv2d(x, w, b, stride=2, padding=1, residual=r, activation="silu")
+
+    compiled = torch.compile(fn, fullgraph=True, backend=compile_backend(device))
+    out = compiled(*ins)
+    ref_in = [t.double().requires_grad_(True) for t in (x, wt, b, res)]
+    ref = F.silu(F.conv2d(ref_in[0], ref_in[1], ref_in[2], 2, 1) + ref_in[3])
+    _close(out, ref, torch.float32)
+    grads = torch.autograd.grad(out.sum(), ins)
+    ref_grads = torch.autograd.grad(ref.sum(), ref_in)
+    for got, want in zip(grads, ref_grads, strict=True):
+        _close(got, want, torch.float32, grad=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((2, 4, 7, 9, 6, 3, 3, 1), torch.float32), ((2, 5, 6, 5, 5, 3, 3, 5), torch.bfloat16)],
+    ids=str,
+)
+def test_spec_passes(device, shape, dtype):
+    """The check engine's layouts, special values, constants, gradients and empty inputs, on
+    the plain and the depthwise path (the other test shapes are covered above)."""
+    assert_spec_passes(
+        "conv2d", device, shapes=[shape], dtypes=[dtype],
+        cases=("random", "transpose", "mixed", "specials", "constants", "grad", "replay", "empty"),
+    )  # fmt: skip
