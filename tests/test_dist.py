@@ -51,7 +51,11 @@ def _needs_ranks(world: int):
     return pytest.mark.skipif(short, reason=f"needs {world} GPUs (one per rank)")
 
 
-@pytest.mark.parametrize("world", [pytest.param(w, marks=_needs_ranks(w)) for w in (2, 4)])
+@pytest.mark.parametrize(
+    "world",
+    [pytest.param(w, marks=_needs_ranks(w)) for w in (2, 4)]
+    + [pytest.param(8, marks=[_needs_ranks(8), pytest.mark.slow])],  # a node of 8 GPUs
+)
 def test_collectives_match_torch_distributed(world):
     """World 2 also trains a small model with DDP and the int8 hook (error feedback): a loss
     within 1% of uncompressed training after the same steps, with >= 3.5x fewer bytes."""

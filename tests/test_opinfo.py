@@ -151,9 +151,8 @@ class Replaced:
         return self.opinfo + (f"[{self.variant}]" if self.variant else "")
 
 
-# One row per torch operator a tritonkit function replaces (conv2d: a row
-# ``Replaced("nn.functional.conv2d", "conv2d", "conv2d")`` once tritonkit.conv2d exists;
-# test_every_public_function_is_covered asks for it).
+# One row per torch operator a tritonkit function replaces (test_every_public_function_is_covered
+# asks for each public function).
 REPLACED = (
     Replaced("add", "add", "add"),
     Replaced("softmax", "softmax", "softmax"),
@@ -174,6 +173,7 @@ REPLACED = (
     Replaced("nn.functional.gelu", "gelu", "gelu"),
     Replaced("nn.functional.silu", "silu", "silu"),
     Replaced("nn.functional.relu", "relu", "relu"),
+    Replaced("nn.functional.conv2d", "conv2d", "conv2d", slow_on_cpu=True),
     Replaced("nn.functional.linear", "linear", "linear"),
     Replaced("matmul", "matmul", "matmul"),
     Replaced("mm", "matmul", "matmul"),
