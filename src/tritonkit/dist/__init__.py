@@ -9,40 +9,8 @@ memory, CUDA) and :func:`fused_all_reduce_add_rms_norm`. :func:`set_debug` / :fu
 check that all ranks pass the same shapes and dtypes. See ``ops/collectives/``.
 """
 
-from tritonkit.ops.collectives.function import (
-    CollectiveError,
-    CompressionState,
-    ReduceOp,
-    all_gather,
-    all_reduce,
-    broadcast,
-    compressed_all_reduce,
-    compressed_allreduce_hook,
-    debug,
-    fused_all_reduce_add_rms_norm,
-    reduce_scatter,
-    register_compression,
-    residual_size,
-    ring_all_reduce,
-    set_debug,
-    symm_all_reduce,
-)
+# The public list is the family's own (one list, kept in ops/collectives/function.py).
+from tritonkit.ops.collectives import function as _function
+from tritonkit.ops.collectives.function import *  # noqa: F403
 
-__all__ = [
-    "CollectiveError",
-    "CompressionState",
-    "ReduceOp",
-    "all_gather",
-    "all_reduce",
-    "broadcast",
-    "compressed_all_reduce",
-    "compressed_allreduce_hook",
-    "debug",
-    "fused_all_reduce_add_rms_norm",
-    "reduce_scatter",
-    "register_compression",
-    "residual_size",
-    "ring_all_reduce",
-    "set_debug",
-    "symm_all_reduce",
-]
+__all__ = list(_function.__all__)
