@@ -99,6 +99,156 @@ def test_repeats_stop_at_the_time_cap_and_say_the_target_was_missed():
     assert one["a"]["batches"] == 1 and one["a"]["rsd_met"]
 
 
+def test_a_timing_whose_rsd_never_drops_ends_at_the_wall_cap_and_the_report_says_so():
+    """The repeats' wall-clock cap with a fake clock (a batch takes 3 s, its RSD stays about
+    35%): the loop ends once 10 s have passed, and the report's row flags the missed target."""
+    now = [0.0]
+    noisy = [1.0, 1.5, 0.6, 1.4, 0.7] * 4
+
+    def batch():
+        now[0] += 3.0
+        return {"tritonkit": list(noisy)}
+
+    repeats = {}
+    timing.until_stable(
+        batch, 0.05, cap_ms=1e12, max_total=10**9, repeats=repeats, wall_s=10.0,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    got = repeats["tritonkit"]
+    assert got["batches"] == 5 and got["rsd_met"] is False and now[0] == 15.0
+    rec = synthetic_record()
+    rec["candidates"]["tritonkit"].update(got)
+    md = report.render_markdown(synthetic_results([rec]))
+    assert f"missed the target after {got['batches']} batches" in md and "⚑" in md
+
+
+def test_slow_candidates_are_timed_apart_and_loops_are_capped():
+    # A 301 ms naive version beside 0.2 ms ones: a few samples of its own, no repeats.
+    assert timing.split_slow({"naive": 301.0, "tiled": 0.35, "tritonkit": 0.18}) == (
+        ["naive"],
+        ["tiled", "tritonkit"],
+    )
+    # All slow: timed together as usual (nothing else to compare against).
+    assert timing.split_slow({"a": 80.0, "b": 90.0}) == ([], ["a", "b"])
+    # The back-to-back loops: about round_ms of calls, at least min_calls, except where
+    # min_calls of a slow candidate would take over 10 x round_ms (one 301 ms call per round).
+    assert timing.loop_calls(0.1, 30.0, 10, 300) == 300
+    assert timing.loop_calls(5.0, 30.0, 10, 300) == 10
+    assert timing.loop_calls(301.0, 30.0, 10, 300) == 1
+
+
+def test_the_estimate_counts_repeats_energy_and_kernels():
+    from tritonkit.cli import build_parser
+    from tritonkit.harness import selection
+    from tritonkit.harness.cli_why import cost_options
+
+    spec = get_spec("matmul")
+    plain = selection.mode_seconds(spec, True, True)
+    args = build_parser().parse_args(["bench", "matmul", "--energy", "0.5", "--kernels"])
+    opts = cost_options(args)
+    assert opts == {"rsd": True, "energy_s": 0.5, "kernels": True, "compile_modes": ()}
+    full = selection.mode_seconds(spec, True, True, **opts)
+    candidates = 1 + len(spec.variants) + len(spec.baselines)
+    extra = candidates * (0.5 + selection.GPU_ENERGY_EXTRA_S)
+    extra += selection.GPU_RSD_S + selection.GPU_KERNELS_S
+    assert full == pytest.approx(plain + extra)
+    no_rsd = build_parser().parse_args(["bench", "matmul", "--rsd", "0"])
+    assert selection.mode_seconds(spec, True, True, **cost_options(no_rsd)) == plain
+
+
+def test_static_metrics_are_cached_per_case_and_time_capped(monkeypatch):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(kw["timeout"])
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    monkeypatch.setattr(kernel_stats.subprocess, "run", fake_run)
+    monkeypatch.setattr(kernel_stats, "_STATIC_CACHE", {})
+    got = kernel_stats.static_metrics("relu", (8, 8), "float32", "fwd", timeout_s=7.0)
+    assert got["kernels"] == [] and "took over 7 s" in got["error"]
+    kernel_stats.static_metrics("relu", (8, 8), "float32", "fwd", timeout_s=7.0)
+    assert calls == [7.0]  # the second ask is the first's answer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="reads the kernels as compiled on a GPU")
+def test_gpu_metrics_read_the_compiled_kernels(device):
+    from tritonkit.harness.profile import case_call
+
+    spec = get_spec("rms_norm")
+    call, _ = case_call(spec, (4096, 4096), torch.bfloat16, "fwd", device)
+    call()
+    got = kernel_stats.gpu_metrics(call)
+    [k] = got["kernels"]
+    assert k["name"].startswith("norm_fwd") and 0 < k["registers"] <= 255
+    assert 0 < k["occupancy"] <= 1 and k["local_bytes"] >= 0 and k["num_warps"] >= 1
+
+
+# Recorded on an H100 by the main job (`tritonkit bench`): 70 records without the new fields.
+RECORDED = ROOT / "benchmarks/results/nvidia-h100/session-2026-11-27/main-job-results.json"
+
+
+def _with_new_fields(doc):
+    """The recorded document with the fields the new code writes, as it writes them: RSD and
+    repeats, energy, a slow version timed apart, the kernels read on the GPU, one record
+    whose NVML was missing and one whose kernels could not be read."""
+    for i, r in enumerate(doc["bench"]):
+        for c in r["candidates"].values():
+            if "median" not in c:
+                continue
+            c.update(batches=1 + i % 3, rsd=0.01 + 0.03 * (i % 3), rsd_met=i % 7 != 3)
+            c.update(watts=500.0 + i, joules_per_call=1e-4 * (1 + i % 5))
+            c.update(energy_source="energy counter", GFLOPs_per_W=None, GBps_per_W=3.2)
+        if r.get("note"):
+            continue
+        if i % 11 == 5:
+            r["energy"] = "not measured: NVML not available: libnvidia-ml.so.1"
+        if i % 13 == 6:
+            r["kernels"] = [{"name": "k", "error": "OutOfResources: shared memory"}]
+        else:
+            r["kernels"] = [
+                {"name": f"{r['op']}_kernel", "programs": 4096, "num_stages": 3,
+                 "registers": 64, "local_bytes": 16 * (i % 2), "shared": 32768, "num_warps": 4,
+                 "programs_per_sm": 6, "occupancy": 0.375, "occupancy_limit": "shared memory",
+                 "waves": 5.2},
+            ]  # fmt: skip
+            r["kernels_source"] = "the compiled kernels on this GPU (CUDA driver attributes)"
+    return doc
+
+
+def test_report_from_recorded_gpu_data_with_the_new_columns(tmp_path):
+    """The main job's report (results.json, report.md, plots) written from a GPU document
+    with every new field, then read back and rendered again: no crash on GPU-only fields."""
+    doc = _with_new_fields(json.loads(RECORDED.read_text()))
+    doc["bench"].insert(0, _slow_version_record())
+    written = report.write_report(doc, tmp_path)
+    assert (tmp_path / "report.md") in written and (tmp_path / "results.json") in written
+    md = (tmp_path / "report.md").read_text()
+    assert "| RSD | energy | kernels (sm_90) |" in md
+    assert "_kernel: 64 reg, local 16 B, occ 38%" in md
+    assert "k: OutOfResources: shared memory" in md
+    assert "missed the target" in md and "`energy`: NVML" in md
+    # The slow version: in the versions table, no ⚑ (it is not repeated to a target).
+    assert "| naive | 301 |" in md
+    again = report.load_json(tmp_path / "results.json")
+    assert report.render_markdown(again) == report.render_markdown(doc)
+
+
+def _slow_version_record():
+    rec = synthetic_record(op="matmul", ours_ms=0.183, base_ms=0.175)
+    rec.update(family="matmul", flops=2 * 4096**3, shape="(4096, 4096, 4096)")
+    rec["candidates"]["tritonkit"].update(TFLOPs=750.0, bottleneck="compute", rsd=0.004,
+                                          rsd_met=True, batches=1)  # fmt: skip
+    rec["candidates"]["naive"] = {
+        "kind": "variant", "median": 301.0, "TFLOPs": 0.457, "bottleneck": "compute",
+        "rsd": 0.002, "rsd_met": None, "batches": 1, "slow": "3 samples (over 50 ms per call)",
+        "samples_ms": [301.0, 301.2, 300.9],
+    }  # fmt: skip
+    rec["candidates"] = {"naive": rec["candidates"].pop("naive"), **rec["candidates"]}
+    return rec
+
+
 def test_report_carries_rsd_energy_and_kernels_and_flags_a_missed_target():
     rec = synthetic_record()
     ours = rec["candidates"]["tritonkit"]
