@@ -726,6 +726,42 @@ def test_profile_command_writes_a_trace(tmp_path, capsys):
     assert Path(got["files"]["trace"]).is_file()
     if not GPU:
         assert "no GPU" in got["tried"]["gpu"]
+    # The memory timeline: a file with points, or a sentence saying why there is none.
+    if "memory_timeline" in got["files"]:
+        assert json.loads(Path(got["files"]["memory_timeline"]).read_text())[0]
+    else:
+        assert "memory timeline: " in text and got["memory_timeline"]
+
+
+_NCU_CSV = """==PROF== Connected to process 1
+"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"
+"0","void at::native::distribution_elementwise_kernel<float>","dram__bytes.sum","byte","100"
+"1","void at::vectorized_elementwise_kernel<8, at::bf16_copy>","dram__bytes.sum","byte","200"
+"2","norm_fwd_row_kernel","dram__bytes.sum","byte","1,000"
+"2","norm_fwd_row_kernel","gpu__time_duration.sum","ns","10"
+"""
+
+
+def test_ncu_profiles_only_the_measured_call_and_the_ops_own_kernels(monkeypatch):
+    from tritonkit.harness import profile
+
+    seen = {}
+
+    def fake_run(argv, **kw):
+        seen["argv"] = argv
+        return subprocess.CompletedProcess(argv, 0, stdout=_NCU_CSV, stderr="")
+
+    monkeypatch.setattr(profile.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    got = profile.from_ncu("rms_norm", (64, 64), "bfloat16", "fwd")
+    argv = seen["argv"]
+    assert argv[argv.index("--profile-from-start") + 1] == "off"
+    assert len(got) == 3  # what ncu printed, torch's kernels among them (inputs' creation)
+    own = profile.own_launches(got, {"norm_fwd_row_kernel"})
+    assert [k["name"] for k in own] == ["norm_fwd_row_kernel"]
+    assert profile._figures(own[0]["raw"])["dram_GBps"] == 100.0
+    # Names torch.profiler spelled otherwise: nothing is dropped rather than everything.
+    assert profile.own_launches(got, {"other"}) == got
 
 
 def test_bench_options_parse():
