@@ -616,6 +616,35 @@ def test_explore_reports_pareto_set_and_the_weighted_choice_within_3_percent():
     assert got["chosen_vs_fastest_pct"] == pytest.approx(0.5)
 
 
+def test_a_workspace_is_weighed_against_the_memory_the_process_holds():
+    """Split-K's case: the fastest configs allocate a workspace of MiBs, the others 64 KiB (a
+    descriptor's scratch). Against 64 KiB, 4 MiB is 63 times more (the slow config wins);
+    against the 300 MiB the process holds, 1.3% more (the fast one wins; the set trades)."""
+    space = _space(n=4)
+    ms = {16: 1.30, 32: 1.0, 48: 1.01, 64: 1.25}
+    peaks = {16: 64 << 10, 32: 4 << 20, 48: 2 << 20, 64: 64 << 10}
+    ran = []
+    space.run = ran.append
+
+    def peak(fn):
+        fn()
+        return peaks[ran[-1].params["BLOCK"]]
+
+    def explore(resident):
+        return tune_multi.explore(
+            space, timer=lambda run, c: ms[c.params["BLOCK"]], peak=peak, history={},
+            resident=resident,
+        )  # fmt: skip
+
+    against_none = explore(0.0)
+    assert against_none["chosen"]["config"].startswith("BLOCK=64")
+    got = explore(300 << 20)
+    front = sorted(int(p["config"].split()[0].split("=")[1]) for p in got["pareto"])
+    assert front == [32, 48, 64] and got["trades_memory"]
+    assert got["chosen"]["config"].startswith("BLOCK=32") and got["chosen_vs_fastest_pct"] == 0
+    assert got["resident_bytes"] == 300 << 20
+
+
 def test_large_space_is_sampled_then_refined_by_neighbours():
     space = _space(n=40, neighbours=True)
     seen = []
