@@ -278,6 +278,7 @@ def profile_case(
     out: Path | str = "tritonkit-profile",
     static: bool = True,
     sources: tuple[str, ...] = ("ncu", "cupti", "torch.profiler"),
+    ncu_timeout_s: float = 240.0,
 ) -> dict[str, Any]:
     """Static and (on a GPU) measured metrics of one case, its class, and the exported files.
 
@@ -289,6 +290,7 @@ def profile_case(
         out: where trace.json, memory.json and profile.json go.
         static: also compile the kernels for sm_90 and read ptxas's report (a child process).
         sources: the measured sources to try, in order.
+        ncu_timeout_s: the ncu child's time limit (then the next source is tried).
     """
     spec = get_spec(op)
     dt = parse_dtype(dtype) if dtype else main_dtype(spec)
@@ -321,7 +323,7 @@ def profile_case(
     if gpu:
         for source in sources:
             if source == "ncu":
-                got = from_ncu(op, shape, dtype_name(dt), mode)
+                got = from_ncu(op, shape, dtype_name(dt), mode, ncu_timeout_s)
                 if not isinstance(got, str):  # torch's kernels (if any got in) left out
                     got = own_launches(got, set(traced["kernel_us"]))
             elif source == "cupti":
