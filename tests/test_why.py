@@ -645,6 +645,18 @@ def test_a_workspace_is_weighed_against_the_memory_the_process_holds():
     assert got["resident_bytes"] == 300 << 20
 
 
+def test_explore_stops_measuring_at_its_time_limit():
+    space = _space(n=6)
+    clock = iter(range(100))
+    got = tune_multi.explore(
+        space, timer=lambda run, c: (next(clock), _ms(run, c))[1], peak=lambda fn: 0,
+        history={}, seconds=0.0,
+    )  # fmt: skip
+    # A limit of 0 s: the first config is measured (a choice needs one), the rest are not.
+    assert got["measured"] == 1 and got["not_measured"] == 5
+    assert got["chosen"] == got["fastest"]
+
+
 def test_large_space_is_sampled_then_refined_by_neighbours():
     space = _space(n=40, neighbours=True)
     seen = []

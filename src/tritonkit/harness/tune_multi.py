@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -270,6 +271,7 @@ def explore(
     peak: Callable[[Callable[[], Any]], int] | None = None,
     apply: bool = False,
     resident: float | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     """Measure a space's configs; the Pareto set, the weighted choice and the fastest.
 
@@ -286,6 +288,8 @@ def explore(
         resident: bytes the process holds before a config runs (its operands among them), the
             least denominator of the peak memory's excess in the weighted choice (None: CUDA's
             memory_allocated where there is a GPU, else 0).
+        seconds: wall-clock time for measuring (None: no limit); configs not reached by then
+            are left out and counted in ``not_measured``.
     """
     if resident is None:
         import torch
@@ -293,14 +297,18 @@ def explore(
         resident = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
     _tuning._SEARCHING.on, was = True, _tuning._SEARCHING.on
     try:
+        deadline = None if seconds is None else time.perf_counter() + seconds
         return _explore(
-            space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident
-        )
+            space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident,
+            deadline,
+        )  # fmt: skip
     finally:
         _tuning._SEARCHING.on = was
 
 
-def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident):
+def _explore(
+    space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident, deadline
+):
     cands = [c for c in space.candidates if space.prune is None or space.prune(c)]
     kept, dropped = history_pruned(space.kernel, cands, history)
     order: list[tuple[Config, str]] = [(c, "candidate") for c in kept]
@@ -309,9 +317,13 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
         picked = [kept[0], *rng.sample(kept[1:], min(sample, len(kept) - 1))]
         order = [(c, "sampled") for c in picked]
     points: dict[Config, Point] = {}
+    late: list[Config] = []
 
     def visit(c: Config, how: str) -> None:
         if c in points:
+            return
+        if deadline is not None and points and time.perf_counter() > deadline:
+            late.append(c)  # past the time limit: one measured config at least, then none
             return
         values = measure(space, c, timer=timer, peak=peak, energy_s=energy_s)
         if values is not None:
@@ -331,7 +343,7 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
             ]
             for n in fresh:
                 visit(n, "neighbour")
-            if min(points.values(), key=lambda p: p.values["ms"]) is best:
+            if late or min(points.values(), key=lambda p: p.values["ms"]) is best:
                 break
     pts = list(points.values())
     objectives = [o for o in OBJECTIVES if all(o in p.values for p in pts)]
@@ -349,6 +361,7 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
         "key": {k: str(v) for k, v in space.key.items()},
         "candidates": len(space.candidates),
         "measured": len(pts),
+        "not_measured": len(late),  # past ``seconds``
         "pruned_by_history": [str(c) for c in dropped],
         "objectives": objectives,
         "weights": weights,
