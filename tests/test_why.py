@@ -171,6 +171,40 @@ def test_static_metrics_are_cached_per_case_and_time_capped(monkeypatch):
     assert calls == [7.0]  # the second ask is the first's answer
 
 
+def test_the_kernels_a_call_launches_are_read_from_triton_s_launcher(monkeypatch):
+    """On the CPU with Triton's launcher replaced by a stub: inside ``through_triton`` every
+    launch takes it (a launch hook is set, the replay is off) and each compiled kernel is
+    recorded with its programs; everything is put back after. Then the figures of a kernel
+    as the driver reports them (n_regs, n_spills in 4-byte words, metadata.shared)."""
+    import types
+
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    from tritonkit.ops._core import registry
+
+    compiled = types.SimpleNamespace(
+        name="k", n_regs=128, n_spills=6, metadata=types.SimpleNamespace(
+            shared=100 * 1024, num_warps=4, num_stages=3), _init_handles=lambda: None,
+    )  # fmt: skip
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: compiled)
+    chain = triton.knobs.runtime.launch_enter_hook
+    replay, hooks = registry._REPLAY, list(chain.calls)
+    fn = types.SimpleNamespace(arg_names=["x", "n", "BLOCK"])
+    found = {}
+    with kernel_stats.through_triton(found):
+        assert chain.calls and registry._REPLAY is False
+        JITFunction.run(fn, 1, 1000, grid=lambda m: (m["n"] // m["BLOCK"],), warmup=False, BLOCK=8)
+        JITFunction.run(fn, 1, 1000, grid=(3,), warmup=True)  # a compile, not a launch
+    assert list(found.values()) == [(compiled, 125)]
+    assert chain.calls == hooks and registry._REPLAY is replay
+    got = kernel_stats.compiled_metrics(compiled, 125)
+    assert got["registers"] == 128 and got["local_bytes"] == 24 and got["shared"] == 100 * 1024
+    # 128 registers x 4 warps: 4 programs by registers; 100 KiB + 1 KiB: 2 by shared memory.
+    assert got["programs_per_sm"] == 2 and got["occupancy_limit"] == "shared memory"
+    assert got["waves"] == pytest.approx(125 / (2 * kernel_stats.H100_SMS))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="reads the kernels as compiled on a GPU")
 def test_gpu_metrics_read_the_compiled_kernels(device):
