@@ -4,7 +4,7 @@
     PYTHONPATH=src python experiments/gpu_why.py --out DIR --smoke  # CPU interpreter, tiny
 
 Steps, each timed and each result written as it comes (``why.json``, ``why.md`` under --out),
-in the order of the issue's acceptance (2, then 3, then the rest):
+in the order 1, 4, 2, 3, 5, 6 (the acceptance's steps first):
 
 1. ``tritonkit profile`` (harness/profile.py) on rms_norm, matmul and attention at a bench
    shape: per kernel the figures of the kernel as compiled on the GPU (registers, local
@@ -29,8 +29,8 @@ in the order of the issue's acceptance (2, then 3, then the rest):
 5. Energy per call (harness/energy.py, NVML) for rms_norm, softmax and matmul.
 6. The long-run check on rms_norm and softmax, ``--long-run-s`` seconds each.
 
-No step starts after ``--budget-s`` (default 330 s in all; the process's start and imports
-come on top, about 20 s), each has a cap of its own (``CAPS``), and a running one is
+No step starts after ``--budget-s`` (default 335 s in all; the process's start and imports
+come on top, about 15 s), each has a cap of its own (``CAPS``), and a running one is
 interrupted at its cap (the bench and ncu run in child processes with time limits); each says
 so in why.json.
 """
@@ -116,7 +116,7 @@ class Run:
 
 
 # Each step's cap in seconds (and the whole run's --budget-s over them).
-CAPS = {"profile": 60, "bench": 120, "leak": 75, "tune": 70, "energy": 15, "long": 25}
+CAPS = {"profile": 45, "tune": 60, "bench": 130, "leak": 75, "energy": 15, "long": 25}
 
 
 def do_profile(op: str, out: Path, smoke: bool, run: Run) -> dict[str, Any]:
@@ -469,7 +469,7 @@ def main() -> None:
     p.add_argument("--leak-calls", type=int, default=1000)
     p.add_argument("--long-run-s", type=float, default=10.0)
     p.add_argument("--energy-s", type=float, default=1.0)
-    p.add_argument("--budget-s", type=float, default=330.0)
+    p.add_argument("--budget-s", type=float, default=335.0)
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -478,10 +478,10 @@ def main() -> None:
     run.doc["smoke"] = smoke
     for op in ("rms_norm", "matmul", "attention") if not smoke else ("rms_norm",):
         run.step(f"profile {op}", do_profile, op, out, smoke, run, cap_s=CAPS["profile"])
-    run.step("bench with RSD, energy and kernels", do_bench, out, smoke, run, cap_s=CAPS["bench"])
-    run.step("leak check", do_leaks, 3 if smoke else a.leak_calls, smoke, run, cap_s=CAPS["leak"])
     for op in ("matmul", "attention"):
         run.step(f"multi-objective tuning {op}", do_tune, op, smoke, run, cap_s=CAPS["tune"])
+    run.step("bench with RSD, energy and kernels", do_bench, out, smoke, run, cap_s=CAPS["bench"])
+    run.step("leak check", do_leaks, 3 if smoke else a.leak_calls, smoke, run, cap_s=CAPS["leak"])
     energy_s = 0.2 if smoke else a.energy_s
     ops = ["rms_norm", "softmax", "matmul"]
     run.step("energy", do_energy, ops, energy_s, smoke, cap_s=CAPS["energy"])
