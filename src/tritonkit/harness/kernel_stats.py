@@ -1,4 +1,10 @@
-"""Static kernel metrics without a GPU: registers, spills, shared memory, theoretical occupancy.
+"""Kernel metrics: registers, spills, shared memory, theoretical occupancy; without a GPU too.
+
+On a GPU (``gpu_metrics``): one call of the operator through Triton's own launcher records
+each compiled kernel it launches, whose driver attributes give the registers and local memory
+(spills) and whose metadata the shared memory and warps: no compile, no child process.
+
+Without a GPU (``static_metrics``, below):
 
 An operator is called on CPU tensors with every kernel launch replaced by a recorder
 (``Kernel._launch`` in ops/_core/launch.py, which every ``@kernel`` launch goes through, and
