@@ -99,6 +99,190 @@ def test_repeats_stop_at_the_time_cap_and_say_the_target_was_missed():
     assert one["a"]["batches"] == 1 and one["a"]["rsd_met"]
 
 
+def test_a_timing_whose_rsd_never_drops_ends_at_the_wall_cap_and_the_report_says_so():
+    """The repeats' wall-clock cap with a fake clock (a batch takes 3 s, its RSD stays about
+    35%): the loop ends once 10 s have passed, and the report's row flags the missed target."""
+    now = [0.0]
+    noisy = [1.0, 1.5, 0.6, 1.4, 0.7] * 4
+
+    def batch():
+        now[0] += 3.0
+        return {"tritonkit": list(noisy)}
+
+    repeats = {}
+    timing.until_stable(
+        batch, 0.05, cap_ms=1e12, max_total=10**9, repeats=repeats, wall_s=10.0,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    got = repeats["tritonkit"]
+    assert got["batches"] == 5 and got["rsd_met"] is False and now[0] == 15.0
+    rec = synthetic_record()
+    rec["candidates"]["tritonkit"].update(got)
+    md = report.render_markdown(synthetic_results([rec]))
+    assert f"missed the target after {got['batches']} batches" in md and "⚑" in md
+
+
+def test_slow_candidates_are_timed_apart_and_loops_are_capped():
+    # A 301 ms naive version beside 0.2 ms ones: a few samples of its own, no repeats.
+    assert timing.split_slow({"naive": 301.0, "tiled": 0.35, "tritonkit": 0.18}) == (
+        ["naive"],
+        ["tiled", "tritonkit"],
+    )
+    # All slow: timed together as usual (nothing else to compare against).
+    assert timing.split_slow({"a": 80.0, "b": 90.0}) == ([], ["a", "b"])
+    # The back-to-back loops: about round_ms of calls, at least min_calls, except where
+    # min_calls of a slow candidate would take over 10 x round_ms (one 301 ms call per round).
+    assert timing.loop_calls(0.1, 30.0, 10, 300) == 300
+    assert timing.loop_calls(5.0, 30.0, 10, 300) == 10
+    assert timing.loop_calls(301.0, 30.0, 10, 300) == 1
+
+
+def test_the_estimate_counts_repeats_energy_and_kernels():
+    from tritonkit.cli import build_parser
+    from tritonkit.harness import selection
+    from tritonkit.harness.cli_why import cost_options
+
+    spec = get_spec("matmul")
+    plain = selection.mode_seconds(spec, True, True)
+    args = build_parser().parse_args(["bench", "matmul", "--energy", "0.5", "--kernels"])
+    opts = cost_options(args)
+    assert opts == {"rsd": True, "energy_s": 0.5, "kernels": True, "compile_modes": ()}
+    full = selection.mode_seconds(spec, True, True, **opts)
+    candidates = 1 + len(spec.variants) + len(spec.baselines)
+    extra = candidates * (0.5 + selection.GPU_ENERGY_EXTRA_S)
+    extra += selection.GPU_RSD_S + selection.GPU_KERNELS_S
+    assert full == pytest.approx(plain + extra)
+    no_rsd = build_parser().parse_args(["bench", "matmul", "--rsd", "0"])
+    assert selection.mode_seconds(spec, True, True, **cost_options(no_rsd)) == plain
+
+
+def test_static_metrics_are_cached_per_case_and_time_capped(monkeypatch):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(kw["timeout"])
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    monkeypatch.setattr(kernel_stats.subprocess, "run", fake_run)
+    monkeypatch.setattr(kernel_stats, "_STATIC_CACHE", {})
+    got = kernel_stats.static_metrics("relu", (8, 8), "float32", "fwd", timeout_s=7.0)
+    assert got["kernels"] == [] and "took over 7 s" in got["error"]
+    kernel_stats.static_metrics("relu", (8, 8), "float32", "fwd", timeout_s=7.0)
+    assert calls == [7.0]  # the second ask is the first's answer
+
+
+def test_the_kernels_a_call_launches_are_read_from_triton_s_launcher(monkeypatch):
+    """On the CPU with Triton's launcher replaced by a stub: inside ``through_triton`` every
+    launch takes it (a launch hook is set, the replay is off) and each compiled kernel is
+    recorded with its programs; everything is put back after. Then the figures of a kernel
+    as the driver reports them (n_regs, n_spills in 4-byte words, metadata.shared)."""
+    import types
+
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    from tritonkit.ops._core import registry
+
+    compiled = types.SimpleNamespace(
+        name="k", n_regs=128, n_spills=6, metadata=types.SimpleNamespace(
+            shared=100 * 1024, num_warps=4, num_stages=3), _init_handles=lambda: None,
+    )  # fmt: skip
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: compiled)
+    chain = triton.knobs.runtime.launch_enter_hook
+    replay, hooks = registry._REPLAY, list(chain.calls)
+    fn = types.SimpleNamespace(arg_names=["x", "n", "BLOCK"])
+    found = {}
+    with kernel_stats.through_triton(found):
+        assert chain.calls and registry._REPLAY is False
+        JITFunction.run(fn, 1, 1000, grid=lambda m: (m["n"] // m["BLOCK"],), warmup=False, BLOCK=8)
+        JITFunction.run(fn, 1, 1000, grid=(3,), warmup=True)  # a compile, not a launch
+    assert list(found.values()) == [(compiled, 125)]
+    assert chain.calls == hooks and registry._REPLAY is replay
+    got = kernel_stats.compiled_metrics(compiled, 125)
+    assert got["registers"] == 128 and got["local_bytes"] == 24 and got["shared"] == 100 * 1024
+    # 128 registers x 4 warps: 4 programs by registers; 100 KiB + 1 KiB: 2 by shared memory.
+    assert got["programs_per_sm"] == 2 and got["occupancy_limit"] == "shared memory"
+    assert got["waves"] == pytest.approx(125 / (2 * kernel_stats.H100_SMS))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="reads the kernels as compiled on a GPU")
+def test_gpu_metrics_read_the_compiled_kernels(device):
+    from tritonkit.harness.profile import case_call
+
+    spec = get_spec("rms_norm")
+    call, _ = case_call(spec, (4096, 4096), torch.bfloat16, "fwd", device)
+    call()
+    got = kernel_stats.gpu_metrics(call)
+    [k] = got["kernels"]
+    assert k["name"].startswith("norm_fwd") and 0 < k["registers"] <= 255
+    assert 0 < k["occupancy"] <= 1 and k["local_bytes"] >= 0 and k["num_warps"] >= 1
+
+
+# Recorded on an H100 by the main job (`tritonkit bench`): 70 records without the new fields.
+RECORDED = ROOT / "benchmarks/results/nvidia-h100/session-2026-11-27/main-job-results.json"
+
+
+def _with_new_fields(doc):
+    """The recorded document with the fields the new code writes, as it writes them: RSD and
+    repeats, energy, a slow version timed apart, the kernels read on the GPU, one record
+    whose NVML was missing and one whose kernels could not be read."""
+    for i, r in enumerate(doc["bench"]):
+        for c in r["candidates"].values():
+            if "median" not in c:
+                continue
+            c.update(batches=1 + i % 3, rsd=0.01 + 0.03 * (i % 3), rsd_met=i % 7 != 3)
+            c.update(watts=500.0 + i, joules_per_call=1e-4 * (1 + i % 5))
+            c.update(energy_source="energy counter", GFLOPs_per_W=None, GBps_per_W=3.2)
+        if r.get("note"):
+            continue
+        if i % 11 == 5:
+            r["energy"] = "not measured: NVML not available: libnvidia-ml.so.1"
+        if i % 13 == 6:
+            r["kernels"] = [{"name": "k", "error": "OutOfResources: shared memory"}]
+        else:
+            r["kernels"] = [
+                {"name": f"{r['op']}_kernel", "programs": 4096, "num_stages": 3,
+                 "registers": 64, "local_bytes": 16 * (i % 2), "shared": 32768, "num_warps": 4,
+                 "programs_per_sm": 6, "occupancy": 0.375, "occupancy_limit": "shared memory",
+                 "waves": 5.2},
+            ]  # fmt: skip
+            r["kernels_source"] = "the compiled kernels on this GPU (CUDA driver attributes)"
+    return doc
+
+
+def test_report_from_recorded_gpu_data_with_the_new_columns(tmp_path):
+    """The main job's report (results.json, report.md, plots) written from a GPU document
+    with every new field, then read back and rendered again: no crash on GPU-only fields."""
+    doc = _with_new_fields(json.loads(RECORDED.read_text()))
+    doc["bench"].insert(0, _slow_version_record())
+    written = report.write_report(doc, tmp_path)
+    assert (tmp_path / "report.md") in written and (tmp_path / "results.json") in written
+    md = (tmp_path / "report.md").read_text()
+    assert "| RSD | energy | kernels (sm_90) |" in md
+    assert "_kernel: 64 reg, local 16 B, occ 38%" in md
+    assert "k: OutOfResources: shared memory" in md
+    assert "missed the target" in md and "`energy`: NVML" in md
+    # The slow version: in the versions table, no ⚑ (it is not repeated to a target).
+    assert "| naive | 301 |" in md
+    again = report.load_json(tmp_path / "results.json")
+    assert report.render_markdown(again) == report.render_markdown(doc)
+
+
+def _slow_version_record():
+    rec = synthetic_record(op="matmul", ours_ms=0.183, base_ms=0.175)
+    rec.update(family="matmul", flops=2 * 4096**3, shape="(4096, 4096, 4096)")
+    rec["candidates"]["tritonkit"].update(TFLOPs=750.0, bottleneck="compute", rsd=0.004,
+                                          rsd_met=True, batches=1)  # fmt: skip
+    rec["candidates"]["naive"] = {
+        "kind": "variant", "median": 301.0, "TFLOPs": 0.457, "bottleneck": "compute",
+        "rsd": 0.002, "rsd_met": None, "batches": 1, "slow": "3 samples (over 50 ms per call)",
+        "samples_ms": [301.0, 301.2, 300.9],
+    }  # fmt: skip
+    rec["candidates"] = {"naive": rec["candidates"].pop("naive"), **rec["candidates"]}
+    return rec
+
+
 def test_report_carries_rsd_energy_and_kernels_and_flags_a_missed_target():
     rec = synthetic_record()
     ours = rec["candidates"]["tritonkit"]
@@ -466,6 +650,47 @@ def test_explore_reports_pareto_set_and_the_weighted_choice_within_3_percent():
     assert got["chosen_vs_fastest_pct"] == pytest.approx(0.5)
 
 
+def test_a_workspace_is_weighed_against_the_memory_the_process_holds():
+    """Split-K's case: the fastest configs allocate a workspace of MiBs, the others 64 KiB (a
+    descriptor's scratch). Against 64 KiB, 4 MiB is 63 times more (the slow config wins);
+    against the 300 MiB the process holds, 1.3% more (the fast one wins; the set trades)."""
+    space = _space(n=4)
+    ms = {16: 1.30, 32: 1.0, 48: 1.01, 64: 1.25}
+    peaks = {16: 64 << 10, 32: 4 << 20, 48: 2 << 20, 64: 64 << 10}
+    ran = []
+    space.run = ran.append
+
+    def peak(fn):
+        fn()
+        return peaks[ran[-1].params["BLOCK"]]
+
+    def explore(resident):
+        return tune_multi.explore(
+            space, timer=lambda run, c: ms[c.params["BLOCK"]], peak=peak, history={},
+            resident=resident,
+        )  # fmt: skip
+
+    against_none = explore(0.0)
+    assert against_none["chosen"]["config"].startswith("BLOCK=64")
+    got = explore(300 << 20)
+    front = sorted(int(p["config"].split()[0].split("=")[1]) for p in got["pareto"])
+    assert front == [32, 48, 64] and got["trades_memory"]
+    assert got["chosen"]["config"].startswith("BLOCK=32") and got["chosen_vs_fastest_pct"] == 0
+    assert got["resident_bytes"] == 300 << 20
+
+
+def test_explore_stops_measuring_at_its_time_limit():
+    space = _space(n=6)
+    clock = iter(range(100))
+    got = tune_multi.explore(
+        space, timer=lambda run, c: (next(clock), _ms(run, c))[1], peak=lambda fn: 0,
+        history={}, seconds=0.0,
+    )  # fmt: skip
+    # A limit of 0 s: the first config is measured (a choice needs one), the rest are not.
+    assert got["measured"] == 1 and got["not_measured"] == 5
+    assert got["chosen"] == got["fastest"]
+
+
 def test_large_space_is_sampled_then_refined_by_neighbours():
     space = _space(n=40, neighbours=True)
     seen = []
@@ -576,6 +801,42 @@ def test_profile_command_writes_a_trace(tmp_path, capsys):
     assert Path(got["files"]["trace"]).is_file()
     if not GPU:
         assert "no GPU" in got["tried"]["gpu"]
+    # The memory timeline: a file with points, or a sentence saying why there is none.
+    if "memory_timeline" in got["files"]:
+        assert json.loads(Path(got["files"]["memory_timeline"]).read_text())[0]
+    else:
+        assert "memory timeline: " in text and got["memory_timeline"]
+
+
+_NCU_CSV = """==PROF== Connected to process 1
+"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"
+"0","void at::native::distribution_elementwise_kernel<float>","dram__bytes.sum","byte","100"
+"1","void at::vectorized_elementwise_kernel<8, at::bf16_copy>","dram__bytes.sum","byte","200"
+"2","norm_fwd_row_kernel","dram__bytes.sum","byte","1,000"
+"2","norm_fwd_row_kernel","gpu__time_duration.sum","ns","10"
+"""
+
+
+def test_ncu_profiles_only_the_measured_call_and_the_ops_own_kernels(monkeypatch):
+    from tritonkit.harness import profile
+
+    seen = {}
+
+    def fake_run(argv, **kw):
+        seen["argv"] = argv
+        return subprocess.CompletedProcess(argv, 0, stdout=_NCU_CSV, stderr="")
+
+    monkeypatch.setattr(profile.shutil, "which", lambda name: "/usr/bin/ncu")
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    got = profile.from_ncu("rms_norm", (64, 64), "bfloat16", "fwd")
+    argv = seen["argv"]
+    assert argv[argv.index("--profile-from-start") + 1] == "off"
+    assert len(got) == 3  # what ncu printed, torch's kernels among them (inputs' creation)
+    own = profile.own_launches(got, {"norm_fwd_row_kernel"})
+    assert [k["name"] for k in own] == ["norm_fwd_row_kernel"]
+    assert profile._figures(own[0]["raw"])["dram_GBps"] == 100.0
+    # Names torch.profiler spelled otherwise: nothing is dropped rather than everything.
+    assert profile.own_launches(got, {"other"}) == got
 
 
 def test_bench_options_parse():

@@ -192,7 +192,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for it in items
         if plan.get(it.spec.name)
     )
-    bench_s = sum(selection.mode_seconds(it.spec, it.variants, warmed) for it, *_ in steps)
+    from tritonkit.harness import cli_why
+
+    extra = cli_why.cost_options(args)  # the repeats, energy and kernels' share of the estimate
+    bench_s = sum(selection.mode_seconds(it.spec, it.variants, warmed, **extra) for it, *_ in steps)
     bench_s = bench_s if gpu else 0.0
     warm_s = 0.0
     if warmed:
@@ -238,7 +241,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"bf16 matmul {profile.tflops.get('bf16', 0):,.0f} TFLOP/s"
         )
         for it in items:
-            cost = selection.mode_seconds(it.spec, it.variants, warmed)
+            cost = selection.mode_seconds(it.spec, it.variants, warmed, **extra)
             bench += bench_spec(
                 it.spec,
                 profile=profile,

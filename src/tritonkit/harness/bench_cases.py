@@ -90,8 +90,9 @@ def bench_local(
     0: none). A case whose check at the bench shape fails is not timed: its records say so.
     ``sweep``: the shapes of ``sweep_shapes`` (the records say ``sweep``; the report plots
     size against % of the roofline).
-    ``kernels``: each record gets the static metrics of the kernels it launches
-    (kernel_stats.py: registers, spills, occupancy on sm_90; a compile per case)."""
+    ``kernels``: each record gets the figures of the kernels tritonkit's call launches, read
+    from the kernels as compiled on this GPU (kernel_stats.gpu_metrics: registers, local
+    memory, shared memory, theoretical occupancy; one extra call per case)."""
     device = torch.device("cuda", torch.cuda.current_device())
     params = dict(spec.params[0])
     records = []
@@ -133,13 +134,19 @@ def bench_local(
                 record = _bench_case(
                     spec, shape, dtype, mode, inputs, params, candidates, profile, seed, sampling
                 )
-                if energy_s > 0 and record["candidates"]:
+                if energy_s > 0 and _TIMED:
                     energy.measure_record(record, _TIMED, energy_s)
                 if sweep:
                     record["sweep"] = True
-                if kernels and record["candidates"]:
-                    got = kernel_stats.static_metrics(spec.name, shape, dtype_name(dtype), mode)
+                if kernels and OURS in _TIMED:
+                    # From the kernels this process compiled and launched: no child process,
+                    # no compile (the sm_90 compile without a GPU is for the CPU).
+                    try:
+                        got = kernel_stats.gpu_metrics(*_TIMED[OURS])
+                    except Exception as exc:  # the figures are extra: the timing stands
+                        got = {"kernels": [], "error": f"{type(exc).__name__}: {exc}"[:300]}
                     record["kernels"] = got.get("kernels", [])
+                    record["kernels_source"] = got.get("source") or got.get("error")
                 record["correct"] = correct
                 records.append(record)
             del inputs, candidates
@@ -202,6 +209,7 @@ _TIMED: dict[str, tuple[Callable[[], Any], Callable[[], None] | None]] = {}
 
 
 def _bench_case(spec, shape, dtype, mode, inputs, params, candidates, profile, seed, sampling):
+    _TIMED.clear()  # a case that times nothing leaves nothing for energy or the kernels
     n_bytes = spec.bytes(inputs, mode, **params)
     n_flops = spec.flops(inputs, mode, **params)
     record: dict[str, Any] = {

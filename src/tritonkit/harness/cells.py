@@ -86,17 +86,23 @@ def energy_cell(c: dict[str, Any]) -> str:
 
 
 def kernel_cell(r: dict[str, Any]) -> str:
-    """Static metrics of the case's kernels (sm_90): registers, spills, theoretical occupancy;
-    with a profiler's figures, achieved occupancy, L2 hit rate and DRAM GB/s (kernel_stats.py,
-    profile.py)."""
+    """The case's kernels: registers, spills (ptxas's stores/loads for a compile without a
+    GPU, the driver's local memory on one), theoretical occupancy on sm_90; with a profiler's
+    figures, achieved occupancy, L2 hit rate and DRAM GB/s (kernel_stats.py, profile.py)."""
     ks = r.get("kernels")
     if not ks:
         return "—"
     parts = []
     for k in ks:
-        text = f"{k['name'][:24]}: {k.get('registers', '?')} reg"
+        name = str(k.get("name", "?"))[:24]
+        if k.get("error"):
+            parts.append(f"{name}: {str(k['error'])[:60]}")
+            continue
+        text = f"{name}: {k.get('registers', '?')} reg"
         if k.get("spill_stores") or k.get("spill_loads"):
             text += f", spills {k.get('spill_stores', 0)}/{k.get('spill_loads', 0)} B"
+        if k.get("local_bytes"):  # on a GPU: the driver's local memory per thread (spills)
+            text += f", local {k['local_bytes']} B"
         if k.get("occupancy") is not None:
             text += f", occ {100 * k['occupancy']:.0f}%"
         if k.get("achieved_occupancy") is not None:

@@ -88,6 +88,17 @@ def bench_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cost_options(args: argparse.Namespace) -> dict[str, Any]:
+    """selection.mode_seconds's keyword arguments from the same flags: what the run's estimate
+    adds for the repeats, energy, kernels and torch.compile's modes."""
+    return {
+        "rsd": bool(getattr(args, "rsd", 0.05)),
+        "energy_s": getattr(args, "energy", 0.0),
+        "kernels": getattr(args, "kernels", False),
+        "compile_modes": getattr(args, "compile_modes", ()),
+    }
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from tritonkit.harness import profile
 

@@ -1,4 +1,10 @@
-"""Static kernel metrics without a GPU: registers, spills, shared memory, theoretical occupancy.
+"""Kernel metrics: registers, spills, shared memory, theoretical occupancy; without a GPU too.
+
+On a GPU (``gpu_metrics``): one call of the operator through Triton's own launcher records
+each compiled kernel it launches, whose driver attributes give the registers and local memory
+(spills) and whose metadata the shared memory and warps: no compile, no child process.
+
+Without a GPU (``static_metrics``, below):
 
 An operator is called on CPU tensors with every kernel launch replaced by a recorder
 (``Kernel._launch`` in ops/_core/launch.py, which every ``@kernel`` launch goes through, and
@@ -309,15 +315,121 @@ def case_metrics(op: str, shape: Any = None, dtype: str | None = None, mode: str
     return out
 
 
+# ---- on a GPU: the kernels a call launched, as compiled for this device -----------------------
+
+
+@contextmanager
+def through_triton(found: dict[int, tuple[Any, Any]]) -> Iterator[None]:
+    """Every launch inside takes Triton's own launcher, and ``found`` receives each compiled
+    kernel launched (by id: the kernel and the launch's grid). A no-op launch hook sends the
+    direct and bound launch paths to Triton's (they step aside for hooks), and the C++ replay
+    of a recorded call is off (it launches without Python)."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    from tritonkit.ops._core import launch as _launch
+    from tritonkit.ops._core import registry
+
+    real_run = JITFunction.run
+
+    def run(self, *args, grid, warmup, **meta):
+        kernel = real_run(self, *args, grid=grid, warmup=warmup, **meta)
+        if not warmup and kernel is not None:
+            bound = dict(zip(self.arg_names, args, strict=False)) | meta
+            found.setdefault(id(kernel), (kernel, _programs(grid, bound)))
+        return kernel
+
+    def hook(*args: Any) -> None:
+        return None
+
+    chain = triton.knobs.runtime.launch_enter_hook
+    replay = registry._REPLAY
+    JITFunction.run = run
+    chain.add(hook)
+    registry._REPLAY = False
+    try:
+        yield
+        _launch.flush()  # launches deferred by launch.pipelined go now, through the patch
+    finally:
+        JITFunction.run = real_run
+        chain.remove(hook)
+        registry._REPLAY = replay
+
+
+def compiled_metrics(kernel: Any, programs: int | None = None) -> dict[str, Any]:
+    """Registers, local memory (spills and stack: the driver's figure, bytes per thread),
+    shared memory, warps and stages of a kernel as compiled and loaded on this GPU, and the
+    occupancy they allow on sm_90 (the H100's and H200's limits)."""
+    kernel._init_handles()  # loads the module: n_regs and n_spills come from the driver
+    md = kernel.metadata
+    registers, shared = int(kernel.n_regs), int(getattr(md, "shared", 0) or 0)
+    warps = int(md.num_warps)
+    entry: dict[str, Any] = {
+        "name": kernel.name,
+        "programs": programs,
+        "num_stages": getattr(md, "num_stages", None),
+        "registers": registers,
+        "local_bytes": 4 * int(kernel.n_spills),  # the driver's local size, in bytes
+        "shared": shared,
+        "num_warps": warps,
+        **occupancy_sm90(warps, registers, shared),
+    }
+    if programs is not None:
+        slots = entry["programs_per_sm"] * H100_SMS
+        entry["waves"] = programs / slots if slots else None
+    return entry
+
+
+def gpu_metrics(call: Any, setup: Any = None) -> dict[str, Any]:
+    """Per kernel one call of ``call`` launches on this GPU, from the compiled kernels
+    themselves (no compile, no child process): name, programs, registers, local memory,
+    shared memory, warps, stages and theoretical occupancy. ``setup`` runs first (an
+    in-place operator's inputs put back)."""
+    import torch
+
+    found: dict[int, tuple[Any, Any]] = {}
+    if setup is not None:
+        setup()
+    with through_triton(found):
+        call()
+    torch.cuda.synchronize()
+    kernels = []
+    for kernel, programs in found.values():
+        try:
+            kernels.append(compiled_metrics(kernel, programs))
+        except Exception as exc:  # one kernel's figures must not hide the rest
+            name = getattr(kernel, "name", "?")
+            kernels.append({"name": name, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    return {
+        "kernels": kernels,
+        "source": "the compiled kernels on this GPU (CUDA driver attributes)",
+    }
+
+
+# The CPU path's results by case: a run that asks twice (bench's modes, profile after bench)
+# compiles once.
+_STATIC_CACHE: dict[tuple, dict[str, Any]] = {}
+STATIC_TIMEOUT_S = 180.0  # one case's child process, at most
+
+
 def static_metrics(
     op: str,
     shape: Any = None,
     dtype: str | None = None,
     mode: str = "fwd",
-    timeout_s: float = 600.0,
+    timeout_s: float = STATIC_TIMEOUT_S,
 ) -> dict[str, Any]:
     """``case_metrics`` of one case, run in a fresh process with TRITON_INTERPRET unset (the
-    kernels must be decorated for compiling, not interpreting); its JSON, or ``error``."""
+    kernels must be decorated for compiling, not interpreting); its JSON, or ``error`` (a
+    child that runs past ``timeout_s`` is killed and said so). Cached per case in this process.
+    """
+    key = (op, repr(shape), dtype, mode)
+    if key not in _STATIC_CACHE:
+        _STATIC_CACHE[key] = _static_child(op, shape, dtype, mode, timeout_s)
+    return _STATIC_CACHE[key]
+
+
+def _static_child(op: str, shape: Any, dtype: str | None, mode: str, timeout_s: float) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITONKIT_AUTOTUNE"] = "0"  # nothing can be timed: each kernel's default config
     # The child answers as an H100 with CPU tensors: a GPU it could see would take some paths
@@ -328,7 +440,10 @@ def static_metrics(
         argv += ["--shape", repr(shape)]
     if dtype:
         argv += ["--dtype", dtype]
-    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"op": op, "kernels": [], "error": f"compiling for sm_90 took over {timeout_s:g} s"}
     if run.returncode != 0:
         return {"op": op, "kernels": [], "error": run.stderr.strip()[-1500:]}
     return json.loads(run.stdout.strip().splitlines()[-1])

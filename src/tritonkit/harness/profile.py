@@ -1,12 +1,14 @@
 """``tritonkit profile OP``: why a case sits where it does on the roofline.
 
-Per kernel the case launches, from the compiled kernel (kernel_stats.py, any machine):
-registers, spill bytes, shared memory, warps, programs per SM and theoretical occupancy on
-sm_90. On a GPU, measured per kernel, from the first source that works, said with each figure:
+Per kernel the case launches, from the compiled kernel (kernel_stats.py: on a GPU the
+kernels as compiled there, without one compiled for sm_90 in a child process): registers,
+spills, shared memory, warps, programs per SM and theoretical occupancy on sm_90. On a GPU,
+measured per kernel, from the first source that works, said with each figure:
 
 1. ``ncu`` (Nsight Compute) where it is on PATH: the case run in a child process under
-   ``ncu --metrics ... --csv``, only the launches of one call inside an NVTX range (not the
-   inputs' creation);
+   ``ncu --metrics ... --csv --profile-from-start off``, only the launches of one call between
+   cudaProfilerStart and cudaProfilerStop (not the inputs' creation nor the compiling call),
+   and of those only kernels torch.profiler saw the op's own call launch;
 2. CUPTI's range profiler through torch.profiler
    (``_ExperimentalConfig(profiler_metrics=..., profiler_measure_per_kernel=True)``);
 3. torch.profiler's kernel times only.
@@ -15,10 +17,13 @@ The metrics: achieved occupancy (``sm__warps_active.avg.pct_of_peak_sustained_ac
 hit rate (``lts__t_sector_hit_rate.pct``), DRAM GB/s (``dram__bytes.sum`` over
 ``gpu__time_duration.sum``) and SM efficiency (``smsp__cycles_active.avg.pct_of_peak_sustained_
 elapsed``: the share of the kernel's time the SMs' schedulers had work). A torch.profiler
-trace (chrome format, ``trace.json``) and the memory timeline (``memory.json``, torch's
-``export_memory_timeline``) are written under ``--out``. The case's class (bottleneck.py's
-rule) comes from its roofline place (the kernels' GPU time per call), its host time per call
-and the occupancy (achieved where measured, else the least theoretical one).
+trace (chrome format, ``trace.json``), the memory timeline (``memory.json``, torch's
+``export_memory_timeline``; where that finds no allocation it can attribute to a tensor, the
+output says so and writes no file) and on a GPU the CUDA allocator's history of one call
+(``memory_snapshot.pickle``, for pytorch.org/memory_viz, with its allocations and peak) are
+written under ``--out``. The case's class (bottleneck.py's rule) comes from its roofline
+place (the kernels' GPU time per call), its host time per call and the occupancy (achieved
+where measured, else the least theoretical one).
 """
 
 from __future__ import annotations
@@ -92,7 +97,9 @@ def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
     return list(kernels.values())
 
 
-def from_ncu(op: str, shape: Any, dtype: str, mode: str) -> list[dict[str, Any]] | str:
+def from_ncu(
+    op: str, shape: Any, dtype: str, mode: str, timeout_s: float = 240.0
+) -> list[dict[str, Any]] | str:
     """Per kernel launch under ncu (the case run once in a child process), or why not."""
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -100,19 +107,27 @@ def from_ncu(op: str, shape: Any, dtype: str, mode: str) -> list[dict[str, Any]]
     child = [sys.executable, "-m", "tritonkit.harness.profile", op, "--dtype", dtype]
     child += ["--mode", mode, "--shape", repr(shape)]
     argv = [ncu, "--csv", "--print-units", "base", "--metrics", ",".join(METRICS.values())]
-    # Only the launches inside the child's NVTX range: the case's one measured call, not the
-    # inputs' creation (torch's random and copy kernels) nor the compiling call before it.
-    argv += ["--nvtx", "--nvtx-include", f"{NVTX_RANGE}/"]
+    # Only the launches between the child's cudaProfilerStart and cudaProfilerStop: the case's
+    # one measured call, not the inputs' creation (torch's random and copy kernels) nor the
+    # compiling call before it.
+    argv += ["--profile-from-start", "off"]
     argv += ["--target-processes", "all", *child]
     try:
-        run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return "ncu timed out"
+        return f"ncu took over {timeout_s:g} s"
     launches = parse_ncu_csv(run.stdout)
     if run.returncode != 0 or not launches:
         tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
         return f"ncu failed ({run.returncode}): {' '.join(tail)[:300]}"
     return launches
+
+
+def own_launches(launches: list[dict[str, Any]], names: set[str]) -> list[dict[str, Any]]:
+    """The launches of the op's own kernels: those whose name is one torch.profiler saw the
+    op's call launch (``names``); all of them where none matches (names spelled otherwise)."""
+    own = [m for m in launches if m["name"] in names]
+    return own if own else launches
 
 
 def parse_cupti_trace(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -164,17 +179,29 @@ def trace(
     path = out / "trace.json"
     p.export_chrome_trace(str(path))
     got["files"]["trace"] = str(path)
+    where = f"cuda:{torch.cuda.current_device()}" if device.type == "cuda" else "cpu"
     try:
         mem = out / "memory.json"
         # The device with its index ("cuda:0"): the exporter matches it to the events'
         # devices, and a bare "cuda" matches none (an empty timeline).
-        where = f"cuda:{torch.cuda.current_device()}" if device.type == "cuda" else "cpu"
         with warnings.catch_warnings():  # deprecated in favour of CUDA snapshots (CPU too here)
             warnings.simplefilter("ignore", FutureWarning)
             p.export_memory_timeline(str(mem), device=where)
-        got["files"]["memory_timeline"] = str(mem)
+        times = json.loads(mem.read_text())[0]
+        if times:
+            got["files"]["memory_timeline"] = str(mem)
+        else:
+            mem.unlink()
+            got["memory_timeline"] = (
+                f"torch's export_memory_timeline found no allocation on {where} that it could "
+                "attribute to a tensor (an empty timeline, not written)"
+            )
     except Exception as exc:  # torch's exporter needs CUDA events on some versions
         got["memory_timeline"] = f"not exported: {type(exc).__name__}: {str(exc)[:200]}"
+    if device.type == "cuda":
+        snap = memory_snapshot(call, out, device)
+        got["files"].update(snap.pop("files", {}))
+        got.update(snap)
     times: dict[str, float] = {}
     # Kernel times on a GPU only: under the interpreter the trace holds every program's tensor
     # ops (tens of MB), whose averages take minutes and time nothing of a GPU.
@@ -183,6 +210,38 @@ def trace(
         if us > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
             times[e.key] = times.get(e.key, 0.0) + us / calls
     got["kernel_us"] = times
+    return got
+
+
+def memory_snapshot(call: Callable[[], Any], out: Path, device: torch.device) -> dict[str, Any]:
+    """The CUDA caching allocator's history over one call (what torch recommends in place of
+    export_memory_timeline): ``memory_snapshot.pickle`` (open it at pytorch.org/memory_viz),
+    the allocations it made and its peak above what was allocated before it."""
+    import pickle
+
+    mem = torch.cuda.memory
+    got: dict[str, Any] = {}
+    try:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        mem._record_memory_history(max_entries=100_000)
+        try:
+            call()
+            torch.cuda.synchronize(device)
+            snap = mem._snapshot()
+        finally:
+            mem._record_memory_history(enabled=None)
+        path = out / "memory_snapshot.pickle"
+        path.write_bytes(pickle.dumps(snap))
+        events = [e for trace in snap.get("device_traces", []) for e in trace]
+        got["files"] = {"memory_snapshot": str(path)}
+        got["memory"] = {
+            "allocations": sum(e.get("action") == "alloc" for e in events),
+            "peak_bytes": torch.cuda.max_memory_allocated(device) - before,
+        }
+    except Exception as exc:  # an allocator without history (another backend, an old torch)
+        got["memory"] = {"error": f"no snapshot: {type(exc).__name__}: {str(exc)[:200]}"}
     return got
 
 
@@ -219,6 +278,7 @@ def profile_case(
     out: Path | str = "tritonkit-profile",
     static: bool = True,
     sources: tuple[str, ...] = ("ncu", "cupti", "torch.profiler"),
+    ncu_timeout_s: float = 240.0,
 ) -> dict[str, Any]:
     """Static and (on a GPU) measured metrics of one case, its class, and the exported files.
 
@@ -230,6 +290,7 @@ def profile_case(
         out: where trace.json, memory.json and profile.json go.
         static: also compile the kernels for sm_90 and read ptxas's report (a child process).
         sources: the measured sources to try, in order.
+        ncu_timeout_s: the ncu child's time limit (then the next source is tried).
     """
     spec = get_spec(op)
     dt = parse_dtype(dtype) if dtype else main_dtype(spec)
@@ -241,22 +302,30 @@ def profile_case(
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"op": op, "shape": str(shape), "dtype": dtype_name(dt), "mode": mode}
     result["device"] = torch.cuda.get_device_name() if gpu else "cpu (Triton interpreter)"
-    stat = kernel_stats.static_metrics(op, shape, dtype_name(dt), mode) if static else {}
-    kernels = [dict(k, static_source="ptxas -v, sm_90a") for k in stat.get("kernels", [])]
-    if stat.get("error"):
-        result["static_error"] = stat["error"]
     call, inputs = case_call(spec, shape, dt, mode, device)
     call()  # compile before any measurement
+    stat: dict[str, Any] = {}
+    if gpu:  # the kernels as compiled on this GPU: no child process, no compile
+        stat = kernel_stats.gpu_metrics(call)
+    elif static:  # without a GPU: compiled for sm_90 in a child process
+        stat = kernel_stats.static_metrics(op, shape, dtype_name(dt), mode)
+        stat["source"] = "ptxas -v, sm_90a (compiled without a GPU)"
+    kernels = [dict(k, static_source=stat["source"]) for k in stat.get("kernels", [])]
+    if stat.get("error"):
+        result["static_error"] = stat["error"]
     traced = trace(call, out, device)
     result["files"] = traced["files"]
-    if "memory_timeline" in traced:
-        result["memory_timeline"] = traced["memory_timeline"]
+    for key in ("memory_timeline", "memory"):
+        if key in traced:
+            result[key] = traced[key]
     result["kernel_us"] = traced["kernel_us"]
     result["tried"] = {}
     if gpu:
         for source in sources:
             if source == "ncu":
-                got = from_ncu(op, shape, dtype_name(dt), mode)
+                got = from_ncu(op, shape, dtype_name(dt), mode, ncu_timeout_s)
+                if not isinstance(got, str):  # torch's kernels (if any got in) left out
+                    got = own_launches(got, set(traced["kernel_us"]))
             elif source == "cupti":
                 got = from_cupti(call, out)
             else:
@@ -307,9 +376,13 @@ def render(result: dict[str, Any]) -> str:
     for k in result.get("kernels", []):
         parts = [k["name"]]
         if k.get("registers") is not None:
+            spills = (
+                f"local {k['local_bytes']} B"
+                if "local_bytes" in k
+                else f"spills {k.get('spill_stores', 0)}/{k.get('spill_loads', 0)} B"
+            )
             parts.append(
-                f"{k['registers']} regs, spills {k.get('spill_stores', 0)}/"
-                f"{k.get('spill_loads', 0)} B, smem {k.get('shared', 0)} B, "
+                f"{k['registers']} regs, {spills}, smem {k.get('shared', 0)} B, "
                 f"{k.get('num_warps')} warps, theoretical occupancy "
                 f"{100 * k['occupancy']:.0f}% ({k.get('occupancy_limit')})"
             )
@@ -343,6 +416,16 @@ def render(result: dict[str, Any]) -> str:
             f"{_pct(result['pct_of_roofline'])} of the roofline, GPU {result['gpu_us']:.1f} us, "
             f"host {result['host_us']:.1f} us per call"
         )
+    if result.get("memory_timeline"):
+        lines.append(f"  memory timeline: {result['memory_timeline']}")
+    mem = result.get("memory") or {}
+    if "peak_bytes" in mem:
+        lines.append(
+            f"  memory of one call [CUDA allocator history]: {mem['allocations']} allocations, "
+            f"peak {mem['peak_bytes'] / 2**20:.3g} MiB above the start"
+        )
+    elif mem.get("error"):
+        lines.append(f"  memory: {mem['error']}")
     for name, path in result.get("files", {}).items():
         lines.append(f"  {name}: {path}")
     return "\n".join(lines)
@@ -368,10 +451,12 @@ def _child(argv: list[str]) -> None:
     call, _ = case_call(spec, ast.literal_eval(a.shape), parse_dtype(a.dtype), a.mode, device)
     call()  # compiles and tunes outside the range ncu measures
     torch.cuda.synchronize()
+    torch.cuda.profiler.start()  # ncu --profile-from-start off: only what follows, to stop()
     torch.cuda.nvtx.range_push(NVTX_RANGE)
     call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":

@@ -453,10 +453,10 @@ def _extra_legend(bench: list[dict[str, Any]]) -> str:
         )
     if any(r.get("kernels") for r in bench):
         text += (
-            " `kernels`: per kernel launched, registers, spill bytes (stores/loads) and "
-            "theoretical occupancy on sm_90, with a profiler's achieved occupancy, L2 hit "
-            "rate and DRAM GB/s where measured; the class in `% roofline` follows "
-            "harness/bottleneck.py's rule."
+            " `kernels`: per kernel launched, registers, spills (local memory per thread, "
+            "shown where not 0) and theoretical occupancy on sm_90, with a profiler's "
+            "achieved occupancy, L2 hit rate and DRAM GB/s where measured; the class in "
+            "`% roofline` follows harness/bottleneck.py's rule."
         )
     return text
 

@@ -60,6 +60,13 @@ GPU_VARIANT_S = 3.0
 # the start of the workers (each imports torch and tritonkit).
 GPU_MODE_COMPILE_S = 4.0
 GPU_WORKERS_START_S = 20.0
+# What bench's options add to a timed mode: the RSD-driven repeats (further batches until the
+# target, at most timing.RSD_WALL_S; about this much where the target is not met at once),
+# the kernels' figures (one more call and the modules' attributes), and per candidate the
+# energy loop's seconds plus its two warm calls and the device's waits.
+GPU_RSD_S = 2.0
+GPU_KERNELS_S = 0.5
+GPU_ENERGY_EXTRA_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -241,11 +248,34 @@ def case_seconds(
     return cost * spec.check_cost
 
 
-def mode_seconds(spec: OpSpec, named_variants: bool, warmed: bool = False) -> float:
-    """The prior cost of one timed (shape, dtype, mode) on a GPU (``warmed``: its kernels
-    compiled ahead)."""
+def mode_seconds(
+    spec: OpSpec,
+    named_variants: bool,
+    warmed: bool = False,
+    *,
+    rsd: bool = False,
+    energy_s: float = 0.0,
+    kernels: bool = False,
+    compile_modes: Sequence[str] = (),
+) -> float:
+    """The prior cost of one timed (shape, dtype, mode) on a GPU.
+
+    Args:
+        spec: the operator.
+        named_variants: its versions are timed too (the operator was asked for by name).
+        warmed: its kernels compiled ahead.
+        rsd: timings repeat until an RSD target (bench's ``--rsd``, on by default).
+        energy_s: seconds of NVML energy loop per candidate (``--energy``; 0: none).
+        kernels: the kernels' figures are read (``--kernels``).
+        compile_modes: torch.compile modes timed as further baselines.
+    """
     base = GPU_MODE_S - (GPU_MODE_COMPILE_S if warmed else 0.0)
-    return base + (GPU_VARIANT_S * len(spec.variants) if named_variants else 0.0)
+    variants = len(spec.variants) if named_variants else 0
+    cost = base + GPU_VARIANT_S * variants + GPU_MODE_S * len(compile_modes)
+    candidates = 1 + variants + len(spec.baselines) + len(compile_modes)
+    cost += GPU_RSD_S if rsd else 0.0
+    cost += candidates * (energy_s + GPU_ENERGY_EXTRA_S) if energy_s > 0 else 0.0
+    return cost + (GPU_KERNELS_S if kernels else 0.0)
 
 
 def expected_check_seconds(

@@ -73,6 +73,11 @@ def summarize(samples_ms: list[float] | np.ndarray) -> Stats:
 RSD_TARGET = 0.05
 RSD_CAP_MS = 2000.0  # GPU time per candidate spent on further rounds, at most
 RSD_WALL_S = 10.0  # and wall-clock time, at most
+# A candidate slower than this per call (a naive version shown for contrast, hundreds of ms)
+# gets SLOW_SAMPLES samples of its own, outside the interleaved rounds and their repeats: its
+# median is not what the comparisons are about, and 20 rounds of it would take most of a run.
+SLOW_MS = 50.0
+SLOW_SAMPLES = 3
 
 
 def rsd_of(samples_ms: list[float] | np.ndarray) -> float:
@@ -154,7 +159,7 @@ def time_interleaved(
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         calls, elapsed, host = 0, 0.0, []
         t0 = time.perf_counter()
-        while calls < 3 or (elapsed < warmup_ms and calls < 1000):
+        while (calls < 3 and elapsed < SLOW_MS) or (elapsed < warmup_ms and calls < 1000):
             prepare()
             start.record()
             h0 = time.perf_counter()
@@ -168,14 +173,15 @@ def time_interleaved(
                 break
         estimates[name] = elapsed / calls
         host_us[name] = float(np.median(host)) * 1e6
-    slowest = max(estimates.values())
+    slow, names = split_slow(estimates)
+    slowest = max(estimates[name] for name in names)
     n = int(min(max_samples, max(min_samples, rep_ms / max(slowest, 1e-3))))
     # Enough GPU-side delay for the host to enqueue the call before the start event fires.
     sleep_cycles = int(_CYCLES_PER_US * (20.0 + 1.5 * max(host_us.values())))
 
-    def batch() -> dict[str, list[float]]:
+    def batch(names: list[str] = names, rounds: int = n) -> dict[str, list[float]]:
         events = {name: [] for name in names}
-        for i in range(n):
+        for i in range(rounds):
             order = names[i % len(names) :] + names[: i % len(names)]
             for name in order:
                 if name in setup:
@@ -192,10 +198,25 @@ def time_interleaved(
         torch.cuda.synchronize(device)
         return {name: [s.elapsed_time(e) for s, e in pairs] for name, pairs in events.items()}
 
-    samples = until_stable(batch, rsd_target, rsd_cap_ms, 10 * max_samples, repeats)
+    samples = (
+        until_stable(batch, rsd_target, rsd_cap_ms, 10 * max_samples, repeats) if names else {}
+    )
+    for name in slow:  # a few samples each, no repeats
+        samples[name] = batch([name], SLOW_SAMPLES)[name]
+        if repeats is not None:
+            repeats[name] = {"batches": 1, "rsd": rsd_of(samples[name]), "rsd_met": None}
+            repeats[name]["slow"] = f"{SLOW_SAMPLES} samples (over {SLOW_MS:g} ms per call)"
     if host_times is not None:
         host_times.update(host_us)
     return samples
+
+
+def split_slow(estimates: Mapping[str, float]) -> tuple[list[str], list[str]]:
+    """(slow, the rest): the candidates whose warm-up time per call is over SLOW_MS, unless
+    every one is (then they are all timed as usual)."""
+    slow = [name for name, ms in estimates.items() if ms > SLOW_MS]
+    rest = [name for name in estimates if name not in slow]
+    return (slow, rest) if rest else ([], list(estimates))
 
 
 def until_stable(
@@ -266,7 +287,7 @@ def time_loops(
     for name, fn in fns.items():
         host_us, _ = _loop(fn, 3, device)  # warm, and a first estimate of the host's share
         per_call_ms = max(gpu_ms.get(name, 0.0), host_us / 1e3, 1e-3)
-        calls[name] = int(min(max_calls, max(min_calls, round_ms / per_call_ms)))
+        calls[name] = loop_calls(per_call_ms, round_ms, min_calls, max_calls)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     names = list(fns)
     for i in range(rounds):
@@ -280,6 +301,13 @@ def time_loops(
         }
         for name, got in samples.items()
     }
+
+
+def loop_calls(per_call_ms: float, round_ms: float, min_calls: int, max_calls: int) -> int:
+    """Calls per round of ``time_loops``: about ``round_ms`` of them, within [min_calls,
+    max_calls], but never more than 10 x ``round_ms`` of a slow candidate (one call at least)."""
+    calls = int(min(max_calls, max(min_calls, round_ms / per_call_ms)))
+    return max(1, min(calls, int(10 * round_ms / per_call_ms)))
 
 
 def peak_memory(fn: Callable[[], object], device: torch.device) -> int:

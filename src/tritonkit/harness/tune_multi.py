@@ -17,16 +17,19 @@ heuristic default. ``explore`` then measures configs of one captured space:
   memory allocated during one call above what was allocated before it, and where asked the
   energy per call (energy.py);
 - the Pareto set over the objectives measured (no other config at least as good in all and
-  better in one), and the weighted choice: the config with the least sum of weight x (value /
-  the best value of that objective - 1), by default ms 1.0, peak_bytes 0.02, joules 0.1 (1%
-  more latency is worth 50% more peak memory, 0.02 x 0.5); it is applied by writing it to the
-  machine's tuning cache when ``apply`` is set.
+  better in one), and the weighted choice: the config with the least sum of weight x (value -
+  the best value of that objective) / the best value, by default ms 1.0, peak_bytes 0.02,
+  joules 0.1 (1% more latency is worth 50% more peak memory, 0.02 x 0.5); for peak memory the
+  denominator is at least what the process already holds (its operands among it), so a
+  workspace is weighed against the memory the call lives in; it is applied by writing it to
+  the machine's tuning cache when ``apply`` is set.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,20 +188,32 @@ def pareto_front(points: Sequence[Point], objectives: Sequence[str]) -> list[Poi
 
 
 def weighted_choice(
-    points: Sequence[Point], weights: Mapping[str, float]
+    points: Sequence[Point],
+    weights: Mapping[str, float],
+    floors: Mapping[str, float] | None = None,
 ) -> tuple[Point, dict[int, float]]:
-    """The point with the least sum over objectives of weight x its excess over the best
-    (value / best - 1: 0 for the best in each), and every point's score by index."""
-    best = {o: min(p.values[o] for p in points) for o in weights}
+    """The point with the least sum over objectives of weight x its excess over the best,
+    (value - best) / max(best, floor), and every point's score by index.
 
-    def excess(v: float, b: float) -> float:
-        if b > 0:
-            return v / b - 1.0
-        return 0.0 if v == 0 else 1.0  # the best uses none: any use is a full unit worse
+    Args:
+        points: the measured points.
+        weights: per objective.
+        floors: per objective, the least denominator of the excess (default none): for peak
+            memory, what the process already holds (``explore`` passes it), so that a few MiB
+            of workspace beside hundreds of operands' MiB count as the few percent they are,
+            not as infinitely more than a config that allocates nothing.
+    """
+    best = {o: min(p.values[o] for p in points) for o in weights}
+    floors = floors or {}
+
+    def excess(o: str, v: float) -> float:
+        scale = max(best[o], floors.get(o, 0.0))
+        if scale > 0:
+            return (v - best[o]) / scale
+        return 0.0 if v == best[o] else 1.0  # the best uses none: any use is a full unit worse
 
     scores = {
-        i: sum(w * excess(p.values[o], best[o]) for o, w in weights.items())
-        for i, p in enumerate(points)
+        i: sum(w * excess(o, p.values[o]) for o, w in weights.items()) for i, p in enumerate(points)
     }
     return points[min(scores, key=scores.get)], scores
 
@@ -255,6 +270,8 @@ def explore(
     timer: Callable[[Callable[[Config], Any], Config], float | None] | None = None,
     peak: Callable[[Callable[[], Any]], int] | None = None,
     apply: bool = False,
+    resident: float | None = None,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     """Measure a space's configs; the Pareto set, the weighted choice and the fastest.
 
@@ -268,15 +285,30 @@ def explore(
         history: earlier tunings' cache entries (None: this machine's cache).
         timer, peak: measurement functions (tests pass fakes).
         apply: store the weighted choice in the machine's tuning cache for this key.
+        resident: bytes the process holds before a config runs (its operands among them), the
+            least denominator of the peak memory's excess in the weighted choice (None: CUDA's
+            memory_allocated where there is a GPU, else 0).
+        seconds: wall-clock time for measuring (None: no limit); configs not reached by then
+            are left out and counted in ``not_measured``.
     """
+    if resident is None:
+        import torch
+
+        resident = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
     _tuning._SEARCHING.on, was = True, _tuning._SEARCHING.on
     try:
-        return _explore(space, weights, large, sample, seed, energy_s, history, timer, peak, apply)
+        deadline = None if seconds is None else time.perf_counter() + seconds
+        return _explore(
+            space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident,
+            deadline,
+        )  # fmt: skip
     finally:
         _tuning._SEARCHING.on = was
 
 
-def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak, apply):
+def _explore(
+    space, weights, large, sample, seed, energy_s, history, timer, peak, apply, resident, deadline
+):
     cands = [c for c in space.candidates if space.prune is None or space.prune(c)]
     kept, dropped = history_pruned(space.kernel, cands, history)
     order: list[tuple[Config, str]] = [(c, "candidate") for c in kept]
@@ -285,9 +317,13 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
         picked = [kept[0], *rng.sample(kept[1:], min(sample, len(kept) - 1))]
         order = [(c, "sampled") for c in picked]
     points: dict[Config, Point] = {}
+    late: list[Config] = []
 
     def visit(c: Config, how: str) -> None:
         if c in points:
+            return
+        if deadline is not None and points and time.perf_counter() > deadline:
+            late.append(c)  # past the time limit: one measured config at least, then none
             return
         values = measure(space, c, timer=timer, peak=peak, energy_s=energy_s)
         if values is not None:
@@ -307,14 +343,14 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
             ]
             for n in fresh:
                 visit(n, "neighbour")
-            if min(points.values(), key=lambda p: p.values["ms"]) is best:
+            if late or min(points.values(), key=lambda p: p.values["ms"]) is best:
                 break
     pts = list(points.values())
     objectives = [o for o in OBJECTIVES if all(o in p.values for p in pts)]
     weights = dict(weights or WEIGHTS)
     weights = {o: w for o, w in weights.items() if o in objectives}
     front = pareto_front(pts, objectives)
-    chosen, _ = weighted_choice(front, weights)
+    chosen, _ = weighted_choice(front, weights, {"peak_bytes": resident})
     fastest = min(pts, key=lambda p: p.values["ms"])
     if apply:
         _tuning.store(
@@ -325,6 +361,7 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
         "key": {k: str(v) for k, v in space.key.items()},
         "candidates": len(space.candidates),
         "measured": len(pts),
+        "not_measured": len(late),  # past ``seconds``
         "pruned_by_history": [str(c) for c in dropped],
         "objectives": objectives,
         "weights": weights,
@@ -333,6 +370,7 @@ def _explore(space, weights, large, sample, seed, energy_s, history, timer, peak
         "chosen": chosen.as_dict(),
         "fastest": fastest.as_dict(),
         "chosen_vs_fastest_pct": 100.0 * (chosen.values["ms"] / fastest.values["ms"] - 1.0),
+        "resident_bytes": resident,
         "trades_memory": any(p.values["peak_bytes"] < fastest.values["peak_bytes"] for p in front)
         if "peak_bytes" in objectives
         else False,
