@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from _dist_ranks import _collectives_rank, _fault_rank
-from tritonkit.ops.collectives.kernels import symm_barrier
+from tritonkit.ops.collectives.kernels import epoch_barrier
 
 from _checks import DEVICE, assert_spec_passes
 
@@ -82,8 +82,8 @@ def test_dead_or_absent_rank_fails_the_others_within_the_timeout():
 
 
 @triton.jit
-def _barrier_kernel(pad_table, RANK: tl.constexpr, WORLD: tl.constexpr):
-    symm_barrier(pad_table, tl.program_id(0), RANK, WORLD)
+def _barrier_kernel(pad_table, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WP2: tl.constexpr):
+    epoch_barrier(pad_table, tl.program_id(0), epoch, RANK, WORLD, WP2)
 
 
 def _tables(tensors):
@@ -93,24 +93,28 @@ def _tables(tensors):
 @pytest.mark.parametrize("world,rank", [(2, 1), (3, 0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_symm_kernels_arithmetic_on_local_buffers(world, rank, dtype):
-    """The peers' buffers are local tensors in the pointer table (the barrier off)."""
+    """The peers' buffers are local tensors in the pointer table (the barrier off); the call
+    uses the buffers' second half (``buf_off``) and must leave the first untouched."""
     from tritonkit.ops.collectives import kernels as K
 
     g = torch.Generator(device=DEVICE).manual_seed(world + rank)
-    n, block = 333, 32
+    n, block, half = 333, 32, 400
     pads = _tables([torch.zeros(64 * world, dtype=torch.int32, device=DEVICE)] * world)
     x = torch.randn(n, generator=g, device=DEVICE).to(dtype)
+    wp2 = 1 << (world - 1).bit_length()
     for kern in (K._one_shot_kernel, K._two_shot_kernel):
-        bufs = [torch.randn(n + 64, generator=g, device=DEVICE).to(dtype) for _ in range(world)]
-        # The kernel's order: peers 0..world-1 (its own buffer holds x) summed in float32.
+        bufs = [torch.randn(2 * half, generator=g, device=DEVICE).to(dtype) for _ in range(world)]
+        first = [b[:half].clone() for b in bufs]
+        # The kernel's order: ranks 0..world-1 (its own term: x) summed in float32.
         acc = torch.zeros(n, device=DEVICE)
         for p in range(world):
-            acc += (x if p == rank else bufs[p][:n]).float()
+            acc += (x if p == rank else bufs[p][half : half + n]).float()
         full = (acc * 0.5).to(dtype)
         out = torch.full_like(x, float("nan"))
         kern[(3,)](
-            x, out, _tables(bufs), pads, n, 0.5, RANK=rank, WORLD=world, BLOCK=block, BARRIER=False
-        )
+            x, out, _tables(bufs), pads, n, 0.5, 7, half, RANK=rank, WORLD=world, WP2=wp2,
+            BLOCK=block, BARRIER=False,
+        )  # fmt: skip
         if kern is K._one_shot_kernel:
             expect = full
         else:  # reduces its part of each span; the rest is its own buffer (peers pushed nothing)
@@ -119,9 +123,11 @@ def test_symm_kernels_arithmetic_on_local_buffers(world, rank, dtype):
             mine = (idx % (world * block)) // block == rank
             expect[mine] = full[mine]
             for b in bufs:  # the reduced part pushed into every peer's buffer
-                assert torch.equal(b[:n][mine], full[mine])
+                assert torch.equal(b[half : half + n][mine], full[mine])
         assert torch.equal(out, expect)
-        assert torch.equal(bufs[rank][:n], x if kern is K._one_shot_kernel else bufs[rank][:n])
+        if kern is K._one_shot_kernel:
+            assert torch.equal(bufs[rank][half : half + n], x)
+        assert all(torch.equal(b[:half], f) for b, f in zip(bufs, first))
 
 
 def test_fused_norm_kernel_on_local_buffers():
@@ -130,37 +136,108 @@ def test_fused_norm_kernel_on_local_buffers():
 
     world, rank, rows, hidden = 2, 0, 5, 96
     g = torch.Generator(device=DEVICE).manual_seed(1)
-    bufs = [torch.randn(rows * hidden, generator=g, device=DEVICE) for _ in range(world)]
+    bufs = [torch.randn(2 * rows * hidden, generator=g, device=DEVICE) for _ in range(world)]
     x = torch.randn(rows, hidden, generator=g, device=DEVICE)
     res = torch.randn(rows, hidden, generator=g, device=DEVICE)
     w = torch.randn(hidden, generator=g, device=DEVICE)
     out, res_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
     pads = _tables([torch.zeros(64 * world, dtype=torch.int32, device=DEVICE)] * world)
     K._all_reduce_add_rms_norm_kernel[(2,)](
-        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, RANK=rank,
-        WORLD=world, BLOCK_H=128, HAS_WEIGHT=True, BARRIER=False,
+        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, 3, rows * hidden,
+        RANK=rank, WORLD=world, WP2=2, BLOCK_H=128, HAS_WEIGHT=True, BARRIER=False,
     )  # fmt: skip
-    reduced = x + bufs[1].view(rows, hidden)
+    reduced = x + bufs[1][rows * hidden :].view(rows, hidden)
     y_ref, h_ref = add_rms_norm_reference(reduced, res, w, 1e-6)
     torch.testing.assert_close(res_out, h_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out, y_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.interpreter
-def test_symm_barrier_signals_every_peer_and_consumes_its_own_slots():
-    """Rank 1 of 3 with the other ranks' signals already in its pad: it sets its slot in every
-    peer's pad and leaves its own pad zero."""
-    world, rank = 3, 1
+def test_epoch_barrier_signals_every_peer_and_passes_on_later_epochs():
+    """Rank 1 of 3 at epoch 5: its peers' signals already in its pad (one at epoch 5, one
+    already at 6: a later barrier also counts); it writes 5 into its slot of every peer's pad
+    (its own pad included) and returns (a missed signal would spin to the limit: the test would
+    time out)."""
+    world, rank, epoch = 3, 1, 5
     pads = [torch.zeros(4 * world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
     for b in range(2):
-        for p in range(world):
-            if p != rank:
-                pads[rank][b * world + p] = 1  # peer p of program b arrived
-    _barrier_kernel[(2,)](_tables(pads), RANK=rank, WORLD=world)
-    assert pads[rank].sum() == 0
+        pads[rank][b * world + 0] = epoch
+        pads[rank][b * world + 2] = epoch + 1
+    before = pads[rank].clone()
+    _barrier_kernel[(2,)](_tables(pads), epoch, RANK=rank, WORLD=world, WP2=4)
     for p in range(world):
-        for b in range(2):
-            assert pads[p][b * world + rank] == (0 if p == rank else 1)
+        for b in range(2):  # every pad, its own too (its lane waits on it like the others)
+            assert pads[p][b * world + rank] == epoch
+    for b in range(2):
+        before[b * world + rank] = epoch
+    assert torch.equal(pads[rank], before)  # the peers' slots only read: nothing reset
+
+
+def _fake_workspace(world, rank, numel, dtype):
+    """A SymmWorkspace whose peers' buffers and pads are local tensors (the peers' signals for
+    the first calls already set), and the tensors that stand behind it."""
+    from tritonkit.ops.collectives import plan
+
+    bufs = [torch.zeros(2 * numel, dtype=dtype, device=DEVICE) for _ in range(world)]
+    pads = [torch.zeros(64 * world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+    pads[rank].fill_(100)  # every peer already past barrier 100
+    ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
+    ws.numel, ws.rank, ws.world, ws.max_programs = numel, rank, world, 64
+    ws.buf_table, ws.pad_table = _tables(bufs), _tables(pads)
+    ws.epoch = ws.calls = 0
+    return ws, bufs, pads
+
+
+@pytest.mark.interpreter
+def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
+    """The public function's cached path: a plan made once for the key; later calls neither
+    check availability nor look anything up, alternate the buffers' halves and advance the
+    epoch (written into the peer's pad by the barrier)."""
+    from tritonkit import dist as td
+    from tritonkit.ops.collectives import function as F
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import SymmConfig
+
+    world, rank, n = 2, 0, 100
+    ws, bufs, pads = _fake_workspace(world, rank, 128, torch.float32)
+    run = plan.SymmAllReduce(ws, n, SymmConfig(block=32, max_programs=2, num_warps=1), 1.0)
+    key = (None, n, torch.float32, torch.device(DEVICE), td.ReduceOp.SUM)
+    F._SYMM_PLANS[key] = run
+    try:
+        g = torch.Generator(device=DEVICE).manual_seed(3)
+        bufs[1].copy_(torch.randint(-8, 9, (256,), generator=g, device=DEVICE).float())
+
+        def no_setup(*a, **k):
+            raise AssertionError("the cached path ran the setup")
+
+        orig = plan.symm_unavailable
+        plan.symm_unavailable = no_setup
+        try:
+            for call in range(3):
+                x = torch.randint(-8, 9, (n,), generator=g, device=DEVICE).float()
+                half = (call % 2) * 128
+                expect = x + bufs[1][half : half + n]
+                td.symm_all_reduce(x)
+                assert torch.equal(x, expect)
+                assert torch.equal(bufs[0][half : half + n], x - bufs[1][half : half + n])
+                assert pads[1][0 * world + rank] == call + 1  # program 0's signal, this epoch
+                assert pads[1][1 * world + rank] == call + 1
+        finally:
+            plan.symm_unavailable = orig
+        assert (ws.epoch, ws.calls) == (3, 3)
+    finally:
+        F._SYMM_PLANS.pop(key, None)
+
+
+def test_symm_workspace_epochs_wrap_as_int32():
+    from tritonkit.ops.collectives import plan
+
+    ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
+    ws.numel, ws.epoch, ws.calls = 10, (1 << 31) - 2, 0
+    assert ws.advance(2) == ((1 << 31) - 1, 0)  # barriers 2^31 - 1 and 2^31
+    assert ws.advance(1) == (-(1 << 31) + 1, 10)  # 2^31 + 1, as the int32 the pads hold
+    ws.epoch = (1 << 32) - 1
+    assert ws.advance(1) == (0, 0)  # 2^32 wraps to 0
 
 
 def test_quant_eps_agrees_with_core():

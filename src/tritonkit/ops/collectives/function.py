@@ -368,13 +368,23 @@ def _fallback(op: str, why: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
+# (group, numel, dtype, device, op) -> the resolved all-reduce (plan.SymmAllReduce): every
+# later call of that key is a dict lookup, two checks and one C launch. Validated on the first
+# call (a key holds only a CUDA float tensor's dtype and device); filled only outside debug mode.
+_SYMM_PLANS: dict[tuple, "plan.SymmAllReduce"] = {}
+
+
 def symm_all_reduce(
     tensor: torch.Tensor, op=ReduceOp.SUM, group=None, *, timeout: Timeout = None
 ) -> None:
-    """All-reduce ``tensor`` in place through symmetric memory: a Triton kernel copies it into
+    """All-reduce ``tensor`` in place through symmetric memory: one Triton kernel copies it into
     this rank's symmetric buffer, meets the peers at a barrier of signal pads, and reads every
     peer's buffer (one-shot: all of it; two-shot, above a size: its part, writing the reduced
     part into every peer's buffer), summing in float32 and rounding once.
+
+    The buffer, its peer-pointer and signal-pad tables, the config and the compiled launch are
+    resolved on the first call of a (group, numel, dtype, device, op) and reused after: no
+    rendezvous and no table lookup per call.
 
     Where symmetric memory is unavailable (CPU tensors, a non-NCCL group, a build without it)
     it says so once (a warning) and calls ``torch.distributed.all_reduce``.
@@ -385,6 +395,11 @@ def symm_all_reduce(
         group: the process group (None: the default group).
         timeout: bounds the NCCL fallback's wait; the kernel's barrier waits for every peer.
     """
+    if isinstance(tensor, torch.Tensor) and not _debug[0]:
+        run = _SYMM_PLANS.get((group, tensor.numel(), tensor.dtype, tensor.device, op))
+        if run is not None and tensor.is_contiguous():
+            run(tensor, tensor)
+            return None
     _check_float("symm_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"symm_all_reduce: op must be SUM or AVG, got {op}")
@@ -401,15 +416,27 @@ def symm_all_reduce(
         check_same_arguments("symm_all_reduce", group, timeout, _signature(tensor, op=op))
     if tensor.numel() == 0:
         return None
-    measured = symm_crossover(ws.world, tensor.dtype)
-    one_shot_max = measured[1] if measured else SymmConfig.default_one_shot_max_bytes(ws.world)
-    cfg = SymmConfig.heuristic(tensor.numel() * tensor.element_size(), ws.world, one_shot_max)
+    run = _symm_plan(tensor, op, group, ws)
     flat = _flat_work(tensor)
-    alpha = 1.0 / ws.world if op == ReduceOp.AVG else 1.0
-    plan.symm_launch(flat, flat, ws, cfg, alpha)
+    run(flat, flat)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     return None
+
+
+def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
+    """The cached all-reduce of ``tensor``'s key (made, and cached outside debug mode)."""
+    key = (group, tensor.numel(), tensor.dtype, tensor.device, op)
+    run = _SYMM_PLANS.get(key)
+    if run is None or run.ws is not ws:  # a grown workspace: the plan moves to it
+        measured = symm_crossover(ws.world, tensor.dtype)
+        one_max = measured[1] if measured else SymmConfig.default_one_shot_max_bytes(ws.world)
+        cfg = SymmConfig.heuristic(tensor.numel() * tensor.element_size(), ws.world, one_max)
+        alpha = 1.0 / ws.world if op == ReduceOp.AVG else 1.0
+        run = plan.SymmAllReduce(ws, tensor.numel(), cfg, alpha)
+        if not _debug[0]:
+            _SYMM_PLANS[key] = run
+    return run
 
 
 def fused_all_reduce_add_rms_norm(

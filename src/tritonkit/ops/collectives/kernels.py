@@ -11,12 +11,16 @@ view, both with the chunk's row stride.
 Symmetric memory (``torch.distributed._symmetric_memory``): every rank allocated the same
 buffer, and ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev`` are device tables of the peers'
 addresses (uint64). A kernel loads a peer's base from the table and casts it to a typed
-pointer. Ranks synchronize per program through the signal pads: program ``b`` of rank ``r``
-sets slot ``b * WORLD + r`` of every peer's pad (compare-and-swap 0 -> 1, release, system
-scope) and waits for slot ``b * WORLD + p`` of its own pad to hold 1 for every peer ``p``
-(swapping it back to 0, acquire), so the pads are zero again after every barrier. Programs
-must be laid out alike on every rank (same shapes, same grid), which the public functions
-ensure. Peer memory is loaded with ``.cv`` (no stale cached lines of an earlier call).
+pointer. Ranks synchronize per program through the signal pads, by epochs: the host counts
+the barriers of each workspace (the same count on every rank, since every rank makes the same
+calls) and passes a kernel its barrier's epoch; program ``b`` of rank ``r`` writes the epoch
+into slot ``b * WORLD + r`` of every peer's pad (an exchange, release, system scope) and waits
+until slot ``b * WORLD + p`` of its own pad holds that epoch or a later one for every peer
+``p`` (atomic reads, acquire). Nothing is reset, so a barrier costs one round of signals.
+Calls alternate between the two halves of the buffers (``buf_off``), which makes the closing
+barrier unnecessary (see ``_one_shot_kernel``). Programs must be laid out alike on every rank
+(same shapes, same grid), which the public functions ensure. Peer memory is loaded with
+``.cv`` (no stale cached lines of an earlier call).
 """
 
 import triton
@@ -166,66 +170,91 @@ def _peer_base(table, peer, dtype: tl.constexpr):
 
 
 @triton.jit
-def symm_barrier(pad_table, block_id, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Every rank's program ``block_id`` has arrived (see the module's docstring); the stores
-    made before it by this program are visible to the peers after it, and theirs to this one."""
+def epoch_barrier(
+    pad_table, block_id, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WP2: tl.constexpr
+):
+    """Every rank's program ``block_id`` has reached barrier ``epoch`` (see the module's
+    docstring); the stores this program made before it are visible to the peers after it, and
+    theirs to this one. One lane per peer: all signals go out at once, all waits overlap."""
     tl.debug_barrier()  # this program's stores happen before its signals
-    for p in tl.static_range(WORLD):
-        slot = _peer_base(pad_table, p, tl.uint32) + block_id * WORLD + RANK
-        old = tl.full((), 1, tl.int32)  # atomic_cas on int literals returns int32
-        spins = 0
-        # The slot is free once the peer consumed the previous call's signal. Spins are
-        # bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
-        while (old != 0) & (spins < SPIN_LIMIT):
-            old = tl.atomic_cas(slot, 0, 1, sem="release", scope="sys")
-            spins += 1
-    own = _peer_base(pad_table, RANK, tl.uint32) + block_id * WORLD
-    for p in tl.static_range(WORLD):
-        old = tl.full((), 0, tl.int32)
-        spins = 0
-        while (old != 1) & (spins < SPIN_LIMIT):
-            old = tl.atomic_cas(own + p, 1, 0, sem="acquire", scope="sys")
-            spins += 1
+    p = tl.arange(0, WP2)
+    pm = p < WORLD
+    pp = tl.where(pm, p, RANK)  # lanes past WORLD touch this rank's own (valid) slots
+    bases = tl.load(pad_table.to(tl.pointer_type(tl.uint64)) + pp)
+    ev = tl.zeros((WP2,), dtype=tl.int32) + epoch
+    # A store of the epoch, not a handshake: a slot only grows, so a peer that is already one
+    # barrier further overwrites nothing its waiter still needs (the waiter asks for >=).
+    slots = bases.to(tl.pointer_type(tl.int32)) + block_id * WORLD + RANK
+    tl.atomic_xchg(slots, ev, mask=pm, sem="release", scope="sys")
+    own = _peer_base(pad_table, RANK, tl.int32) + block_id * WORLD + pp
+    # Wrapping int32 difference: epochs count modulo 2^32 (the host passes them as int32).
+    seen = tl.atomic_add(own, tl.zeros((WP2,), dtype=tl.int32), mask=pm, sem="acquire", scope="sys")
+    late = tl.where(pm & ((seen - ev) < 0), 1, 0)
+    spins = 0
+    # Spins are bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
+    while (tl.max(late, axis=0) > 0) & (spins < SPIN_LIMIT):
+        seen = tl.atomic_add(
+            own, tl.zeros((WP2,), dtype=tl.int32), mask=late > 0, sem="acquire", scope="sys"
+        )
+        late = tl.where((late > 0) & ((seen - ev) < 0), 1, 0)
+        spins += 1
     tl.debug_barrier()  # no thread reads peers' data before the signals arrived
 
 
-@kernel
+@triton.jit
+def _sum_peers(x_ptr, buf_table, buf_off, offs, mask, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """float32 sum over ranks 0..WORLD-1, in that order on every rank (so every rank rounds
+    alike); this rank's term read from its own input, the peers' from their buffers."""
+    ty = x_ptr.dtype.element_ty
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        else:
+            peer = _peer_base(buf_table, p, ty) + buf_off
+            v = tl.load(peer + offs, mask=mask, other=0.0, cache_modifier=".cv")
+        acc += v.to(tl.float32)
+    return acc
+
+
+# ``epoch`` and ``buf_off`` change every call: never specialized (an epoch equal to 1 would
+# otherwise compile a kernel of its own, and the cached launch would reuse it).
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _one_shot_kernel(
     x_ptr,  # (n,) this rank's input, contiguous
     out_ptr,  # (n,) the reduced output (may be x)
-    buf_table,  # device table of the peers' symmetric buffers (>= n elements each)
-    pad_table,  # device table of the peers' signal pads (uint32)
+    buf_table,  # device table of the peers' symmetric buffers (>= buf_off + n elements each)
+    pad_table,  # device table of the peers' signal pads (int32 slots)
     n,
     alpha,
+    epoch,  # this call's barrier epoch (int32, wrapping)
+    buf_off,  # elements: the half of the symmetric buffers this call uses
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,  # next power of 2 >= WORLD
     BLOCK: tl.constexpr,
     BARRIER: tl.constexpr,  # off only in the interpreter's test of the arithmetic
 ):
+    # Copy in, one barrier, read and sum. No closing barrier: calls alternate between the two
+    # halves of the buffers, and a rank rewrites a half only after every peer reached the
+    # barrier of the call between, which it does only once its previous call (the readers of
+    # that half) has finished.
     pid = tl.program_id(0)
     step = tl.num_programs(0).to(tl.int64) * BLOCK
-    ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    local = _peer_base(buf_table, RANK, x_ptr.dtype.element_ty) + buf_off
     start = pid.to(tl.int64) * BLOCK
     for base in range(start, n, step):
         offs = base + tl.arange(0, BLOCK)
         tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for base in range(start, n, step):
         offs = base + tl.arange(0, BLOCK)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
-                tl.float32
-            )
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, offs < n, RANK, WORLD)
         tl.store(out_ptr + offs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=offs < n)
-    if BARRIER:  # no rank overwrites its buffer (next call) while a peer still reads it
-        symm_barrier(pad_table, pid, RANK, WORLD)
 
 
-@kernel
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _two_shot_kernel(
     x_ptr,  # (n,) this rank's input, contiguous
     out_ptr,  # (n,) the reduced output (may be x)
@@ -233,48 +262,45 @@ def _two_shot_kernel(
     pad_table,
     n,
     alpha,
+    epoch,  # the first of its two barriers' epochs
+    buf_off,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,
     BLOCK: tl.constexpr,  # elements of a slice each rank reduces; a program's span is WORLD x
     BARRIER: tl.constexpr,
 ):
     # Reduce-scatter then all-gather through the buffers: rank r reduces part r of each span
     # (reading it from every peer) and writes the result into part r of every peer's buffer.
+    # Two barriers; the closing one is free for the reason the one-shot gives.
     pid = tl.program_id(0)
     span = WORLD * BLOCK
     step = tl.num_programs(0).to(tl.int64) * span
     ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    local = _peer_base(buf_table, RANK, ty) + buf_off
     start = pid.to(tl.int64) * span
     for base in range(start, n, step):
         for part in tl.static_range(WORLD):  # WORLD need not be a power of 2
             offs = base + part * BLOCK + tl.arange(0, BLOCK)
             tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for base in range(start, n, step):
         offs = base + RANK * BLOCK + tl.arange(0, BLOCK)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
-                tl.float32
-            )
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, offs < n, RANK, WORLD)
         acc = (acc * alpha).to(ty)
         for p in tl.static_range(WORLD):
-            tl.store(_peer_base(buf_table, p, ty) + offs, acc, mask=offs < n)
+            tl.store(_peer_base(buf_table, p, ty) + buf_off + offs, acc, mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch + 1, RANK, WORLD, WP2)
     for base in range(start, n, step):
         for part in tl.static_range(WORLD):
             offs = base + part * BLOCK + tl.arange(0, BLOCK)
             v = tl.load(local + offs, mask=offs < n, cache_modifier=".cv")
             tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=offs < n)
-    if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
 
 
-@kernel
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _all_reduce_add_rms_norm_kernel(
     x_ptr,  # (n_rows, H) this rank's partial sums, contiguous
     res_ptr,  # (n_rows, H) residual, contiguous
@@ -286,8 +312,11 @@ def _all_reduce_add_rms_norm_kernel(
     n_rows,
     H,
     eps,
+    epoch,
+    buf_off,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BARRIER: tl.constexpr,
@@ -298,18 +327,15 @@ def _all_reduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
     ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    local = _peer_base(buf_table, RANK, ty) + buf_off
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
         tl.store(local + offs, tl.load(x_ptr + offs, mask=cmask), mask=cmask)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
-        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=cmask, other=0.0, cache_modifier=".cv").to(tl.float32)
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, cmask, RANK, WORLD)
         h = acc.to(ty).to(tl.float32) + tl.load(res_ptr + offs, mask=cmask, other=0.0).to(
             tl.float32
         )
@@ -319,5 +345,3 @@ def _all_reduce_add_rms_norm_kernel(
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=cmask)
-    if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tritonkit.ops._core import launch as _L
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops.collectives import kernels as K
@@ -302,8 +303,9 @@ def symm_unavailable(tensor: torch.Tensor, group) -> str | None:
 
 
 class SymmWorkspace:
-    """One symmetric buffer per (group, device, dtype), grown (collectively: every rank calls
-    with the same sizes) when a message needs more."""
+    """One symmetric buffer per (group, device, dtype), of two halves of ``numel`` elements
+    (calls alternate between them), with the barrier epochs counted here; grown (collectively:
+    every rank calls with the same sizes) when a message needs more."""
 
     def __init__(self, group, device: torch.device, dtype: torch.dtype, numel: int) -> None:
         import torch.distributed._symmetric_memory as symm_mem
@@ -315,14 +317,28 @@ class SymmWorkspace:
                 warnings.simplefilter("ignore")
                 enable(name)
         self.numel = numel
-        self.buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+        self.buffer = symm_mem.empty(2 * numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, name)  # a group name: every version
         self.rank = self.handle.rank
         self.world = self.handle.world_size
-        # Signal-pad slots (uint32) each program uses one of per peer.
+        # Device addresses of the tables, read once (the handle's properties are C++ calls).
+        self.buf_table = self.handle.buffer_ptrs_dev
+        self.pad_table = self.handle.signal_pad_ptrs_dev
+        # Signal-pad slots (int32) each program uses one of per peer.
         # (get_signal_pad_size is newer than symmetric memory; its pads held 2 KB before.)
         pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
         self.max_programs = max(1, pad_bytes // 4 // self.world)
+        self.epoch = 0  # barriers passed (modulo 2^32): the pads start at 0
+        self.calls = 0
+
+    def advance(self, barriers: int) -> tuple[int, int]:
+        """(the first barrier's epoch as an int32, the element offset of the buffers' half)
+        for the next call, which passes ``barriers`` barriers."""
+        first = (self.epoch + 1) & 0xFFFFFFFF
+        self.epoch = (self.epoch + barriers) & 0xFFFFFFFF
+        half = (self.calls & 1) * self.numel
+        self.calls += 1
+        return (first - (1 << 32) if first >= (1 << 31) else first), half
 
 
 _WORKSPACES: dict[tuple, SymmWorkspace] = {}
@@ -336,24 +352,92 @@ def workspace(group, device: torch.device, dtype: torch.dtype, numel: int) -> Sy
     if ws is None or ws.numel < numel:
         if ws is not None:  # kernels queued on the stream may still read it: never freed
             _RETIRED.append(ws)
-        # Powers of two (at least 1M elements): a few growths cover every size.
+        # Powers of two (at least 1M elements a half): a few growths cover every size.
         ws = SymmWorkspace(g, device, dtype, max(1 << 20, next_power_of_2(numel)))
         _WORKSPACES[key] = ws
     return ws
 
 
+class CachedLaunch:
+    """One kernel launch of the symmetric-memory paths, resolved once: the grid, scalars and
+    constexprs fixed, the tensors and the per-call ``epoch`` / ``buf_off`` put into a copy of
+    the compiled kernel's argument list and handed to its C launcher (``launch._direct``).
+    The first call, the interpreter, launch hooks or a tensor of another 16-byte alignment take
+    ``Kernel.launch`` (always right)."""
+
+    __slots__ = ("_aligned", "_device", "_entry", "_slots", "_values", "args", "grid")
+    __slots__ += ("kern", "meta", "tensor_names")
+
+    def __init__(self, kern, grid: tuple, args: dict, tensor_names: tuple, meta: dict) -> None:
+        self.kern, self.grid, self.args, self.meta = kern, grid, args, meta
+        self.tensor_names = tensor_names
+        names = list(kern.fn.arg_names) if hasattr(kern.fn, "arg_names") else list(args)
+        self._slots = tuple(names.index(k) for k in (*tensor_names, "epoch", "buf_off"))
+        self._entry = None
+        self._values: list | None = None
+        self._device = -1
+        self._aligned: tuple = ()
+
+    def __call__(self, tensors: tuple, epoch: int, buf_off: int) -> None:
+        entry = self._entry
+        if entry is not None and _L.WARMUP.session is None and not _L.PIPE.pending:
+            aligned = tuple([t.data_ptr() & 15 == 0 for t in tensors])
+            device = torch.cuda.current_device()
+            if aligned == self._aligned and device == self._device and not self.kern._hooked():
+                values = self._values.copy()
+                for i, v in zip(self._slots, (*tensors, epoch, buf_off)):
+                    values[i] = v
+                _L._direct(entry, self.grid, device, values)
+                return
+        args = dict(self.args)
+        args.update(zip(self.tensor_names, tensors))
+        args["epoch"], args["buf_off"] = epoch, buf_off
+        entry, values = self.kern._launch(self.grid, tuple(args.values()), self.meta)
+        if entry is not None and self._entry is None:
+            for i in self._slots[: len(tensors)]:
+                values[i] = None  # no tensor outlives the call
+            self._entry, self._values = entry, values
+            self._device = torch.cuda.current_device()
+            self._aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class SymmAllReduce:
+    """The symmetric-memory all-reduce of one (group, numel, dtype, device, op), everything
+    but the tensor resolved once: the workspace, the config, the grid and the launch."""
+
+    __slots__ = ("barriers", "launch", "ws")
+
+    def __init__(self, ws: SymmWorkspace, n: int, cfg: SymmConfig, alpha: float) -> None:
+        self.ws = ws
+        span = cfg.block if cfg.one_shot else cfg.block * ws.world
+        programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
+        kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
+        self.barriers = 1 if cfg.one_shot else 2
+        args = {"x_ptr": None, "out_ptr": None, "buf_table": ws.buf_table,
+                "pad_table": ws.pad_table, "n": n, "alpha": alpha,
+                "epoch": 0, "buf_off": 0}  # fmt: skip
+        meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
+                "BLOCK": cfg.block, "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
+        self.launch = CachedLaunch(kern, (programs,), args, ("x_ptr", "out_ptr"), meta)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        epoch, off = self.ws.advance(self.barriers)
+        self.launch((x, out), epoch, off)
+
+
+_FORCED: dict[tuple, SymmAllReduce] = {}
+
+
 def symm_launch(
     x: torch.Tensor, out: torch.Tensor, ws: SymmWorkspace, cfg: SymmConfig, alpha: float
 ) -> None:
-    """One-shot or two-shot all-reduce of ``x`` (flat, contiguous) into ``out``."""
-    n = x.numel()
-    span = cfg.block if cfg.one_shot else cfg.block * ws.world
-    programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
-    kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
-    kern[(programs,)](
-        x, out, ws.handle.buffer_ptrs_dev, ws.handle.signal_pad_ptrs_dev, n, alpha,
-        RANK=ws.rank, WORLD=ws.world, BLOCK=cfg.block, BARRIER=True, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    """One-shot or two-shot (``cfg``) all-reduce of ``x`` (flat, contiguous) into ``out``: the
+    benchmarks' forced variants (the public function caches its own ``SymmAllReduce``)."""
+    key = (id(ws), x.numel(), x.dtype, cfg, alpha)
+    run = _FORCED.get(key)
+    if run is None or run.ws is not ws:
+        run = _FORCED[key] = SymmAllReduce(ws, x.numel(), cfg, alpha)
+    run(x, out)
 
 
 def fused_norm_launch(
@@ -369,9 +453,10 @@ def fused_norm_launch(
     res_out = torch.empty_like(residual)
     cfg = FusedNormConfig.heuristic(hidden)
     programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
+    epoch, off = ws.advance(1)
     K._all_reduce_add_rms_norm_kernel[(programs,)](
-        x, residual, weight, out, res_out, ws.handle.buffer_ptrs_dev,
-        ws.handle.signal_pad_ptrs_dev, rows, hidden, eps, RANK=ws.rank, WORLD=ws.world,
+        x, residual, weight, out, res_out, ws.buf_table, ws.pad_table, rows, hidden, eps,
+        epoch, off, RANK=ws.rank, WORLD=ws.world, WP2=next_power_of_2(ws.world),
         BLOCK_H=next_power_of_2(hidden), HAS_WEIGHT=weight is not None, BARRIER=True,
         num_warps=cfg.num_warps,
     )  # fmt: skip
