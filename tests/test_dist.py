@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from _dist_ranks import _collectives_rank, _fault_rank
+from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops.collectives.kernels import epoch_barrier
 
 from _checks import DEVICE, assert_spec_passes
@@ -238,6 +239,65 @@ def test_symm_workspace_epochs_wrap_as_int32():
     assert ws.advance(1) == (-(1 << 31) + 1, 10)  # 2^31 + 1, as the int32 the pads hold
     ws.epoch = (1 << 32) - 1
     assert ws.advance(1) == (0, 0)  # 2^32 wraps to 0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_symm_compressed_kernels_match_the_exchange_path(world):
+    """The compressed all-reduce on symmetric memory, its ranks simulated in turn on local
+    buffers (barriers off): the reduced chunk, the requantization residual and the output of
+    every rank equal the all-to-all / all-gather path's kernels on the same chunks, bit for
+    bit, and every rank gets the same output."""
+    from tritonkit.ops.collectives import kernels as K
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+    from tritonkit.ops.quant.dequant import dequantize_2d
+
+    g = torch.Generator(device=DEVICE).manual_seed(world)
+    n, cfg = 1000, CompressConfig(block=64, block_elems=128)
+    lay = plan.CompressedLayout.of(n, world, cfg)
+    nbytes, red_off = plan.symm_compress_layout(lay)
+    bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
+    table = _tables(bufs)
+    xs = [torch.randn(n, generator=g, device=DEVICE) * (1 + r) for r in range(world)]
+    wres = [torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01 for _ in range(world)]
+    sres = [torch.randn(lay.shard, generator=g, device=DEVICE) * 0.01 for _ in range(world)]
+    sres_ref = [r.clone() for r in sres]
+    for r in range(world):
+        region = bufs[r][: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
+        plan.quantize_chunks(xs[r], wres[r], region, lay, cfg)
+    bpp, alpha = cfg.blocks_per_program, 1.0 / world
+    qmax = 127
+    for r in range(world):
+        K._symm_reduce_shard_kernel[(2,)](
+            table, table, sres[r], lay.blocks_per_shard, lay.chunk_bytes, red_off, alpha, 1,
+            RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block, BLOCK_G=bpp, HAS_RES=True,
+            EMULATE=True, BARRIER=False,
+        )  # fmt: skip
+        # the exchange path: rank r receives chunk r of every rank
+        recv = torch.stack([b[r * lay.chunk_bytes : (r + 1) * lay.chunk_bytes] for b in bufs])
+        mine = torch.full((lay.chunk_bytes,), 0x55, dtype=torch.uint8, device=DEVICE)
+        rq, rs = plan._views(recv, lay, torch.int8)
+        mq, ms = plan._views(mine, lay, torch.int8)
+        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+            rq, rs, mq, ms, sres_ref[r], lay.blocks_per_shard, rq.stride(0), rs.stride(0), alpha,
+            WORLD=world, QMAX=qmax, IS_FLOAT=False, MANT=0, EMIN=0, B=lay.block, BLOCK_G=bpp,
+            HAS_RES=True, EMULATE=True,
+        )  # fmt: skip
+        assert torch.equal(bufs[r][red_off:], mine)
+        assert torch.equal(sres[r], sres_ref[r])
+    gathered = torch.stack([b[red_off:] for b in bufs])
+    gq, gs = plan._views(gathered, lay, torch.int8)
+    ref = torch.empty((world, lay.shard), device=DEVICE)
+    dequantize_2d(gq, gs, None, ref, 1, lay.block, False, stride_sr=gs.stride(0))
+    for r in range(world):
+        out = torch.full((n,), float("nan"), device=DEVICE)
+        K._symm_gather_dequant_kernel[(3,)](
+            out, table, table, n, lay.blocks_per_shard, red_off, 2, RANK=r, WORLD=world,
+            WP2=4, B=lay.block, BLOCK_G=bpp, BARRIER=False,
+        )  # fmt: skip
+        assert torch.equal(out, ref.view(-1)[:n])
+    exact = (sum(xs) + sum(w[:n] for w in wres)) / world  # loose: the residuals are noise
+    assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
 
 
 def test_quant_eps_agrees_with_core():

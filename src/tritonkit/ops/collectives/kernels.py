@@ -345,3 +345,114 @@ def _all_reduce_add_rms_norm_kernel(
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+# ---- the compressed all-reduce on symmetric memory --------------------------------------------
+# Each rank's buffer (bytes): WORLD chunks of its quantized input (chunk c: shard codes, then
+# blocks_per_shard float32 scales; ``chunk_bytes`` apart), then at ``red_off`` one chunk: its
+# reduced, requantized shard. Only codes and scales cross NVLink.
+
+
+@triton.jit
+def _peer_addr(table, peer):
+    """Peer ``peer``'s buffer address (uint64) from a device table."""
+    return tl.load(table.to(tl.pointer_type(tl.uint64)) + peer)
+
+
+@kernel(do_not_specialize=["epoch"])
+def _symm_reduce_shard_kernel(
+    buf_table,
+    pad_table,
+    res_ptr,  # (shard,) float32 requantization residual of this rank's shard (HAS_RES)
+    blocks_per_shard,
+    chunk_bytes,
+    red_off,  # bytes: where the reduced chunk starts in every buffer
+    alpha,  # 1, or 1 / world for an average: folded into the scales written
+    epoch,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    WP2: tl.constexpr,
+    QMAX: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    EMULATE: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    # Every rank quantized its input into its buffer (the kernel before, on every stream): one
+    # barrier, then chunk RANK of every rank's buffer is dequantized, summed in float32 (ranks
+    # in order 0..WORLD-1), requantized with error feedback, and written into this rank's
+    # reduced chunk. (Int8 codes: the rounding of the quant family's encode.)
+    pid = tl.program_id(0)
+    if BARRIER:
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
+    shard = blocks_per_shard * B
+    j = tl.arange(0, B)
+    own = _peer_addr(buf_table, RANK) + red_off
+    for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        g_ok = g < blocks_per_shard
+        offs = g[:, None] * B + j[None, :]
+        acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
+        for c in tl.static_range(WORLD):
+            base = _peer_addr(buf_table, c) + RANK * chunk_bytes
+            code = tl.load(
+                base.to(tl.pointer_type(tl.int8)) + offs, mask=g_ok[:, None], other=0,
+                cache_modifier=".cv",
+            )  # fmt: skip
+            scale = tl.load(
+                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
+                cache_modifier=".cv",
+            )  # fmt: skip
+            acc += code.to(tl.float32) * scale[:, None]
+        if HAS_RES:
+            acc += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0)
+        codes, deq, scale = _quantize_blocks(acc, QMAX, False, 0, 0, EMULATE)
+        if HAS_RES:
+            tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
+        tl.store(own.to(tl.pointer_type(tl.int8)) + offs, codes.to(tl.int8), mask=g_ok[:, None])
+        tl.store((own + shard).to(tl.pointer_type(tl.float32)) + g, scale * alpha, mask=g_ok)
+
+
+@kernel(do_not_specialize=["epoch"])
+def _symm_gather_dequant_kernel(
+    out_ptr,  # (n,) the reduced output
+    buf_table,
+    pad_table,
+    n,
+    blocks_per_shard,
+    red_off,
+    epoch,
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    WP2: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    # Every rank wrote its reduced chunk: one barrier, then every rank's chunk is read and
+    # dequantized into its part of the output. No closing barrier: a rank rewrites its chunks
+    # only in a later call, after that call's first barrier, which every peer reaches only once
+    # this kernel (the last reader) is done.
+    pid = tl.program_id(0)
+    if BARRIER:
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
+    shard = blocks_per_shard * B
+    j = tl.arange(0, B)
+    for c in tl.static_range(WORLD):
+        base = _peer_addr(buf_table, c) + red_off
+        for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            g_ok = g < blocks_per_shard
+            offs = g[:, None] * B + j[None, :]
+            dst = c * shard + offs.to(tl.int64)
+            m = g_ok[:, None] & (dst < n)
+            code = tl.load(
+                base.to(tl.pointer_type(tl.int8)) + offs, mask=m, other=0, cache_modifier=".cv"
+            )
+            scale = tl.load(
+                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
+                cache_modifier=".cv",
+            )  # fmt: skip
+            y = code.to(tl.float32) * scale[:, None]
+            tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=m)

@@ -223,6 +223,27 @@ def _views(buf: torch.Tensor, lay: CompressedLayout, code_dtype: torch.dtype):
     return codes, scales
 
 
+def quantize_chunks(
+    flat: torch.Tensor,
+    worker_res: torch.Tensor | None,
+    wire: torch.Tensor,
+    lay: CompressedLayout,
+    cfg: CompressConfig,
+) -> None:
+    """Quantize ``flat`` (plus ``worker_res``, updated: the error feedback) into ``wire``, a
+    (world, chunk_bytes) uint8 buffer of chunks (codes, then scales)."""
+    fmt = get_format(cfg.dtype)
+    sq, ss = _views(wire, lay, cfg.dtype)
+    n_blocks = lay.world * lay.blocks_per_shard
+    bpp = cfg.blocks_per_program
+    K._ef_quantize_kernel[(cdiv(n_blocks, bpp),)](
+        flat, worker_res, sq, ss, flat.numel(), n_blocks, lay.blocks_per_shard,
+        sq.stride(0), ss.stride(0), QMAX=fmt.qmax, IS_FLOAT=fmt.is_float, MANT=fmt.mantissa,
+        EMIN=fmt.emin, B=lay.block, BLOCK_G=bpp, HAS_RES=worker_res is not None,
+        EMULATE=interpreter_enabled(), num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
 def compressed_all_reduce_flat(
     flat: torch.Tensor,
     out: torch.Tensor,
@@ -244,13 +265,7 @@ def compressed_all_reduce_flat(
     bpp = cfg.blocks_per_program
     dev = flat.device
     send = torch.empty((world, lay.chunk_bytes), dtype=torch.uint8, device=dev)
-    sq, ss = _views(send, lay, cfg.dtype)
-    n_blocks = world * lay.blocks_per_shard
-    K._ef_quantize_kernel[(cdiv(n_blocks, bpp),)](
-        flat, worker_res, sq, ss, flat.numel(), n_blocks, lay.blocks_per_shard,
-        sq.stride(0), ss.stride(0), **qmeta, B=lay.block, BLOCK_G=bpp,
-        HAS_RES=worker_res is not None, EMULATE=emulate, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    quantize_chunks(flat, worker_res, send, lay, cfg)
     recv = torch.empty_like(send)
     what = "compressed_all_reduce"
     work = issue(
@@ -282,6 +297,56 @@ def compressed_all_reduce_flat(
     dequantize_2d(gq, gs, None, out2, 1, lay.block, False, stride_sr=gs.stride(0))
     if not exact:
         out.copy_(out2.view(-1)[: out.numel()])
+    return lay.wire_bytes()
+
+
+def symm_compress_layout(lay: CompressedLayout) -> tuple[int, int]:
+    """(bytes of a rank's symmetric buffer, offset of its reduced chunk) for the compressed
+    all-reduce on symmetric memory: ``world`` quantized chunks, then the reduced one."""
+    return (lay.world + 1) * lay.chunk_bytes, lay.world * lay.chunk_bytes
+
+
+def compressed_all_reduce_symm(
+    flat: torch.Tensor,
+    out: torch.Tensor,
+    cfg: CompressConfig,
+    worker_res: torch.Tensor | None,
+    server_res: torch.Tensor | None,
+    average: bool,
+    ws: SymmWorkspace,
+) -> int:
+    """``compressed_all_reduce_flat`` through symmetric memory (int8 codes): three kernels,
+    no collective call. Quantize (error feedback) into this rank's buffer; after a barrier read
+    this rank's shard from every buffer, dequantize, sum, requantize (error feedback) into its
+    reduced chunk; after a second barrier read every reduced chunk and dequantize into ``out``.
+
+    Bytes over NVLink per rank (reads; the same count as the NCCL path's sends): ``2 (world -
+    1) chunk_bytes`` with ``chunk_bytes = shard (1 + 4 / block)``, ``shard = ceil(numel /
+    world)`` rounded up to whole blocks; NCCL's ring all-reduce of the uncompressed tensor
+    sends ``2 (world - 1) / world * numel * element_size``."""
+    world = ws.world
+    lay = CompressedLayout.of(flat.numel(), world, cfg)
+    _, red_off = symm_compress_layout(lay)
+    emulate = interpreter_enabled()
+    qmax = get_format(torch.int8).qmax
+    bpp = cfg.blocks_per_program
+    region = ws.buffer[: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
+    quantize_chunks(flat, worker_res, region, lay, cfg)
+    programs = max(1, min(cdiv(lay.blocks_per_shard, bpp), ws.max_programs))
+    wp2 = next_power_of_2(world)
+    epoch, _ = ws.advance(1)
+    K._symm_reduce_shard_kernel[(programs,)](
+        ws.buf_table, ws.pad_table, server_res, lay.blocks_per_shard, lay.chunk_bytes, red_off,
+        1.0 / world if average else 1.0, epoch, RANK=ws.rank, WORLD=world, WP2=wp2, QMAX=qmax,
+        B=lay.block, BLOCK_G=bpp, HAS_RES=server_res is not None, EMULATE=emulate,
+        BARRIER=True, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    epoch, _ = ws.advance(1)
+    K._symm_gather_dequant_kernel[(programs,)](
+        out, ws.buf_table, ws.pad_table, out.numel(), lay.blocks_per_shard, red_off, epoch,
+        RANK=ws.rank, WORLD=world, WP2=wp2, B=lay.block, BLOCK_G=bpp, BARRIER=True,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
     return lay.wire_bytes()
 
 
