@@ -442,7 +442,11 @@ def symm_all_reduce(
     """
     if isinstance(tensor, torch.Tensor) and not _debug[0]:
         run = _SYMM_PLANS.get((group, tensor.numel(), tensor.dtype, tensor.device, op))
-        if run is not None and tensor.is_contiguous():
+        if (
+            run is not None
+            and tensor.is_contiguous()
+            and not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
             run(tensor, tensor)
             return None
     _check_float("symm_all_reduce", "tensor", tensor)

@@ -359,11 +359,14 @@ def symm_unavailable(tensor: torch.Tensor, group) -> str | None:
     if tensor.device.type != "cuda":
         return "symmetric memory needs CUDA tensors"
     try:
-        import torch.distributed._symmetric_memory  # noqa: F401
+        import torch.distributed._symmetric_memory as _symm_mem  # noqa: F401
     except ImportError as exc:  # pragma: no cover - builds without distributed
         return f"torch.distributed._symmetric_memory does not import ({exc})"
     if dist.get_backend(group) != "nccl":
         return f"the process group's backend is {dist.get_backend(group)}, not nccl"
+    if torch.cuda.is_current_stream_capturing():
+        # A replayed graph would repeat the barrier epochs and buffer halves fixed at capture.
+        return "a CUDA graph is being captured (the kernels' barrier epochs change every call)"
     return None
 
 
