@@ -175,29 +175,32 @@ def epoch_barrier(
 ):
     """Every rank's program ``block_id`` has reached barrier ``epoch`` (see the module's
     docstring); the stores this program made before it are visible to the peers after it, and
-    theirs to this one. One lane per peer: all signals go out at once, all waits overlap."""
+    theirs to this one."""
     tl.debug_barrier()  # this program's stores happen before its signals
+    # The signals: one lane per peer, all sent at once. A store of the epoch, not a handshake:
+    # a slot only grows, so a peer that is already one barrier further overwrites nothing its
+    # waiter still needs (the waiter asks for >=). Triton issues a tensor atomic once per
+    # element (threads holding copies of an element are masked off).
     p = tl.arange(0, WP2)
-    pm = p < WORLD
-    pp = tl.where(pm, p, RANK)  # lanes past WORLD touch this rank's own (valid) slots
+    pm = (p < WORLD) & (p != RANK)
+    pp = tl.where(pm, p, RANK)  # masked lanes point at a valid table entry
     bases = tl.load(pad_table.to(tl.pointer_type(tl.uint64)) + pp)
-    ev = tl.zeros((WP2,), dtype=tl.int32) + epoch
-    # A store of the epoch, not a handshake: a slot only grows, so a peer that is already one
-    # barrier further overwrites nothing its waiter still needs (the waiter asks for >=).
     slots = bases.to(tl.pointer_type(tl.int32)) + block_id * WORLD + RANK
-    tl.atomic_xchg(slots, ev, mask=pm, sem="release", scope="sys")
-    own = _peer_base(pad_table, RANK, tl.int32) + block_id * WORLD + pp
-    # Wrapping int32 difference: epochs count modulo 2^32 (the host passes them as int32).
-    seen = tl.atomic_add(own, tl.zeros((WP2,), dtype=tl.int32), mask=pm, sem="acquire", scope="sys")
-    late = tl.where(pm & ((seen - ev) < 0), 1, 0)
-    spins = 0
-    # Spins are bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
-    while (tl.max(late, axis=0) > 0) & (spins < SPIN_LIMIT):
-        seen = tl.atomic_add(
-            own, tl.zeros((WP2,), dtype=tl.int32), mask=late > 0, sem="acquire", scope="sys"
-        )
-        late = tl.where((late > 0) & ((seen - ev) < 0), 1, 0)
-        spins += 1
+    tl.atomic_xchg(slots, tl.zeros((WP2,), dtype=tl.int32) + epoch, mask=pm, sem="release",
+                   scope="sys")  # fmt: skip
+    # The waits: scalar atomic reads (acquire), whose value Triton hands to every thread, so
+    # that all threads leave the loop together. (A tensor atomic's result reaches only the
+    # thread that issued it: the copies of an element would see 0 and spin.) Peer by peer: the
+    # total wait is the last arrival's. Wrapping int32 difference: epochs count modulo 2^32.
+    own = _peer_base(pad_table, RANK, tl.int32) + block_id * WORLD
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            seen = tl.atomic_add(own + q, 0, sem="acquire", scope="sys")
+            spins = 0
+            # Bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
+            while ((seen - epoch) < 0) & (spins < SPIN_LIMIT):
+                seen = tl.atomic_add(own + q, 0, sem="acquire", scope="sys")
+                spins += 1
     tl.debug_barrier()  # no thread reads peers' data before the signals arrived
 
 
