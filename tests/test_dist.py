@@ -227,6 +227,30 @@ def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
         F._SYMM_PLANS.pop(key, None)
 
 
+@pytest.mark.interpreter
+def test_fused_norm_cached_launch_alternates_halves():
+    """The fused all-reduce + add + RMSNorm through its cached launch (barrier on, the peer's
+    signals preset): two calls, each summing the peer's half of its call."""
+    from tritonkit.ops.collectives import plan
+
+    world, rank, rows, hidden = 2, 1, 3, 48
+    ws, bufs, pads = _fake_workspace(world, rank, 256, torch.float32)
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    bufs[0].copy_(torch.randn(512, generator=g, device=DEVICE))
+    w = torch.randn(hidden, generator=g, device=DEVICE)
+    for call in range(2):
+        x = torch.randn(rows, hidden, generator=g, device=DEVICE)
+        res = torch.randn(rows, hidden, generator=g, device=DEVICE)
+        y, h = plan.fused_norm_launch(x, res, w, 1e-6, ws)
+        half = call * 256
+        peer = bufs[0][half : half + rows * hidden].view(rows, hidden)
+        y_ref, h_ref = plan.add_rms_norm_reference(peer + x, res, w, 1e-6)
+        torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        assert pads[0][rank] == call + 1  # program 0's signal in the peer's pad
+    assert (ws.epoch, ws.calls) == (2, 2)
+
+
 def test_symm_workspace_epochs_wrap_as_int32():
     from tritonkit.ops.collectives import plan
 

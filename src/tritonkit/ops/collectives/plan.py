@@ -508,6 +508,9 @@ def symm_launch(
     run(x, out)
 
 
+_FUSED: dict[tuple, CachedLaunch] = {}
+
+
 def fused_norm_launch(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -515,19 +518,30 @@ def fused_norm_launch(
     eps: float,
     ws: SymmWorkspace,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = math.prod(x.shape[:-1])
-    hidden = x.shape[-1]
+    """The fused all-reduce + residual add + RMSNorm of ``x`` (contiguous), its launch cached
+    per (workspace, shape, dtype, weight or not, eps)."""
     out = torch.empty_like(x)
     res_out = torch.empty_like(residual)
-    cfg = FusedNormConfig.heuristic(hidden)
-    programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
+    key = (id(ws), tuple(x.shape), x.dtype, weight is None, eps)
+    launch = _FUSED.get(key)
+    if launch is None:
+        rows = math.prod(x.shape[:-1])
+        hidden = x.shape[-1]
+        cfg = FusedNormConfig.heuristic(hidden)
+        programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
+        names = ("x_ptr", "res_ptr", "out_ptr", "res_out_ptr")
+        names += () if weight is None else ("w_ptr",)
+        args = {"x_ptr": None, "res_ptr": None, "w_ptr": None, "out_ptr": None,
+                "res_out_ptr": None, "buf_table": ws.buf_table, "pad_table": ws.pad_table,
+                "n_rows": rows, "H": hidden, "eps": eps, "epoch": 0, "buf_off": 0}  # fmt: skip
+        meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
+                "BLOCK_H": next_power_of_2(hidden), "HAS_WEIGHT": weight is not None,
+                "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
+        launch = CachedLaunch(K._all_reduce_add_rms_norm_kernel, (programs,), args, names, meta)
+        _FUSED[key] = launch
+    tensors = (x, residual, out, res_out) + (() if weight is None else (weight,))
     epoch, off = ws.advance(1)
-    K._all_reduce_add_rms_norm_kernel[(programs,)](
-        x, residual, weight, out, res_out, ws.buf_table, ws.pad_table, rows, hidden, eps,
-        epoch, off, RANK=ws.rank, WORLD=ws.world, WP2=next_power_of_2(ws.world),
-        BLOCK_H=next_power_of_2(hidden), HAS_WEIGHT=weight is not None, BARRIER=True,
-        num_warps=cfg.num_warps,
-    )  # fmt: skip
+    launch(tensors, epoch, off)
     return out, res_out
 
 
