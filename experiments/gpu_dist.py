@@ -314,8 +314,10 @@ def sec_compressed(rank, world, device, smoke):
         row = {"dtype": str(dtype), "bytes": nbytes, "nccl_algbw_GBs": nbytes / t_n / 1e9}
         res = torch.zeros(td.residual_size(n, world), device=device)
         y = x.clone()
-        for name, algo, r in (("symm_ef", "auto", res), ("symm_no_ef", "auto", None),
-                              ("a2a_ef", "nccl", res)):  # fmt: skip
+        variants = [("symm_ef", "auto", res), ("symm_no_ef", "auto", None), ("a2a_ef", "nccl", res)]
+        if dtype != torch.float32:  # error feedback kept in the input's dtype: fewer bytes
+            variants.append(("symm_ef_lowres", "auto", res.to(dtype)))
+        for name, algo, r in variants:
             t_c = bc.time_call(
                 lambda: td.compressed_all_reduce(y, residual=r, algorithm=algo), device, reps, 1
             )
@@ -632,11 +634,12 @@ def summary(worlds) -> str:
                              f" | {r['fused_us']:.1f} | {r['speedup']:.2f} |")  # fmt: skip
         comp = sec.get("compressed", {}).get("rows", [])
         if comp:
-            lines += ["", "| dtype | NCCL GB/s | symm+EF GB/s (x) | symm GB/s (x) | a2a+EF GB/s (x) |",
-                      "|---|---|---|---|---|"]  # fmt: skip
+            lines += ["", "| dtype | NCCL GB/s | symm+EF GB/s (x NCCL) | symm no EF | a2a+EF "
+                      "| symm+EF, residual in input dtype |", "|---|---|---|---|---|---|"]  # fmt: skip
             for r in comp:
                 cells = [f"{r[k + '_effective_algbw_GBs']:.1f} ({r[k + '_speedup']:.2f})"
-                         for k in ("symm_ef", "symm_no_ef", "a2a_ef")]  # fmt: skip
+                         if k + "_speedup" in r else "-"
+                         for k in ("symm_ef", "symm_no_ef", "a2a_ef", "symm_ef_lowres")]  # fmt: skip
                 lines.append(
                     f"| {r['dtype']} | {r['nccl_algbw_GBs']:.1f} | " + " | ".join(cells) + " |"
                 )

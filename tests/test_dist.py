@@ -262,8 +262,10 @@ def test_symm_workspace_epochs_wrap_as_int32():
     assert ws.advance(1) == (0, 0)  # 2^32 wraps to 0
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_symm_compressed_kernels_match_the_exchange_path(world):
+@pytest.mark.parametrize(
+    "world,res_dtype", [(2, torch.float32), (3, torch.float32), (2, torch.bfloat16)]
+)
+def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     """The compressed all-reduce on symmetric memory, its ranks simulated in turn on local
     buffers (barriers off): the reduced chunk, the requantization residual and the output of
     every rank equal the all-to-all / all-gather path's kernels on the same chunks, bit for
@@ -280,9 +282,12 @@ def test_symm_compressed_kernels_match_the_exchange_path(world):
     bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
     table = _tables(bufs)
     xs = [torch.randn(n, generator=g, device=DEVICE) * (1 + r) for r in range(world)]
-    wres = [torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01 for _ in range(world)]
-    sres = [torch.randn(lay.shard, generator=g, device=DEVICE) * 0.01 for _ in range(world)]
+    wres = [(torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01).to(res_dtype)
+            for _ in range(world)]  # fmt: skip
+    sres = [(torch.randn(lay.shard, generator=g, device=DEVICE) * 0.01).to(res_dtype)
+            for _ in range(world)]  # fmt: skip
     sres_ref = [r.clone() for r in sres]
+    exact = (sum(xs) + sum(w[:n].float() for w in wres)) / world  # before the updates
     for r in range(world):
         region = bufs[r][: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
         plan.quantize_chunks(xs[r], wres[r], region, lay, cfg)
@@ -317,7 +322,6 @@ def test_symm_compressed_kernels_match_the_exchange_path(world):
             WP2=4, B=lay.block, BLOCK_G=bpp, BARRIER=False,
         )  # fmt: skip
         assert torch.equal(out, ref.view(-1)[:n])
-    exact = (sum(xs) + sum(w[:n] for w in wres)) / world  # loose: the residuals are noise
     assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
 
 
