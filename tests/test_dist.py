@@ -113,7 +113,7 @@ def test_symm_kernels_arithmetic_on_local_buffers(world, rank, dtype):
         full = (acc * 0.5).to(dtype)
         out = torch.full_like(x, float("nan"))
         kern[(3,)](
-            x, out, _tables(bufs), pads, n, 0.5, 7, half, RANK=rank, WORLD=world, WP2=wp2,
+            x, out, _tables(bufs), pads, n, 0.5, 7, half // 16, RANK=rank, WORLD=world, WP2=wp2,
             BLOCK=block, BARRIER=False,
         )  # fmt: skip
         if kern is K._one_shot_kernel:
@@ -144,7 +144,7 @@ def test_fused_norm_kernel_on_local_buffers():
     out, res_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
     pads = _tables([torch.zeros(64 * world, dtype=torch.int32, device=DEVICE)] * world)
     K._all_reduce_add_rms_norm_kernel[(2,)](
-        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, 3, rows * hidden,
+        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, 3, rows * hidden // 16,
         RANK=rank, WORLD=world, WP2=2, BLOCK_H=128, HAS_WEIGHT=True, BARRIER=False,
     )  # fmt: skip
     reduced = x + bufs[1][rows * hidden :].view(rows, hidden)
@@ -277,7 +277,8 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
 
     g = torch.Generator(device=DEVICE).manual_seed(world)
     n, cfg = 1000, CompressConfig(block=64, block_elems=128)
-    lay = plan.CompressedLayout.of(n, world, cfg)
+    lay = plan.CompressedLayout.of(n, world, cfg, align=16)
+    assert lay.chunk_bytes % 16 == 0 and lay.chunk_bytes >= lay.payload_bytes
     nbytes, red_off = plan.symm_compress_layout(lay)
     bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
     table = _tables(bufs)
@@ -309,7 +310,8 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
             WORLD=world, QMAX=qmax, IS_FLOAT=False, MANT=0, EMIN=0, B=lay.block, BLOCK_G=bpp,
             HAS_RES=True, EMULATE=True,
         )  # fmt: skip
-        assert torch.equal(bufs[r][red_off:], mine)
+        pay = lay.payload_bytes  # the padding is neither written nor read
+        assert torch.equal(bufs[r][red_off : red_off + pay], mine[:pay])
         assert torch.equal(sres[r], sres_ref[r])
     gathered = torch.stack([b[red_off:] for b in bufs])
     gq, gs = plan._views(gathered, lay, torch.int8)

@@ -384,7 +384,8 @@ def _compress_workspace(tensor, group, cfg, lay, algorithm: str):
         why = f"its symmetric-memory path takes int8 codes, not {cfg.dtype}"
     if why is None:
         try:
-            nbytes, _ = plan.symm_compress_layout(lay)
+            aligned = plan.CompressedLayout.of(lay.numel, lay.world, cfg, align=16)
+            nbytes, _ = plan.symm_compress_layout(aligned)
             return plan.workspace(group, tensor.device, torch.uint8, nbytes)
         except (RuntimeError, ImportError) as exc:
             why = f"symmetric memory could not be allocated ({exc})"

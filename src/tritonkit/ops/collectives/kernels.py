@@ -165,8 +165,16 @@ def _dequant_acc_requant_kernel(
 
 @triton.jit
 def _peer_base(table, peer, dtype: tl.constexpr):
-    """Peer ``peer``'s buffer from a device table of uint64 addresses, as a ``dtype`` pointer."""
-    return tl.load(table.to(tl.pointer_type(tl.uint64)) + peer).to(tl.pointer_type(dtype))
+    """Peer ``peer``'s buffer from a device table of uint64 addresses, as a ``dtype`` pointer
+    (16-byte aligned, as symmetric allocations are: the hint lets loads and stores from it be
+    vectorized, which a pointer loaded from memory otherwise never is)."""
+    return tl.multiple_of(_peer_addr(table, peer).to(tl.pointer_type(dtype)), 16)
+
+
+@triton.jit
+def _peer_addr(table, peer):
+    """Peer ``peer``'s buffer address (uint64, 16-byte aligned) from a device table."""
+    return tl.multiple_of(tl.load(table.to(tl.pointer_type(tl.uint64)) + peer), 16)
 
 
 @triton.jit
@@ -231,7 +239,7 @@ def _one_shot_kernel(
     n,
     alpha,
     epoch,  # this call's barrier epoch (int32, wrapping)
-    buf_off,  # elements: the half of the symmetric buffers this call uses
+    buf_off,  # the half of the symmetric buffers this call uses, in units of 16 elements
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     WP2: tl.constexpr,  # next power of 2 >= WORLD
@@ -244,6 +252,7 @@ def _one_shot_kernel(
     # that half) has finished.
     pid = tl.program_id(0)
     step = tl.num_programs(0).to(tl.int64) * BLOCK
+    buf_off = buf_off * 16  # elements (passed in 16s: the loads and stores vectorize)
     local = _peer_base(buf_table, RANK, x_ptr.dtype.element_ty) + buf_off
     start = pid.to(tl.int64) * BLOCK
     for base in range(start, n, step):
@@ -280,6 +289,7 @@ def _two_shot_kernel(
     span = WORLD * BLOCK
     step = tl.num_programs(0).to(tl.int64) * span
     ty = x_ptr.dtype.element_ty
+    buf_off = buf_off * 16
     local = _peer_base(buf_table, RANK, ty) + buf_off
     start = pid.to(tl.int64) * span
     for base in range(start, n, step):
@@ -330,6 +340,7 @@ def _all_reduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
     ty = x_ptr.dtype.element_ty
+    buf_off = buf_off * 16
     local = _peer_base(buf_table, RANK, ty) + buf_off
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
@@ -354,12 +365,6 @@ def _all_reduce_add_rms_norm_kernel(
 # Each rank's buffer (bytes): WORLD chunks of its quantized input (chunk c: shard codes, then
 # blocks_per_shard float32 scales; ``chunk_bytes`` apart), then at ``red_off`` one chunk: its
 # reduced, requantized shard. Only codes and scales cross NVLink.
-
-
-@triton.jit
-def _peer_addr(table, peer):
-    """Peer ``peer``'s buffer address (uint64) from a device table."""
-    return tl.load(table.to(tl.pointer_type(tl.uint64)) + peer)
 
 
 @kernel(do_not_specialize=["epoch"])
@@ -391,18 +396,15 @@ def _symm_reduce_shard_kernel(
         epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     shard = blocks_per_shard * B
     j = tl.arange(0, B)
-    own = _peer_addr(buf_table, RANK) + red_off
+    own = _peer_base(buf_table, RANK, tl.int8) + red_off
     for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
         g_ok = g < blocks_per_shard
         offs = g[:, None] * B + j[None, :]
         acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
         for c in tl.static_range(WORLD):
-            base = _peer_addr(buf_table, c) + RANK * chunk_bytes
-            code = tl.load(
-                base.to(tl.pointer_type(tl.int8)) + offs, mask=g_ok[:, None], other=0,
-                cache_modifier=".cv",
-            )  # fmt: skip
+            base = _peer_base(buf_table, c, tl.int8) + RANK * chunk_bytes
+            code = tl.load(base + offs, mask=g_ok[:, None], other=0, cache_modifier=".cv")
             scale = tl.load(
                 (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
                 cache_modifier=".cv",
@@ -413,7 +415,7 @@ def _symm_reduce_shard_kernel(
         codes, deq, scale = _quantize_blocks(acc, QMAX, False, 0, 0, EMULATE)
         if HAS_RES:
             tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
-        tl.store(own.to(tl.pointer_type(tl.int8)) + offs, codes.to(tl.int8), mask=g_ok[:, None])
+        tl.store(own + offs, codes.to(tl.int8), mask=g_ok[:, None])
         tl.store((own + shard).to(tl.pointer_type(tl.float32)) + g, scale * alpha, mask=g_ok)
 
 
@@ -443,16 +445,14 @@ def _symm_gather_dequant_kernel(
     shard = blocks_per_shard * B
     j = tl.arange(0, B)
     for c in tl.static_range(WORLD):
-        base = _peer_addr(buf_table, c) + red_off
+        base = _peer_base(buf_table, c, tl.int8) + red_off
         for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
             g = g0 + tl.arange(0, BLOCK_G)
             g_ok = g < blocks_per_shard
             offs = g[:, None] * B + j[None, :]
             dst = c * shard + offs.to(tl.int64)
             m = g_ok[:, None] & (dst < n)
-            code = tl.load(
-                base.to(tl.pointer_type(tl.int8)) + offs, mask=m, other=0, cache_modifier=".cv"
-            )
+            code = tl.load(base + offs, mask=m, other=0, cache_modifier=".cv")
             scale = tl.load(
                 (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
                 cache_modifier=".cv",

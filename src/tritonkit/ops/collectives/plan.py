@@ -194,32 +194,41 @@ class CompressedLayout:
     world: int
     block: int
     blocks_per_shard: int
+    align: int = 1  # bytes every chunk is padded to
 
     @property
     def shard(self) -> int:
         return self.blocks_per_shard * self.block
 
     @property
-    def chunk_bytes(self) -> int:
+    def payload_bytes(self) -> int:
+        """A chunk's codes and scales."""
         return self.shard + 4 * self.blocks_per_shard
+
+    @property
+    def chunk_bytes(self) -> int:
+        # The symmetric-memory path pads chunks to 16 bytes: every chunk starts aligned, so
+        # the kernels reading chunks at peer addresses move 16 bytes a load, not one.
+        return cdiv(self.payload_bytes, self.align) * self.align
 
     @property
     def padded(self) -> int:
         return self.world * self.shard
 
     def wire_bytes(self) -> int:
-        """Bytes this rank sends: world - 1 chunks in the all-to-all and in the all-gather."""
-        return 2 * (self.world - 1) * self.chunk_bytes
+        """Bytes this rank sends (or reads from its peers): world - 1 chunks' payloads in the
+        all-to-all and in the all-gather (the a2a path has no padding)."""
+        return 2 * (self.world - 1) * self.payload_bytes
 
     @classmethod
-    def of(cls, numel: int, world: int, cfg: CompressConfig) -> CompressedLayout:
-        return cls(numel, world, cfg.block, max(1, cdiv(cdiv(numel, world), cfg.block)))
+    def of(cls, numel: int, world: int, cfg: CompressConfig, align: int = 1) -> CompressedLayout:
+        return cls(numel, world, cfg.block, max(1, cdiv(cdiv(numel, world), cfg.block)), align)
 
 
 def _views(buf: torch.Tensor, lay: CompressedLayout, code_dtype: torch.dtype):
     """Codes and scales of a (rows, chunk_bytes) uint8 wire buffer."""
     codes = buf[..., : lay.shard].view(code_dtype)
-    scales = buf[..., lay.shard :].view(torch.float32)
+    scales = buf[..., lay.shard : lay.shard + 4 * lay.blocks_per_shard].view(torch.float32)
     return codes, scales
 
 
@@ -325,7 +334,7 @@ def compressed_all_reduce_symm(
     world)`` rounded up to whole blocks; NCCL's ring all-reduce of the uncompressed tensor
     sends ``2 (world - 1) / world * numel * element_size``."""
     world = ws.world
-    lay = CompressedLayout.of(flat.numel(), world, cfg)
+    lay = CompressedLayout.of(flat.numel(), world, cfg, align=16)
     _, red_off = symm_compress_layout(lay)
     emulate = interpreter_enabled()
     qmax = get_format(torch.int8).qmax
@@ -490,7 +499,7 @@ class SymmAllReduce:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         epoch, off = self.ws.advance(self.barriers)
-        self.launch((x, out), epoch, off)
+        self.launch((x, out), epoch, off // 16)  # the kernels take the offset in 16s
 
 
 _FORCED: dict[tuple, SymmAllReduce] = {}
@@ -541,7 +550,7 @@ def fused_norm_launch(
         _FUSED[key] = launch
     tensors = (x, residual, out, res_out) + (() if weight is None else (weight,))
     epoch, off = ws.advance(1)
-    launch(tensors, epoch, off)
+    launch(tensors, epoch, off // 16)
     return out, res_out
 
 
