@@ -327,6 +327,78 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
 
 
+_COMPILE_SM90 = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonkit.ops.collectives import kernels as K
+
+SCALARS = {"buf_table": "i64", "pad_table": "i64", "n": "i32", "alpha": "fp32", "epoch": "i32",
+           "buf_off": "i32", "n_rows": "i32", "H": "i32", "eps": "fp32", "blocks_per_shard": "i32",
+           "chunk_bytes": "i32", "red_off": "i32"}
+ALIGNED = ("n", "H", "blocks_per_shard", "chunk_bytes", "red_off")  # as launches specialize them
+out = {}
+for name, consts in json.loads(sys.argv[1]).items():
+    fn = getattr(K, name).fn
+    sig, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in consts:
+            sig[arg] = "constexpr"
+        else:
+            sig[arg] = SCALARS.get(arg, "*fp32" if arg == "res_ptr" else "*bf16")
+            if sig[arg].startswith("*") or arg in ALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out[name] = c.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.interpreter  # a GPU run compiles and runs them for real
+def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader():
+    """Every symmetric-memory kernel compiles for sm_90 (without a GPU: Triton's compiler and
+    ptxas); its peer loads and stores are 16-byte vectors (a pointer read from a table is
+    otherwise assumed unaligned: bytes one at a time), and the barrier's waits are scalar
+    acquire reads (their value reaches every thread) while its signals are exchanges."""
+    import subprocess
+    import sys
+
+    base = {"RANK": 0, "WORLD": 2, "WP2": 2, "BARRIER": True}
+    kernels = {
+        "_one_shot_kernel": {**base, "BLOCK": 1024},
+        "_two_shot_kernel": {**base, "BLOCK": 1024},
+        "_all_reduce_add_rms_norm_kernel": {**base, "BLOCK_H": 4096, "HAS_WEIGHT": True},
+        "_symm_reduce_shard_kernel": {
+            **base,
+            "QMAX": 127,
+            "B": 256,
+            "BLOCK_G": 16,
+            "HAS_RES": True,
+            "EMULATE": False,
+        },
+        "_symm_gather_dequant_kernel": {**base, "B": 256, "BLOCK_G": 16},
+    }
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(ROOT, "src")
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SM90, json.dumps(kernels)], env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if run.returncode != 0 and "ptxas" in run.stderr.lower() and "not found" in run.stderr:
+        pytest.skip("no ptxas")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ptx = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, text in ptx.items():
+        scalar = [ln for ln in text.splitlines() if "ld.global.b16" in ln or "ld.global.b8" in ln]
+        assert not scalar, (name, scalar[:3])
+        assert "ld.global.v4.b32" in text, name
+        assert "atom.global.sys.release.exch.b32" in text, name
+        assert "ld.global.sys.acquire.b32" in text, name
+
+
 def test_quant_eps_agrees_with_core():
     from tritonkit.ops._core.quant_codes import EPS
     from tritonkit.ops.quant.formats import EPS as FORMAT_EPS
