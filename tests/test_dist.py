@@ -280,8 +280,11 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     lay = plan.CompressedLayout.of(n, world, cfg, align=16)
     assert lay.chunk_bytes % 16 == 0 and lay.chunk_bytes >= lay.payload_bytes
     nbytes, red_off = plan.symm_compress_layout(lay)
-    bufs = [torch.zeros(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
-    table = _tables(bufs)
+    # The call uses the buffers' second half (buf_off): the first must stay untouched.
+    half = cdiv(nbytes, 16) * 16
+    fulls = [torch.zeros(2 * half, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
+    bufs = [f[half:] for f in fulls]
+    table = _tables(fulls)
     xs = [torch.randn(n, generator=g, device=DEVICE) * (1 + r) for r in range(world)]
     wres = [(torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01).to(res_dtype)
             for _ in range(world)]  # fmt: skip
@@ -297,8 +300,8 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     for r in range(world):
         K._symm_reduce_shard_kernel[(2,)](
             table, table, sres[r], lay.blocks_per_shard, lay.chunk_bytes, red_off, alpha, 1,
-            RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block, BLOCK_G=bpp, HAS_RES=True,
-            EMULATE=True, BARRIER=False,
+            half // 16, RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block, BLOCK_G=bpp,
+            HAS_RES=True, EMULATE=True, BARRIER=False,
         )  # fmt: skip
         # the exchange path: rank r receives chunk r of every rank
         recv = torch.stack([b[r * lay.chunk_bytes : (r + 1) * lay.chunk_bytes] for b in bufs])
@@ -320,11 +323,12 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     for r in range(world):
         out = torch.full((n,), float("nan"), device=DEVICE)
         K._symm_gather_dequant_kernel[(3,)](
-            out, table, table, n, lay.blocks_per_shard, red_off, 2, RANK=r, WORLD=world,
+            out, table, table, n, lay.blocks_per_shard, red_off, 2, half // 16, RANK=r, WORLD=world,
             WP2=4, B=lay.block, BLOCK_G=bpp, BARRIER=False,
         )  # fmt: skip
         assert torch.equal(out, ref.view(-1)[:n])
     assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
+    assert all(not f[:half].any() for f in fulls)
 
 
 _COMPILE_SM90 = r"""

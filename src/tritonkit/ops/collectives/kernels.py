@@ -367,16 +367,17 @@ def _all_reduce_add_rms_norm_kernel(
 # reduced, requantized shard. Only codes and scales cross NVLink.
 
 
-@kernel(do_not_specialize=["epoch"])
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _symm_reduce_shard_kernel(
     buf_table,
     pad_table,
     res_ptr,  # (shard,) float32 requantization residual of this rank's shard (HAS_RES)
     blocks_per_shard,
     chunk_bytes,
-    red_off,  # bytes: where the reduced chunk starts in every buffer
+    red_off,  # bytes: where the reduced chunk starts in the call's half of every buffer
     alpha,  # 1, or 1 / world for an average: folded into the scales written
     epoch,
+    buf_off,  # the half of the buffers this call uses, in 16-byte units
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     WP2: tl.constexpr,
@@ -396,14 +397,15 @@ def _symm_reduce_shard_kernel(
         epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     shard = blocks_per_shard * B
     j = tl.arange(0, B)
-    own = _peer_base(buf_table, RANK, tl.int8) + red_off
+    buf_off = buf_off * 16
+    own = _peer_base(buf_table, RANK, tl.int8) + buf_off + red_off
     for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
         g_ok = g < blocks_per_shard
         offs = g[:, None] * B + j[None, :]
         acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
         for c in tl.static_range(WORLD):
-            base = _peer_base(buf_table, c, tl.int8) + RANK * chunk_bytes
+            base = _peer_base(buf_table, c, tl.int8) + buf_off + RANK * chunk_bytes
             code = tl.load(base + offs, mask=g_ok[:, None], other=0, cache_modifier=".cv")
             scale = tl.load(
                 (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
@@ -419,7 +421,7 @@ def _symm_reduce_shard_kernel(
         tl.store((own + shard).to(tl.pointer_type(tl.float32)) + g, scale * alpha, mask=g_ok)
 
 
-@kernel(do_not_specialize=["epoch"])
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _symm_gather_dequant_kernel(
     out_ptr,  # (n,) the reduced output
     buf_table,
@@ -428,6 +430,7 @@ def _symm_gather_dequant_kernel(
     blocks_per_shard,
     red_off,
     epoch,
+    buf_off,  # 16-byte units
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     WP2: tl.constexpr,
@@ -436,16 +439,17 @@ def _symm_gather_dequant_kernel(
     BARRIER: tl.constexpr,
 ):
     # Every rank wrote its reduced chunk: one barrier, then every rank's chunk is read and
-    # dequantized into its part of the output. No closing barrier: a rank rewrites its chunks
-    # only in a later call, after that call's first barrier, which every peer reaches only once
-    # this kernel (the last reader) is done.
+    # dequantized into its part of the output. No closing barrier: calls alternate between the
+    # buffers' halves, and a rank rewrites a half (two calls on) only after the barrier of the
+    # call between, which every peer reaches only once this kernel (the last reader) is done.
     pid = tl.program_id(0)
     if BARRIER:
         epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     shard = blocks_per_shard * B
     j = tl.arange(0, B)
+    buf_off = buf_off * 16
     for c in tl.static_range(WORLD):
-        base = _peer_base(buf_table, c, tl.int8) + red_off
+        base = _peer_base(buf_table, c, tl.int8) + buf_off + red_off
         for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
             g = g0 + tl.arange(0, BLOCK_G)
             g_ok = g < blocks_per_shard

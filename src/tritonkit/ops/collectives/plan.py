@@ -315,6 +315,11 @@ def symm_compress_layout(lay: CompressedLayout) -> tuple[int, int]:
     return (lay.world + 1) * lay.chunk_bytes, lay.world * lay.chunk_bytes
 
 
+def _next_epoch(epoch: int) -> int:
+    """The int32 epoch after ``epoch`` (wrapping as the pads' int32 slots do)."""
+    return -(1 << 31) if epoch == (1 << 31) - 1 else epoch + 1
+
+
 def compressed_all_reduce_symm(
     flat: torch.Tensor,
     out: torch.Tensor,
@@ -339,22 +344,23 @@ def compressed_all_reduce_symm(
     emulate = interpreter_enabled()
     qmax = get_format(torch.int8).qmax
     bpp = cfg.blocks_per_program
-    region = ws.buffer[: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
+    # Calls alternate between the buffers' halves (see _symm_gather_dequant_kernel): the next
+    # call's quantize may then overwrite nothing a peer's last kernel of this call still reads.
+    epoch, half = ws.advance(2)
+    region = ws.buffer[half : half + world * lay.chunk_bytes].view(world, lay.chunk_bytes)
     quantize_chunks(flat, worker_res, region, lay, cfg)
     programs = max(1, min(cdiv(lay.blocks_per_shard, bpp), ws.max_programs))
     wp2 = next_power_of_2(world)
-    epoch, _ = ws.advance(1)
     K._symm_reduce_shard_kernel[(programs,)](
         ws.buf_table, ws.pad_table, server_res, lay.blocks_per_shard, lay.chunk_bytes, red_off,
-        1.0 / world if average else 1.0, epoch, RANK=ws.rank, WORLD=world, WP2=wp2, QMAX=qmax,
-        B=lay.block, BLOCK_G=bpp, HAS_RES=server_res is not None, EMULATE=emulate,
-        BARRIER=True, num_warps=cfg.num_warps,
+        1.0 / world if average else 1.0, epoch, half // 16, RANK=ws.rank, WORLD=world,
+        WP2=wp2, QMAX=qmax, B=lay.block, BLOCK_G=bpp, HAS_RES=server_res is not None,
+        EMULATE=emulate, BARRIER=True, num_warps=cfg.num_warps,
     )  # fmt: skip
-    epoch, _ = ws.advance(1)
     K._symm_gather_dequant_kernel[(programs,)](
-        out, ws.buf_table, ws.pad_table, out.numel(), lay.blocks_per_shard, red_off, epoch,
-        RANK=ws.rank, WORLD=world, WP2=wp2, B=lay.block, BLOCK_G=bpp, BARRIER=True,
-        num_warps=cfg.num_warps,
+        out, ws.buf_table, ws.pad_table, out.numel(), lay.blocks_per_shard, red_off,
+        _next_epoch(epoch), half // 16, RANK=ws.rank, WORLD=world, WP2=wp2, B=lay.block,
+        BLOCK_G=bpp, BARRIER=True, num_warps=cfg.num_warps,
     )  # fmt: skip
     return lay.wire_bytes()
 
