@@ -348,9 +348,9 @@ def compressed_all_reduce(
             or not residual.is_contiguous()
         ):
             raise ValueError(
-                f"compressed_all_reduce: residual must be a contiguous float32 or "
-                f"{tensor.dtype} tensor of {need} elements, got {residual.dtype} with "
-                f"{residual.numel()}"
+                f"compressed_all_reduce: residual must be a contiguous float32 tensor (or "
+                f"one of the tensor's dtype, {tensor.dtype}) of {need} elements, got "
+                f"{residual.dtype} with {residual.numel()}"
             )
         worker_res, server_res = residual[: lay.padded], residual[lay.padded :]
     if tensor.numel() == 0:
