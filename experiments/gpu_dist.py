@@ -5,9 +5,16 @@ launch of under 5 minutes on a machine of 2 (or 4, 8) GPUs:
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
         torchrun --standalone --nproc-per-node 2 experiments/gpu_dist.py --out $OUT --budget-s 210
 
-    PYTHONPATH=src python experiments/gpu_dist.py --smoke --world 2 --out /tmp/dist   # CPU, gloo
+or world sizes 2 and 4 in turn on a machine of 4 (GPUs 0,1 then 0-3; results in $OUT/w2,
+$OUT/w4 and $OUT/summary.md, under ``--budget-s`` in all):
 
-Without torchrun's environment the script spawns ``--world`` processes itself (file store).
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
+        python experiments/gpu_dist.py --worlds 2,4 --out $OUT --budget-s 420
+
+    PYTHONPATH=src python experiments/gpu_dist.py --smoke --worlds 2,4 --out /tmp/dist  # CPU, gloo
+
+Without torchrun's environment (and without ``--worlds``) the script spawns ``--world``
+processes itself (file store).
 ``--smoke`` runs every section on CPU tensors with gloo and the Triton interpreter at tiny
 sizes: a test of the script, its numbers meaningless.
 
