@@ -112,6 +112,8 @@ def probe_symm(rank, world, device) -> dict:
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     out["ok"] = bool(flag.item())
     SYMM["ok"] = out["ok"]
+    if not out["ok"]:  # every rank alike: no symmetric-memory path from here on (auto: NCCL)
+        os.environ["TRITONKIT_DIST_SYMM"] = "0"
     return out
 
 
@@ -593,10 +595,15 @@ def drive(args) -> int:
         cmd += ["--sections", args.sections] if args.sections else []
         t = time.perf_counter()
         with open(out / "log.txt", "w") as f:
+            # A session of its own: on a timeout the ranks go with torchrun (no orphan left
+            # spinning on GPUs 0 and 1 while the next world size runs).
+            proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
             try:
-                rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=share + 15).returncode  # fmt: skip
+                rc = proc.wait(timeout=share + 15)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
                 rc = "timeout"
         print(f"world {w}: rc {rc} in {time.perf_counter() - t:.0f} s (log {out / 'log.txt'})")
         for line in (out / "log.txt").read_text(errors="replace").splitlines():

@@ -10,6 +10,8 @@ The compressed all-reduce is also a DDP communication hook (``compressed_allredu
 In debug mode (``set_debug(True)`` or ``TRITONKIT_DIST_DEBUG=1``) every call first checks
 that all ranks passed the same shapes, dtypes and ops, and raises ValueError naming the rank
 that differs (on gloo a monitored barrier first names a rank that never arrived).
+``TRITONKIT_DIST_SYMM=0`` (set alike on every rank) keeps every call resolved after it off
+symmetric memory: torch.distributed's collectives instead.
 """
 
 import contextlib

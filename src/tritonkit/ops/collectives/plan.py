@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -373,6 +374,8 @@ def symm_unavailable(tensor: torch.Tensor, group) -> str | None:
     """Why the symmetric-memory path cannot run here, or None."""
     if tensor.device.type != "cuda":
         return "symmetric memory needs CUDA tensors"
+    if os.environ.get("TRITONKIT_DIST_SYMM", "1") == "0":
+        return "TRITONKIT_DIST_SYMM=0"
     try:
         import torch.distributed._symmetric_memory as _symm_mem  # noqa: F401
     except ImportError as exc:  # pragma: no cover - builds without distributed
