@@ -308,8 +308,9 @@ def compressed_all_reduce(
             float32 or ``tensor``'s dtype, read and updated (the first ``padded`` elements this
             rank's quantization residual, the rest its shard's requantization residual), or
             None for none. The arithmetic is float32 either way; a bfloat16 state rounds the
-            residual (at most 1/254 of a block's largest magnitude) to 8 bits and moves 8 fewer
-            bytes per element through memory in the quantize kernel.
+            residual (at most 1/254 of a block's largest magnitude) to 8 bits and moves 4 of
+            the 8 bytes per element (read and written) a float32 state costs the quantize
+            kernel.
         block: elements per scale (None: the config's heuristic).
         timeout: how long each exchange may wait (``datetime.timedelta`` or seconds; the
             symmetric-memory path's barriers wait for every peer).
