@@ -5,9 +5,16 @@ launch of under 5 minutes on a machine of 2 (or 4, 8) GPUs:
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
         torchrun --standalone --nproc-per-node 2 experiments/gpu_dist.py --out $OUT --budget-s 210
 
-    PYTHONPATH=src python experiments/gpu_dist.py --smoke --world 2 --out /tmp/dist   # CPU, gloo
+or world sizes 2 and 4 in turn on a machine of 4 (GPUs 0,1 then 0-3; results in $OUT/w2,
+$OUT/w4 and $OUT/summary.md, under ``--budget-s`` in all):
 
-Without torchrun's environment the script spawns ``--world`` processes itself (file store).
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
+        python experiments/gpu_dist.py --worlds 2,4 --out $OUT --budget-s 420
+
+    PYTHONPATH=src python experiments/gpu_dist.py --smoke --worlds 2,4 --out /tmp/dist  # CPU, gloo
+
+Without torchrun's environment (and without ``--worlds``) the script spawns ``--world``
+processes itself (file store).
 ``--smoke`` runs every section on CPU tensors with gloo and the Triton interpreter at tiny
 sizes: a test of the script, its numbers meaningless.
 
@@ -105,6 +112,8 @@ def probe_symm(rank, world, device) -> dict:
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     out["ok"] = bool(flag.item())
     SYMM["ok"] = out["ok"]
+    if not out["ok"]:  # every rank alike: no symmetric-memory path from here on (auto: NCCL)
+        os.environ["TRITONKIT_DIST_SYMM"] = "0"
     return out
 
 
@@ -162,15 +171,23 @@ def sec_correct(rank, world, device, smoke):
     x = torch.randn(n, generator=g).to(device)
     ref = x.double()
     dist.all_reduce(ref)
-    y = x.clone()
-    td.compressed_all_reduce(y, block=256, timeout=60)
     pad = (-n) % 256
     amax = torch.nn.functional.pad(x.abs().double(), (0, pad)).view(-1, 256).amax(1)
     dist.all_reduce(amax)
     bound = (amax * (2 + 1 / 254) / 254).repeat_interleave(256)[:n] * 1.0001 + 1e-6
-    err = (y.double() - ref).abs()
-    out["compressed/int8/within_bound"] = bool((err <= bound).all())
-    out["compressed/int8/max_err_over_bound"] = float((err / bound).max())
+    outs = {}
+    for algo in ("auto", "nccl"):  # auto: symmetric memory on GPUs (NCCL group), else nccl
+        y = x.clone()
+        td.compressed_all_reduce(y, block=256, timeout=60, algorithm=algo)
+        err = (y.double() - ref).abs()
+        out[f"compressed/int8/{algo}/within_bound"] = bool((err <= bound).all())
+        out[f"compressed/int8/{algo}/max_err_over_bound"] = float((err / bound).max())
+        outs[algo] = y
+    # the same arithmetic on both transports: the same bits
+    out["compressed/int8/auto_equals_nccl"] = bool(torch.equal(outs["auto"], outs["nccl"]))
+    same = outs["auto"].clone()
+    dist.broadcast(same, 0)
+    out["compressed/int8/ranks_agree"] = bool(torch.equal(same, outs["auto"]))
     # fused all-reduce + residual + RMSNorm
     fused_ok = SYMM["ok"] or device.type != "cuda"  # a failed probe: the kernel is not run
     for hidden in ((64,) if smoke else (4096, 8192)) if fused_ok else ():
@@ -293,6 +310,9 @@ def sec_fused(rank, world, device, smoke):
 
 
 def sec_compressed(rank, world, device, smoke):
+    """Effective algbw (uncompressed bytes / time) at 256 MB: the int8 all-reduce on symmetric
+    memory (with and without error feedback) and on torch.distributed's all-to-all +
+    all-gather, against NCCL's all-reduce."""
     nbytes = (64 << 10) if smoke else (256 << 20)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
@@ -300,16 +320,40 @@ def sec_compressed(rank, world, device, smoke):
         x = torch.randn(n, device=device, dtype=dtype)
         reps = 2 if smoke else 5
         t_n = bc.time_call(lambda: dist.all_reduce(x), device, reps, 1)
+        row = {"dtype": str(dtype), "bytes": nbytes, "nccl_algbw_GBs": nbytes / t_n / 1e9}
         res = torch.zeros(td.residual_size(n, world), device=device)
         y = x.clone()
-        t_c = bc.time_call(lambda: td.compressed_all_reduce(y, residual=res), device, reps, 1)
-        rows.append({"dtype": str(dtype), "bytes": nbytes, "nccl_algbw_GBs": nbytes / t_n / 1e9,
-                     "compressed_effective_algbw_GBs": nbytes / t_c / 1e9, "speedup": t_n / t_c})  # fmt: skip
-        log(
-            rank,
-            f"compressed {dtype}: nccl {nbytes / t_n / 1e9:.1f} GB/s, int8 {nbytes / t_c / 1e9:.1f} GB/s effective",
-        )
-    return {"rows": rows, "formula": "algbw = uncompressed bytes / time"}
+        variants = [("symm_ef", "auto", res), ("symm_no_ef", "auto", None), ("a2a_ef", "nccl", res)]
+        if dtype != torch.float32:  # error feedback kept in the input's dtype: fewer bytes
+            variants.append(("symm_ef_lowres", "auto", res.to(dtype)))
+        for name, algo, r in variants:
+            t_c = bc.time_call(
+                lambda: td.compressed_all_reduce(y, residual=r, algorithm=algo), device, reps, 1
+            )
+            row[f"{name}_effective_algbw_GBs"] = nbytes / t_c / 1e9
+            row[f"{name}_speedup"] = t_n / t_c
+        rows.append(row)
+        log(rank, "compressed " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                            for k, v in row.items()))  # fmt: skip
+    lay = td_layout(nbytes // 2, world)
+    return {
+        "rows": rows,
+        "formula": "algbw = uncompressed bytes / time",
+        "bytes_per_rank": "compressed: 2 (world - 1) shard (1 + 4 / block), shard = numel / "
+        "world in whole blocks (read from the peers on symmetric memory, sent on the a2a "
+        "path); NCCL ring: 2 (world - 1) / world * numel * element_size",
+        "bf16_256MB_bytes_per_rank": {
+            "compressed": lay.wire_bytes(),
+            "nccl_ring": 2 * (world - 1) * nbytes // world,
+        },
+    }
+
+
+def td_layout(numel, world):
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+
+    return plan.CompressedLayout.of(numel, world, CompressConfig.heuristic(numel))
 
 
 def sec_kernels(rank, world, device, smoke):
@@ -526,12 +570,106 @@ def _spawned(rank: int, world: int, store: str, argv: list[str]) -> None:
     main_rank(args)
 
 
+def drive(args) -> int:
+    """``--worlds 2,4``: one torchrun per world size in turn (world w on GPUs 0..w-1), each
+    with its share of ``--budget-s`` and a hard timeout, results under $OUT/w{w}; then a
+    summary of all of them ($OUT/summary.md, printed last)."""
+    import subprocess
+
+    worlds = [int(w) for w in args.worlds.split(",") if w]
+    share = args.budget_s / len(worlds)
+    gpus = torch.cuda.device_count() if not args.smoke else 0
+    for w in worlds:
+        out = OUT / f"w{w}"
+        out.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if gpus:
+            if gpus < w:
+                print(f"world {w}: skipped, {gpus} GPUs", flush=True)
+                continue
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(w))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={w}", __file__, "--out", str(out),
+               "--budget-s", str(max(30.0, share - 25.0))]  # fmt: skip
+        cmd += ["--smoke"] if args.smoke else []
+        cmd += ["--sections", args.sections] if args.sections else []
+        t = time.perf_counter()
+        with open(out / "log.txt", "w") as f:
+            # A session of its own: on a timeout the ranks go with torchrun (no orphan left
+            # spinning on GPUs 0 and 1 while the next world size runs).
+            proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            try:
+                rc = proc.wait(timeout=share + 15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                rc = "timeout"
+        print(f"world {w}: rc {rc} in {time.perf_counter() - t:.0f} s (log {out / 'log.txt'})")
+        for line in (out / "log.txt").read_text(errors="replace").splitlines():
+            if line.startswith("[") or "Error" in line or "error" in line[:40]:
+                print("   ", line[:300], flush=True)
+    text = summary(worlds)
+    (OUT / "summary.md").write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+def summary(worlds) -> str:
+    """The headline numbers of every world size's results, as markdown."""
+    lines = []
+    for w in worlds:
+        path = OUT / f"w{w}" / f"dist_w{w}.json"
+        if not path.exists():
+            lines.append(f"## world {w}: no results\n")
+            continue
+        res = json.loads(path.read_text())
+        sec = res.get("sections", {})
+        lines.append(f"## {res.get('machine')}, world {w} ({res.get('elapsed_s', 0):.0f} s)")
+        corr = sec.get("correct", {})
+        lines.append(f"correct: all_passed={corr.get('all_passed')}; errors: "
+                     f"{sorted(res.get('errors', {})) or 'none'}")  # fmt: skip
+        lat = sec.get("latency", {}).get("rows", [])
+        if lat:
+            lines += ["", "| bytes | ours (public) us | one-shot us | two-shot us | torch one_shot us"
+                      " | NCCL us | NCCL / ours | torch / ours |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            for r in lat:
+                t1 = r.get("torch_one_shot_us", float("nan"))
+                lines.append(f"| {bc.show_size(r['bytes'])} | {r['ours_us']:.1f} | "
+                             f"{r['one_shot_us']:.1f} | {r['two_shot_us']:.1f} | {t1:.1f} | "
+                             f"{r['nccl_us']:.1f} | {r['nccl_us'] / r['ours_us']:.2f} | "
+                             f"{t1 / r['ours_us']:.2f} |")  # fmt: skip
+        fused = sec.get("fused", {}).get("rows", [])
+        if fused:
+            lines += ["", "| hidden | tokens | NCCL + add_rms_norm us | fused us | speedup |",
+                      "|---|---|---|---|---|"]  # fmt: skip
+            for r in fused:
+                lines.append(f"| {r['hidden']} | {r['tokens']} | {r['nccl_plus_add_rms_norm_us']:.1f}"
+                             f" | {r['fused_us']:.1f} | {r['speedup']:.2f} |")  # fmt: skip
+        comp = sec.get("compressed", {}).get("rows", [])
+        if comp:
+            lines += ["", "| dtype | NCCL GB/s | symm+EF GB/s (x NCCL) | symm no EF | a2a+EF "
+                      "| symm+EF, residual in input dtype |", "|---|---|---|---|---|---|"]  # fmt: skip
+            for r in comp:
+                cells = [f"{r[k + '_effective_algbw_GBs']:.1f} ({r[k + '_speedup']:.2f})"
+                         if k + "_speedup" in r else "-"
+                         for k in ("symm_ef", "symm_no_ef", "a2a_ef", "symm_ef_lowres")]  # fmt: skip
+                lines.append(
+                    f"| {r['dtype']} | {r['nccl_algbw_GBs']:.1f} | " + " | ".join(cells) + " |"
+                )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "dist-results"))
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, interpreter, tiny sizes")
     p.add_argument("--world", type=int, default=2, help="processes to spawn without torchrun")
     p.add_argument("--budget-s", type=float, default=230.0, help="wall seconds for all sections")
+    p.add_argument(
+        "--worlds", default="", help="e.g. 2,4: one torchrun per world size (a driver run)"
+    )
     p.add_argument(
         "--sections",
         default="",
@@ -546,6 +684,8 @@ if __name__ == "__main__":
     ARGS = parse(sys.argv[1:])
     OUT = Path(ARGS.out)
     OUT.mkdir(parents=True, exist_ok=True)
+    if ARGS.worlds and "RANK" not in os.environ:
+        sys.exit(drive(ARGS))
     if "RANK" in os.environ:  # torchrun
         main_rank(ARGS)
     else:

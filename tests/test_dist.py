@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from _dist_ranks import _collectives_rank, _fault_rank
-from tritonkit.ops.collectives.kernels import symm_barrier
+from tritonkit.ops._core.layout import cdiv
+from tritonkit.ops.collectives.kernels import epoch_barrier
 
 from _checks import DEVICE, assert_spec_passes
 
@@ -82,8 +83,8 @@ def test_dead_or_absent_rank_fails_the_others_within_the_timeout():
 
 
 @triton.jit
-def _barrier_kernel(pad_table, RANK: tl.constexpr, WORLD: tl.constexpr):
-    symm_barrier(pad_table, tl.program_id(0), RANK, WORLD)
+def _barrier_kernel(pad_table, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WP2: tl.constexpr):
+    epoch_barrier(pad_table, tl.program_id(0), epoch, RANK, WORLD, WP2)
 
 
 def _tables(tensors):
@@ -93,24 +94,28 @@ def _tables(tensors):
 @pytest.mark.parametrize("world,rank", [(2, 1), (3, 0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_symm_kernels_arithmetic_on_local_buffers(world, rank, dtype):
-    """The peers' buffers are local tensors in the pointer table (the barrier off)."""
+    """The peers' buffers are local tensors in the pointer table (the barrier off); the call
+    uses the buffers' second half (``buf_off``) and must leave the first untouched."""
     from tritonkit.ops.collectives import kernels as K
 
     g = torch.Generator(device=DEVICE).manual_seed(world + rank)
-    n, block = 333, 32
+    n, block, half = 333, 32, 400
     pads = _tables([torch.zeros(64 * world, dtype=torch.int32, device=DEVICE)] * world)
     x = torch.randn(n, generator=g, device=DEVICE).to(dtype)
+    wp2 = 1 << (world - 1).bit_length()
     for kern in (K._one_shot_kernel, K._two_shot_kernel):
-        bufs = [torch.randn(n + 64, generator=g, device=DEVICE).to(dtype) for _ in range(world)]
-        # The kernel's order: peers 0..world-1 (its own buffer holds x) summed in float32.
+        bufs = [torch.randn(2 * half, generator=g, device=DEVICE).to(dtype) for _ in range(world)]
+        first = [b[:half].clone() for b in bufs]
+        # The kernel's order: ranks 0..world-1 (its own term: x) summed in float32.
         acc = torch.zeros(n, device=DEVICE)
         for p in range(world):
-            acc += (x if p == rank else bufs[p][:n]).float()
+            acc += (x if p == rank else bufs[p][half : half + n]).float()
         full = (acc * 0.5).to(dtype)
         out = torch.full_like(x, float("nan"))
         kern[(3,)](
-            x, out, _tables(bufs), pads, n, 0.5, RANK=rank, WORLD=world, BLOCK=block, BARRIER=False
-        )
+            x, out, _tables(bufs), pads, n, 0.5, 7, half // 16, RANK=rank, WORLD=world, WP2=wp2,
+            BLOCK=block, BARRIER=False,
+        )  # fmt: skip
         if kern is K._one_shot_kernel:
             expect = full
         else:  # reduces its part of each span; the rest is its own buffer (peers pushed nothing)
@@ -119,9 +124,11 @@ def test_symm_kernels_arithmetic_on_local_buffers(world, rank, dtype):
             mine = (idx % (world * block)) // block == rank
             expect[mine] = full[mine]
             for b in bufs:  # the reduced part pushed into every peer's buffer
-                assert torch.equal(b[:n][mine], full[mine])
+                assert torch.equal(b[half : half + n][mine], full[mine])
         assert torch.equal(out, expect)
-        assert torch.equal(bufs[rank][:n], x if kern is K._one_shot_kernel else bufs[rank][:n])
+        if kern is K._one_shot_kernel:
+            assert torch.equal(bufs[rank][half : half + n], x)
+        assert all(torch.equal(b[:half], f) for b, f in zip(bufs, first))
 
 
 def test_fused_norm_kernel_on_local_buffers():
@@ -130,37 +137,270 @@ def test_fused_norm_kernel_on_local_buffers():
 
     world, rank, rows, hidden = 2, 0, 5, 96
     g = torch.Generator(device=DEVICE).manual_seed(1)
-    bufs = [torch.randn(rows * hidden, generator=g, device=DEVICE) for _ in range(world)]
+    bufs = [torch.randn(2 * rows * hidden, generator=g, device=DEVICE) for _ in range(world)]
     x = torch.randn(rows, hidden, generator=g, device=DEVICE)
     res = torch.randn(rows, hidden, generator=g, device=DEVICE)
     w = torch.randn(hidden, generator=g, device=DEVICE)
     out, res_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
     pads = _tables([torch.zeros(64 * world, dtype=torch.int32, device=DEVICE)] * world)
     K._all_reduce_add_rms_norm_kernel[(2,)](
-        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, RANK=rank,
-        WORLD=world, BLOCK_H=128, HAS_WEIGHT=True, BARRIER=False,
+        x, res, w, out, res_out, _tables(bufs), pads, rows, hidden, 1e-6, 3, rows * hidden // 16,
+        RANK=rank, WORLD=world, WP2=2, BLOCK_H=128, HAS_WEIGHT=True, BARRIER=False,
     )  # fmt: skip
-    reduced = x + bufs[1].view(rows, hidden)
+    reduced = x + bufs[1][rows * hidden :].view(rows, hidden)
     y_ref, h_ref = add_rms_norm_reference(reduced, res, w, 1e-6)
     torch.testing.assert_close(res_out, h_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out, y_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.interpreter
-def test_symm_barrier_signals_every_peer_and_consumes_its_own_slots():
-    """Rank 1 of 3 with the other ranks' signals already in its pad: it sets its slot in every
-    peer's pad and leaves its own pad zero."""
-    world, rank = 3, 1
+def test_epoch_barrier_signals_every_peer_and_passes_on_later_epochs():
+    """Rank 1 of 3 at epoch 5: its peers' signals already in its pad (one at epoch 5, one
+    already at 6: a later barrier also counts); it writes 5 into its slot of every peer's pad
+    and returns (a missed signal would spin to the limit: the test would time out)."""
+    world, rank, epoch = 3, 1, 5
     pads = [torch.zeros(4 * world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
     for b in range(2):
-        for p in range(world):
-            if p != rank:
-                pads[rank][b * world + p] = 1  # peer p of program b arrived
-    _barrier_kernel[(2,)](_tables(pads), RANK=rank, WORLD=world)
-    assert pads[rank].sum() == 0
+        pads[rank][b * world + 0] = epoch
+        pads[rank][b * world + 2] = epoch + 1
+    before = pads[rank].clone()
+    _barrier_kernel[(2,)](_tables(pads), epoch, RANK=rank, WORLD=world, WP2=4)
     for p in range(world):
         for b in range(2):
-            assert pads[p][b * world + rank] == (0 if p == rank else 1)
+            assert pads[p][b * world + rank] == (0 if p == rank else epoch)
+    assert torch.equal(pads[rank], before)  # its own pad only read: nothing reset
+
+
+def _fake_workspace(world, rank, numel, dtype):
+    """A SymmWorkspace whose peers' buffers and pads are local tensors (the peers' signals for
+    the first calls already set), and the tensors that stand behind it."""
+    from tritonkit.ops.collectives import plan
+
+    bufs = [torch.zeros(2 * numel, dtype=dtype, device=DEVICE) for _ in range(world)]
+    pads = [torch.zeros(64 * world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+    pads[rank].fill_(100)  # every peer already past barrier 100
+    ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
+    ws.numel, ws.rank, ws.world, ws.max_programs = numel, rank, world, 64
+    ws.buf_table, ws.pad_table = _tables(bufs), _tables(pads)
+    ws.epoch = ws.calls = 0
+    return ws, bufs, pads
+
+
+@pytest.mark.interpreter
+def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
+    """The public function's cached path: a plan made once for the key; later calls neither
+    check availability nor look anything up, alternate the buffers' halves and advance the
+    epoch (written into the peer's pad by the barrier)."""
+    from tritonkit import dist as td
+    from tritonkit.ops.collectives import function as F
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import SymmConfig
+
+    world, rank, n = 2, 0, 100
+    ws, bufs, pads = _fake_workspace(world, rank, 128, torch.float32)
+    run = plan.SymmAllReduce(ws, n, SymmConfig(block=32, max_programs=2, num_warps=1), 1.0)
+    key = (None, n, torch.float32, torch.device(DEVICE), td.ReduceOp.SUM)
+    F._SYMM_PLANS[key] = run
+    try:
+        g = torch.Generator(device=DEVICE).manual_seed(3)
+        bufs[1].copy_(torch.randint(-8, 9, (256,), generator=g, device=DEVICE).float())
+
+        def no_setup(*a, **k):
+            raise AssertionError("the cached path ran the setup")
+
+        orig = plan.symm_unavailable
+        plan.symm_unavailable = no_setup
+        try:
+            for call in range(3):
+                x = torch.randint(-8, 9, (n,), generator=g, device=DEVICE).float()
+                half = (call % 2) * 128
+                expect = x + bufs[1][half : half + n]
+                td.symm_all_reduce(x)
+                assert torch.equal(x, expect)
+                assert torch.equal(bufs[0][half : half + n], x - bufs[1][half : half + n])
+                assert pads[1][0 * world + rank] == call + 1  # program 0's signal, this epoch
+                assert pads[1][1 * world + rank] == call + 1
+        finally:
+            plan.symm_unavailable = orig
+        assert (ws.epoch, ws.calls) == (3, 3)
+    finally:
+        F._SYMM_PLANS.pop(key, None)
+
+
+@pytest.mark.interpreter
+def test_fused_norm_cached_launch_alternates_halves():
+    """The fused all-reduce + add + RMSNorm through its cached launch (barrier on, the peer's
+    signals preset): two calls, each summing the peer's half of its call."""
+    from tritonkit.ops.collectives import plan
+
+    world, rank, rows, hidden = 2, 1, 3, 48
+    ws, bufs, pads = _fake_workspace(world, rank, 256, torch.float32)
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    bufs[0].copy_(torch.randn(512, generator=g, device=DEVICE))
+    w = torch.randn(hidden, generator=g, device=DEVICE)
+    for call in range(2):
+        x = torch.randn(rows, hidden, generator=g, device=DEVICE)
+        res = torch.randn(rows, hidden, generator=g, device=DEVICE)
+        y, h = plan.fused_norm_launch(x, res, w, 1e-6, ws)
+        half = call * 256
+        peer = bufs[0][half : half + rows * hidden].view(rows, hidden)
+        y_ref, h_ref = plan.add_rms_norm_reference(peer + x, res, w, 1e-6)
+        torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        assert pads[0][rank] == call + 1  # program 0's signal in the peer's pad
+    assert (ws.epoch, ws.calls) == (2, 2)
+
+
+def test_symm_workspace_epochs_wrap_as_int32():
+    from tritonkit.ops.collectives import plan
+
+    ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
+    ws.numel, ws.epoch, ws.calls = 10, (1 << 31) - 2, 0
+    assert ws.advance(2) == ((1 << 31) - 1, 0)  # barriers 2^31 - 1 and 2^31
+    assert ws.advance(1) == (-(1 << 31) + 1, 10)  # 2^31 + 1, as the int32 the pads hold
+    ws.epoch = (1 << 32) - 1
+    assert ws.advance(1) == (0, 0)  # 2^32 wraps to 0
+
+
+@pytest.mark.parametrize(
+    "world,res_dtype", [(2, torch.float32), (3, torch.float32), (2, torch.bfloat16)]
+)
+def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
+    """The compressed all-reduce on symmetric memory, its ranks simulated in turn on local
+    buffers (barriers off): the reduced chunk, the requantization residual and the output of
+    every rank equal the all-to-all / all-gather path's kernels on the same chunks, bit for
+    bit, and every rank gets the same output."""
+    from tritonkit.ops.collectives import kernels as K
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+    from tritonkit.ops.quant.dequant import dequantize_2d
+
+    g = torch.Generator(device=DEVICE).manual_seed(world)
+    n, cfg = 1000, CompressConfig(block=64, block_elems=128)
+    lay = plan.CompressedLayout.of(n, world, cfg, align=16)
+    assert lay.chunk_bytes % 16 == 0 and lay.chunk_bytes >= lay.payload_bytes
+    nbytes, red_off = plan.symm_compress_layout(lay)
+    # The call uses the buffers' second half (buf_off): the first must stay untouched.
+    half = cdiv(nbytes, 16) * 16
+    fulls = [torch.zeros(2 * half, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
+    bufs = [f[half:] for f in fulls]
+    table = _tables(fulls)
+    xs = [torch.randn(n, generator=g, device=DEVICE) * (1 + r) for r in range(world)]
+    wres = [(torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01).to(res_dtype)
+            for _ in range(world)]  # fmt: skip
+    sres = [(torch.randn(lay.shard, generator=g, device=DEVICE) * 0.01).to(res_dtype)
+            for _ in range(world)]  # fmt: skip
+    sres_ref = [r.clone() for r in sres]
+    exact = (sum(xs) + sum(w[:n].float() for w in wres)) / world  # before the updates
+    for r in range(world):
+        region = bufs[r][: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
+        plan.quantize_chunks(xs[r], wres[r], region, lay, cfg)
+    bpp, alpha = cfg.blocks_per_program, 1.0 / world
+    qmax = 127
+    for r in range(world):
+        K._symm_reduce_shard_kernel[(2,)](
+            table, table, sres[r], lay.blocks_per_shard, lay.chunk_bytes, red_off, alpha, 1,
+            half // 16, RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block, BLOCK_G=bpp,
+            HAS_RES=True, EMULATE=True, BARRIER=False,
+        )  # fmt: skip
+        # the exchange path: rank r receives chunk r of every rank
+        recv = torch.stack([b[r * lay.chunk_bytes : (r + 1) * lay.chunk_bytes] for b in bufs])
+        mine = torch.full((lay.chunk_bytes,), 0x55, dtype=torch.uint8, device=DEVICE)
+        rq, rs = plan._views(recv, lay, torch.int8)
+        mq, ms = plan._views(mine, lay, torch.int8)
+        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+            rq, rs, mq, ms, sres_ref[r], lay.blocks_per_shard, rq.stride(0), rs.stride(0), alpha,
+            WORLD=world, QMAX=qmax, IS_FLOAT=False, MANT=0, EMIN=0, B=lay.block, BLOCK_G=bpp,
+            HAS_RES=True, EMULATE=True,
+        )  # fmt: skip
+        pay = lay.payload_bytes  # the padding is neither written nor read
+        assert torch.equal(bufs[r][red_off : red_off + pay], mine[:pay])
+        assert torch.equal(sres[r], sres_ref[r])
+    gathered = torch.stack([b[red_off:] for b in bufs])
+    gq, gs = plan._views(gathered, lay, torch.int8)
+    ref = torch.empty((world, lay.shard), device=DEVICE)
+    dequantize_2d(gq, gs, None, ref, 1, lay.block, False, stride_sr=gs.stride(0))
+    for r in range(world):
+        out = torch.full((n,), float("nan"), device=DEVICE)
+        K._symm_gather_dequant_kernel[(3,)](
+            out, table, table, n, lay.blocks_per_shard, red_off, 2, half // 16, RANK=r, WORLD=world,
+            WP2=4, B=lay.block, BLOCK_G=bpp, BARRIER=False,
+        )  # fmt: skip
+        assert torch.equal(out, ref.view(-1)[:n])
+    assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
+    assert all(not f[:half].any() for f in fulls)
+
+
+_COMPILE_SM90 = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tritonkit.ops.collectives import kernels as K
+
+SCALARS = {"buf_table": "i64", "pad_table": "i64", "n": "i32", "alpha": "fp32", "epoch": "i32",
+           "buf_off": "i32", "n_rows": "i32", "H": "i32", "eps": "fp32", "blocks_per_shard": "i32",
+           "chunk_bytes": "i32", "red_off": "i32"}
+ALIGNED = ("n", "H", "blocks_per_shard", "chunk_bytes", "red_off")  # as launches specialize them
+out = {}
+for name, consts in json.loads(sys.argv[1]).items():
+    fn = getattr(K, name).fn
+    sig, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in consts:
+            sig[arg] = "constexpr"
+        else:
+            sig[arg] = SCALARS.get(arg, "*fp32" if arg == "res_ptr" else "*bf16")
+            if sig[arg].startswith("*") or arg in ALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out[name] = c.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.interpreter  # a GPU run compiles and runs them for real
+def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader():
+    """Every symmetric-memory kernel compiles for sm_90 (without a GPU: Triton's compiler and
+    ptxas); its peer loads and stores are 16-byte vectors (a pointer read from a table is
+    otherwise assumed unaligned: bytes one at a time), and the barrier's waits are scalar
+    acquire reads (their value reaches every thread) while its signals are exchanges."""
+    import subprocess
+    import sys
+
+    base = {"RANK": 0, "WORLD": 2, "WP2": 2, "BARRIER": True}
+    kernels = {
+        "_one_shot_kernel": {**base, "BLOCK": 1024},
+        "_two_shot_kernel": {**base, "BLOCK": 1024},
+        "_all_reduce_add_rms_norm_kernel": {**base, "BLOCK_H": 4096, "HAS_WEIGHT": True},
+        "_symm_reduce_shard_kernel": {
+            **base,
+            "QMAX": 127,
+            "B": 256,
+            "BLOCK_G": 16,
+            "HAS_RES": True,
+            "EMULATE": False,
+        },
+        "_symm_gather_dequant_kernel": {**base, "B": 256, "BLOCK_G": 16},
+    }
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.join(ROOT, "src")
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SM90, json.dumps(kernels)], env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if run.returncode != 0 and "ptxas" in run.stderr.lower() and "not found" in run.stderr:
+        pytest.skip("no ptxas")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ptx = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, text in ptx.items():
+        scalar = [ln for ln in text.splitlines() if "ld.global.b16" in ln or "ld.global.b8" in ln]
+        assert not scalar, (name, scalar[:3])
+        assert "ld.global.v4.b32" in text, name
+        assert "atom.global.sys.release.exch.b32" in text, name
+        assert "ld.global.sys.acquire.b32" in text, name
 
 
 def test_quant_eps_agrees_with_core():

@@ -10,6 +10,8 @@ The compressed all-reduce is also a DDP communication hook (``compressed_allredu
 In debug mode (``set_debug(True)`` or ``TRITONKIT_DIST_DEBUG=1``) every call first checks
 that all ranks passed the same shapes, dtypes and ops, and raises ValueError naming the rank
 that differs (on gloo a monitored barrier first names a rank that never arrived).
+``TRITONKIT_DIST_SYMM=0`` (set alike on every rank) keeps every call resolved after it off
+symmetric memory: torch.distributed's collectives instead.
 """
 
 import contextlib
@@ -278,11 +280,18 @@ def compressed_all_reduce(
     residual: torch.Tensor | None = None,
     block: int | None = None,
     timeout: Timeout = None,
+    algorithm: str = "auto",
 ) -> int:
     """All-reduce ``tensor`` in place through block-wise ``dtype`` codes (a float32 scale per
     ``block`` elements): quantize (adding ``residual``, the error feedback), all-to-all of the
     compressed chunks, one kernel that dequantizes the world's chunks of this rank's shard,
     sums them in float32 and requantizes, all-gather of the compressed shards, dequantize.
+
+    On CUDA tensors of an NCCL group with int8 codes (``algorithm="auto"`` or ``"symm"``) the
+    exchanges are reads of the peers' symmetric buffers instead (no collective call: three
+    kernels, two barriers; the same arithmetic). Bytes per rank, either way: ``2 (world - 1)
+    shard (1 + 4 / block)`` with ``shard = numel / world`` rounded up to whole blocks, against
+    ``2 (world - 1) / world * numel * element_size`` for NCCL's ring all-reduce.
 
     Bound (int8, per block of ``block`` elements, without error feedback): ``|out - exact| <=
     (sum_r amax_r + amax_sum) / 254`` plus the output dtype's rounding, where ``amax_r`` is rank
@@ -295,18 +304,31 @@ def compressed_all_reduce(
         op: SUM or AVG.
         group: the process group (None: the default group).
         dtype: the codes: torch.int8 or torch.float8_e4m3fn.
-        residual: float32 error-feedback state of ``residual_size(tensor.numel(), world)``
-            elements, read and updated (the first ``padded`` elements this rank's quantization
-            residual, the rest its shard's requantization residual), or None for none.
+        residual: error-feedback state of ``residual_size(tensor.numel(), world)`` elements,
+            float32 or ``tensor``'s dtype, read and updated (the first ``padded`` elements this
+            rank's quantization residual, the rest its shard's requantization residual), or
+            None for none. The arithmetic is float32 either way; a bfloat16 state rounds the
+            residual (at most 1/254 of a block's largest magnitude) to 8 bits and moves 4 of
+            the 8 bytes per element (read and written) a float32 state costs the quantize
+            kernel.
         block: elements per scale (None: the config's heuristic).
-        timeout: how long each exchange may wait (``datetime.timedelta`` or seconds).
+        timeout: how long each exchange may wait (``datetime.timedelta`` or seconds; the
+            symmetric-memory path's barriers wait for every peer).
+        algorithm: "auto" (symmetric memory where it runs, else torch.distributed's
+            all-to-all and all-gather), "symm" (the same, saying so once when it falls back)
+            or "nccl" (torch.distributed's exchanges: NCCL or gloo).
 
     Returns:
-        The bytes this rank sent.
+        The bytes this rank sent (on symmetric memory: read from the peers).
     """
     check_tensor("compressed_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"compressed_all_reduce: op must be SUM or AVG, got {op}")
+    if algorithm not in COMPRESS_ALGORITHMS:
+        raise ValueError(
+            f"compressed_all_reduce: algorithm must be one of {list(COMPRESS_ALGORITHMS)}, "
+            f"got {algorithm!r}"
+        )
     if dtype not in CODE_DTYPES:
         raise TypeError(f"compressed_all_reduce: dtype must be int8 or float8_e4m3fn, got {dtype}")
     cfg = CompressConfig.heuristic(tensor.numel(), dtype)
@@ -324,24 +346,55 @@ def compressed_all_reduce(
     if residual is not None:
         need = lay.padded + lay.shard
         if (
-            residual.dtype != torch.float32
+            residual.dtype not in (torch.float32, tensor.dtype)
             or residual.numel() != need
             or not residual.is_contiguous()
         ):
             raise ValueError(
-                f"compressed_all_reduce: residual must be a contiguous float32 tensor of {need} "
-                f"elements, got {residual.dtype} with {residual.numel()}"
+                f"compressed_all_reduce: residual must be a contiguous float32 tensor (or "
+                f"one of the tensor's dtype, {tensor.dtype}) of {need} elements, got "
+                f"{residual.dtype} with {residual.numel()}"
             )
         worker_res, server_res = residual[: lay.padded], residual[lay.padded :]
     if tensor.numel() == 0:
         return 0
     flat = _flat_work(tensor)
-    sent = plan.compressed_all_reduce_flat(
-        flat, flat, group, cfg, worker_res, server_res, op == ReduceOp.AVG, as_timedelta(timeout)
-    )
+    ws = _compress_workspace(tensor, group, cfg, lay, algorithm)
+    if ws is not None:
+        sent = plan.compressed_all_reduce_symm(
+            flat, flat, cfg, worker_res, server_res, op == ReduceOp.AVG, ws
+        )
+    else:
+        sent = plan.compressed_all_reduce_flat(
+            flat, flat, group, cfg, worker_res, server_res, op == ReduceOp.AVG,
+            as_timedelta(timeout),
+        )  # fmt: skip
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     return sent
+
+
+COMPRESS_ALGORITHMS = ("auto", "symm", "nccl")
+
+
+def _compress_workspace(tensor, group, cfg, lay, algorithm: str):
+    """The symmetric workspace the compressed all-reduce runs on, or None (torch.distributed's
+    exchanges)."""
+    if algorithm == "nccl":
+        return None
+    why = plan.symm_unavailable(tensor, group)
+    if why is None and cfg.dtype != torch.int8:
+        why = f"its symmetric-memory path takes int8 codes, not {cfg.dtype}"
+    if why is None:
+        try:
+            aligned = plan.CompressedLayout.of(lay.numel, lay.world, cfg, align=16)
+            nbytes, _ = plan.symm_compress_layout(aligned)
+            return plan.workspace(group, tensor.device, torch.uint8, nbytes)
+        except (RuntimeError, ImportError) as exc:
+            why = f"symmetric memory could not be allocated ({exc})"
+    if algorithm == "symm":
+        _fallback("compressed_all_reduce", why, "its all-to-all and all-gather")
+    return None
 
 
 def residual_size(numel: int, world: int, block: int | None = None) -> int:
@@ -361,20 +414,30 @@ def residual_size(numel: int, world: int, block: int | None = None) -> int:
 _said_fallback: set[tuple[str, str]] = set()
 
 
-def _fallback(op: str, why: str) -> None:
+def _fallback(op: str, why: str, instead: str = "all_reduce") -> None:
     if (op, why) not in _said_fallback:  # once per function, reason and process
         _said_fallback.add((op, why))
-        msg = f"tritonkit.dist.{op}: {why}; using torch.distributed's all_reduce instead"
+        msg = f"tritonkit.dist.{op}: {why}; using torch.distributed's {instead} instead"
         warnings.warn(msg, stacklevel=3)
+
+
+# (group, numel, dtype, device, op) -> the resolved all-reduce (plan.SymmAllReduce): every
+# later call of that key is a dict lookup, two checks and one C launch. Validated on the first
+# call (a key holds only a CUDA float tensor's dtype and device); filled only outside debug mode.
+_SYMM_PLANS: dict[tuple, "plan.SymmAllReduce"] = {}
 
 
 def symm_all_reduce(
     tensor: torch.Tensor, op=ReduceOp.SUM, group=None, *, timeout: Timeout = None
 ) -> None:
-    """All-reduce ``tensor`` in place through symmetric memory: a Triton kernel copies it into
+    """All-reduce ``tensor`` in place through symmetric memory: one Triton kernel copies it into
     this rank's symmetric buffer, meets the peers at a barrier of signal pads, and reads every
     peer's buffer (one-shot: all of it; two-shot, above a size: its part, writing the reduced
     part into every peer's buffer), summing in float32 and rounding once.
+
+    The buffer, its peer-pointer and signal-pad tables, the config and the compiled launch are
+    resolved on the first call of a (group, numel, dtype, device, op) and reused after: no
+    rendezvous and no table lookup per call.
 
     Where symmetric memory is unavailable (CPU tensors, a non-NCCL group, a build without it)
     it says so once (a warning) and calls ``torch.distributed.all_reduce``.
@@ -385,6 +448,15 @@ def symm_all_reduce(
         group: the process group (None: the default group).
         timeout: bounds the NCCL fallback's wait; the kernel's barrier waits for every peer.
     """
+    if isinstance(tensor, torch.Tensor) and not _debug[0]:
+        run = _SYMM_PLANS.get((group, tensor.numel(), tensor.dtype, tensor.device, op))
+        if (
+            run is not None
+            and tensor.is_contiguous()
+            and not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
+            run(tensor, tensor)
+            return None
     _check_float("symm_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"symm_all_reduce: op must be SUM or AVG, got {op}")
@@ -401,15 +473,27 @@ def symm_all_reduce(
         check_same_arguments("symm_all_reduce", group, timeout, _signature(tensor, op=op))
     if tensor.numel() == 0:
         return None
-    measured = symm_crossover(ws.world, tensor.dtype)
-    one_shot_max = measured[1] if measured else SymmConfig.default_one_shot_max_bytes(ws.world)
-    cfg = SymmConfig.heuristic(tensor.numel() * tensor.element_size(), ws.world, one_shot_max)
+    run = _symm_plan(tensor, op, group, ws)
     flat = _flat_work(tensor)
-    alpha = 1.0 / ws.world if op == ReduceOp.AVG else 1.0
-    plan.symm_launch(flat, flat, ws, cfg, alpha)
+    run(flat, flat)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view(tensor.shape))
     return None
+
+
+def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
+    """The cached all-reduce of ``tensor``'s key (made, and cached outside debug mode)."""
+    key = (group, tensor.numel(), tensor.dtype, tensor.device, op)
+    run = _SYMM_PLANS.get(key)
+    if run is None or run.ws is not ws:  # a grown workspace: the plan moves to it
+        measured = symm_crossover(ws.world, tensor.dtype)
+        one_max = measured[1] if measured else SymmConfig.default_one_shot_max_bytes(ws.world)
+        cfg = SymmConfig.heuristic(tensor.numel() * tensor.element_size(), ws.world, one_max)
+        alpha = 1.0 / ws.world if op == ReduceOp.AVG else 1.0
+        run = plan.SymmAllReduce(ws, tensor.numel(), cfg, alpha)
+        if not _debug[0]:
+            _SYMM_PLANS[key] = run
+    return run
 
 
 def fused_all_reduce_add_rms_norm(

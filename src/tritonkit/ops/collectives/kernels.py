@@ -11,12 +11,16 @@ view, both with the chunk's row stride.
 Symmetric memory (``torch.distributed._symmetric_memory``): every rank allocated the same
 buffer, and ``buffer_ptrs_dev`` / ``signal_pad_ptrs_dev`` are device tables of the peers'
 addresses (uint64). A kernel loads a peer's base from the table and casts it to a typed
-pointer. Ranks synchronize per program through the signal pads: program ``b`` of rank ``r``
-sets slot ``b * WORLD + r`` of every peer's pad (compare-and-swap 0 -> 1, release, system
-scope) and waits for slot ``b * WORLD + p`` of its own pad to hold 1 for every peer ``p``
-(swapping it back to 0, acquire), so the pads are zero again after every barrier. Programs
-must be laid out alike on every rank (same shapes, same grid), which the public functions
-ensure. Peer memory is loaded with ``.cv`` (no stale cached lines of an earlier call).
+pointer. Ranks synchronize per program through the signal pads, by epochs: the host counts
+the barriers of each workspace (the same count on every rank, since every rank makes the same
+calls) and passes a kernel its barrier's epoch; program ``b`` of rank ``r`` writes the epoch
+into slot ``b * WORLD + r`` of every peer's pad (an exchange, release, system scope) and waits
+until slot ``b * WORLD + p`` of its own pad holds that epoch or a later one for every peer
+``p`` (atomic reads, acquire). Nothing is reset, so a barrier costs one round of signals.
+Calls alternate between the two halves of the buffers (``buf_off``), which makes the closing
+barrier unnecessary (see ``_one_shot_kernel``). Programs must be laid out alike on every rank
+(same shapes, same grid), which the public functions ensure. Peer memory is loaded with
+``.cv`` (no stale cached lines of an earlier call).
 """
 
 import triton
@@ -161,71 +165,108 @@ def _dequant_acc_requant_kernel(
 
 @triton.jit
 def _peer_base(table, peer, dtype: tl.constexpr):
-    """Peer ``peer``'s buffer from a device table of uint64 addresses, as a ``dtype`` pointer."""
-    return tl.load(table.to(tl.pointer_type(tl.uint64)) + peer).to(tl.pointer_type(dtype))
+    """Peer ``peer``'s buffer from a device table of uint64 addresses, as a ``dtype`` pointer
+    (16-byte aligned, as symmetric allocations are: the hint lets loads and stores from it be
+    vectorized, which a pointer loaded from memory otherwise never is)."""
+    return tl.multiple_of(_peer_addr(table, peer).to(tl.pointer_type(dtype)), 16)
 
 
 @triton.jit
-def symm_barrier(pad_table, block_id, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Every rank's program ``block_id`` has arrived (see the module's docstring); the stores
-    made before it by this program are visible to the peers after it, and theirs to this one."""
+def _peer_addr(table, peer):
+    """Peer ``peer``'s buffer address (uint64, 16-byte aligned) from a device table."""
+    return tl.multiple_of(tl.load(table.to(tl.pointer_type(tl.uint64)) + peer), 16)
+
+
+@triton.jit
+def epoch_barrier(
+    pad_table, block_id, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WP2: tl.constexpr
+):
+    """Every rank's program ``block_id`` has reached barrier ``epoch`` (see the module's
+    docstring); the stores this program made before it are visible to the peers after it, and
+    theirs to this one."""
     tl.debug_barrier()  # this program's stores happen before its signals
-    for p in tl.static_range(WORLD):
-        slot = _peer_base(pad_table, p, tl.uint32) + block_id * WORLD + RANK
-        old = tl.full((), 1, tl.int32)  # atomic_cas on int literals returns int32
-        spins = 0
-        # The slot is free once the peer consumed the previous call's signal. Spins are
-        # bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
-        while (old != 0) & (spins < SPIN_LIMIT):
-            old = tl.atomic_cas(slot, 0, 1, sem="release", scope="sys")
-            spins += 1
-    own = _peer_base(pad_table, RANK, tl.uint32) + block_id * WORLD
-    for p in tl.static_range(WORLD):
-        old = tl.full((), 0, tl.int32)
-        spins = 0
-        while (old != 1) & (spins < SPIN_LIMIT):
-            old = tl.atomic_cas(own + p, 1, 0, sem="acquire", scope="sys")
-            spins += 1
+    # The signals: one lane per peer, all sent at once. A store of the epoch, not a handshake:
+    # a slot only grows, so a peer that is already one barrier further overwrites nothing its
+    # waiter still needs (the waiter asks for >=). Triton issues a tensor atomic once per
+    # element (threads holding copies of an element are masked off).
+    p = tl.arange(0, WP2)
+    pm = (p < WORLD) & (p != RANK)
+    pp = tl.where(pm, p, RANK)  # masked lanes point at a valid table entry
+    bases = tl.load(pad_table.to(tl.pointer_type(tl.uint64)) + pp)
+    slots = bases.to(tl.pointer_type(tl.int32)) + block_id * WORLD + RANK
+    tl.atomic_xchg(slots, tl.zeros((WP2,), dtype=tl.int32) + epoch, mask=pm, sem="release",
+                   scope="sys")  # fmt: skip
+    # The waits: scalar atomic reads (acquire), whose value Triton hands to every thread, so
+    # that all threads leave the loop together. (A tensor atomic's result reaches only the
+    # thread that issued it: the copies of an element would see 0 and spin.) Peer by peer: the
+    # total wait is the last arrival's. Wrapping int32 difference: epochs count modulo 2^32.
+    own = _peer_base(pad_table, RANK, tl.int32) + block_id * WORLD
+    for q in tl.static_range(WORLD):
+        if q != RANK:
+            seen = tl.atomic_add(own + q, 0, sem="acquire", scope="sys")
+            spins = 0
+            # Bounded (SPIN_LIMIT, seconds): a dead peer leaves wrong results, not a hung GPU.
+            while ((seen - epoch) < 0) & (spins < SPIN_LIMIT):
+                seen = tl.atomic_add(own + q, 0, sem="acquire", scope="sys")
+                spins += 1
     tl.debug_barrier()  # no thread reads peers' data before the signals arrived
 
 
-@kernel
+@triton.jit
+def _sum_peers(x_ptr, buf_table, buf_off, offs, mask, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """float32 sum over ranks 0..WORLD-1, in that order on every rank (so every rank rounds
+    alike); this rank's term read from its own input, the peers' from their buffers."""
+    ty = x_ptr.dtype.element_ty
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            v = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        else:
+            peer = _peer_base(buf_table, p, ty) + buf_off
+            v = tl.load(peer + offs, mask=mask, other=0.0, cache_modifier=".cv")
+        acc += v.to(tl.float32)
+    return acc
+
+
+# ``epoch`` and ``buf_off`` change every call: never specialized (an epoch equal to 1 would
+# otherwise compile a kernel of its own, and the cached launch would reuse it).
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _one_shot_kernel(
     x_ptr,  # (n,) this rank's input, contiguous
     out_ptr,  # (n,) the reduced output (may be x)
-    buf_table,  # device table of the peers' symmetric buffers (>= n elements each)
-    pad_table,  # device table of the peers' signal pads (uint32)
+    buf_table,  # device table of the peers' symmetric buffers (>= buf_off + n elements each)
+    pad_table,  # device table of the peers' signal pads (int32 slots)
     n,
     alpha,
+    epoch,  # this call's barrier epoch (int32, wrapping)
+    buf_off,  # the half of the symmetric buffers this call uses, in units of 16 elements
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,  # next power of 2 >= WORLD
     BLOCK: tl.constexpr,
     BARRIER: tl.constexpr,  # off only in the interpreter's test of the arithmetic
 ):
+    # Copy in, one barrier, read and sum. No closing barrier: calls alternate between the two
+    # halves of the buffers, and a rank rewrites a half only after every peer reached the
+    # barrier of the call between, which it does only once its previous call (the readers of
+    # that half) has finished.
     pid = tl.program_id(0)
     step = tl.num_programs(0).to(tl.int64) * BLOCK
-    ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    buf_off = buf_off * 16  # elements (passed in 16s: the loads and stores vectorize)
+    local = _peer_base(buf_table, RANK, x_ptr.dtype.element_ty) + buf_off
     start = pid.to(tl.int64) * BLOCK
     for base in range(start, n, step):
         offs = base + tl.arange(0, BLOCK)
         tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for base in range(start, n, step):
         offs = base + tl.arange(0, BLOCK)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
-                tl.float32
-            )
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, offs < n, RANK, WORLD)
         tl.store(out_ptr + offs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=offs < n)
-    if BARRIER:  # no rank overwrites its buffer (next call) while a peer still reads it
-        symm_barrier(pad_table, pid, RANK, WORLD)
 
 
-@kernel
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _two_shot_kernel(
     x_ptr,  # (n,) this rank's input, contiguous
     out_ptr,  # (n,) the reduced output (may be x)
@@ -233,48 +274,46 @@ def _two_shot_kernel(
     pad_table,
     n,
     alpha,
+    epoch,  # the first of its two barriers' epochs
+    buf_off,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,
     BLOCK: tl.constexpr,  # elements of a slice each rank reduces; a program's span is WORLD x
     BARRIER: tl.constexpr,
 ):
     # Reduce-scatter then all-gather through the buffers: rank r reduces part r of each span
     # (reading it from every peer) and writes the result into part r of every peer's buffer.
+    # Two barriers; the closing one is free for the reason the one-shot gives.
     pid = tl.program_id(0)
     span = WORLD * BLOCK
     step = tl.num_programs(0).to(tl.int64) * span
     ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    buf_off = buf_off * 16
+    local = _peer_base(buf_table, RANK, ty) + buf_off
     start = pid.to(tl.int64) * span
     for base in range(start, n, step):
         for part in tl.static_range(WORLD):  # WORLD need not be a power of 2
             offs = base + part * BLOCK + tl.arange(0, BLOCK)
             tl.store(local + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for base in range(start, n, step):
         offs = base + RANK * BLOCK + tl.arange(0, BLOCK)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=offs < n, other=0.0, cache_modifier=".cv").to(
-                tl.float32
-            )
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, offs < n, RANK, WORLD)
         acc = (acc * alpha).to(ty)
         for p in tl.static_range(WORLD):
-            tl.store(_peer_base(buf_table, p, ty) + offs, acc, mask=offs < n)
+            tl.store(_peer_base(buf_table, p, ty) + buf_off + offs, acc, mask=offs < n)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch + 1, RANK, WORLD, WP2)
     for base in range(start, n, step):
         for part in tl.static_range(WORLD):
             offs = base + part * BLOCK + tl.arange(0, BLOCK)
             v = tl.load(local + offs, mask=offs < n, cache_modifier=".cv")
             tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=offs < n)
-    if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
 
 
-@kernel
+@kernel(do_not_specialize=["epoch", "buf_off"])
 def _all_reduce_add_rms_norm_kernel(
     x_ptr,  # (n_rows, H) this rank's partial sums, contiguous
     res_ptr,  # (n_rows, H) residual, contiguous
@@ -286,8 +325,11 @@ def _all_reduce_add_rms_norm_kernel(
     n_rows,
     H,
     eps,
+    epoch,
+    buf_off,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
+    WP2: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BARRIER: tl.constexpr,
@@ -298,18 +340,16 @@ def _all_reduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
     ty = x_ptr.dtype.element_ty
-    local = _peer_base(buf_table, RANK, ty)
+    buf_off = buf_off * 16
+    local = _peer_base(buf_table, RANK, ty) + buf_off
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
         tl.store(local + offs, tl.load(x_ptr + offs, mask=cmask), mask=cmask)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
-        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            peer = _peer_base(buf_table, p, ty)
-            acc += tl.load(peer + offs, mask=cmask, other=0.0, cache_modifier=".cv").to(tl.float32)
+        acc = _sum_peers(x_ptr, buf_table, buf_off, offs, cmask, RANK, WORLD)
         h = acc.to(ty).to(tl.float32) + tl.load(res_ptr + offs, mask=cmask, other=0.0).to(
             tl.float32
         )
@@ -319,5 +359,107 @@ def _all_reduce_add_rms_norm_kernel(
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+# ---- the compressed all-reduce on symmetric memory --------------------------------------------
+# Each rank's buffer (bytes): WORLD chunks of its quantized input (chunk c: shard codes, then
+# blocks_per_shard float32 scales; ``chunk_bytes`` apart), then at ``red_off`` one chunk: its
+# reduced, requantized shard. Only codes and scales cross NVLink.
+
+
+@kernel(do_not_specialize=["epoch", "buf_off"])
+def _symm_reduce_shard_kernel(
+    buf_table,
+    pad_table,
+    res_ptr,  # (shard,) float32 requantization residual of this rank's shard (HAS_RES)
+    blocks_per_shard,
+    chunk_bytes,
+    red_off,  # bytes: where the reduced chunk starts in the call's half of every buffer
+    alpha,  # 1, or 1 / world for an average: folded into the scales written
+    epoch,
+    buf_off,  # the half of the buffers this call uses, in 16-byte units
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    WP2: tl.constexpr,
+    QMAX: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    EMULATE: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    # Every rank quantized its input into its buffer (the kernel before, on every stream): one
+    # barrier, then chunk RANK of every rank's buffer is dequantized, summed in float32 (ranks
+    # in order 0..WORLD-1), requantized with error feedback, and written into this rank's
+    # reduced chunk. (Int8 codes: the rounding of the quant family's encode.)
+    pid = tl.program_id(0)
     if BARRIER:
-        symm_barrier(pad_table, pid, RANK, WORLD)
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
+    shard = blocks_per_shard * B
+    j = tl.arange(0, B)
+    buf_off = buf_off * 16
+    own = _peer_base(buf_table, RANK, tl.int8) + buf_off + red_off
+    for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        g_ok = g < blocks_per_shard
+        offs = g[:, None] * B + j[None, :]
+        acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
+        for c in tl.static_range(WORLD):
+            base = _peer_base(buf_table, c, tl.int8) + buf_off + RANK * chunk_bytes
+            code = tl.load(base + offs, mask=g_ok[:, None], other=0, cache_modifier=".cv")
+            scale = tl.load(
+                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
+                cache_modifier=".cv",
+            )  # fmt: skip
+            acc += code.to(tl.float32) * scale[:, None]
+        if HAS_RES:
+            acc += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0)
+        codes, deq, scale = _quantize_blocks(acc, QMAX, False, 0, 0, EMULATE)
+        if HAS_RES:
+            tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
+        tl.store(own + offs, codes.to(tl.int8), mask=g_ok[:, None])
+        tl.store((own + shard).to(tl.pointer_type(tl.float32)) + g, scale * alpha, mask=g_ok)
+
+
+@kernel(do_not_specialize=["epoch", "buf_off"])
+def _symm_gather_dequant_kernel(
+    out_ptr,  # (n,) the reduced output
+    buf_table,
+    pad_table,
+    n,
+    blocks_per_shard,
+    red_off,
+    epoch,
+    buf_off,  # 16-byte units
+    RANK: tl.constexpr,
+    WORLD: tl.constexpr,
+    WP2: tl.constexpr,
+    B: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BARRIER: tl.constexpr,
+):
+    # Every rank wrote its reduced chunk: one barrier, then every rank's chunk is read and
+    # dequantized into its part of the output. No closing barrier: calls alternate between the
+    # buffers' halves, and a rank rewrites a half (two calls on) only after the barrier of the
+    # call between, which every peer reaches only once this kernel (the last reader) is done.
+    pid = tl.program_id(0)
+    if BARRIER:
+        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
+    shard = blocks_per_shard * B
+    j = tl.arange(0, B)
+    buf_off = buf_off * 16
+    for c in tl.static_range(WORLD):
+        base = _peer_base(buf_table, c, tl.int8) + buf_off + red_off
+        for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            g_ok = g < blocks_per_shard
+            offs = g[:, None] * B + j[None, :]
+            dst = c * shard + offs.to(tl.int64)
+            m = g_ok[:, None] & (dst < n)
+            code = tl.load(base + offs, mask=m, other=0, cache_modifier=".cv")
+            scale = tl.load(
+                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
+                cache_modifier=".cv",
+            )  # fmt: skip
+            y = code.to(tl.float32) * scale[:, None]
+            tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=m)

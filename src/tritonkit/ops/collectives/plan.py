@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from tritonkit.ops._core import launch as _L
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops.collectives import kernels as K
@@ -193,33 +195,63 @@ class CompressedLayout:
     world: int
     block: int
     blocks_per_shard: int
+    align: int = 1  # bytes every chunk is padded to
 
     @property
     def shard(self) -> int:
         return self.blocks_per_shard * self.block
 
     @property
-    def chunk_bytes(self) -> int:
+    def payload_bytes(self) -> int:
+        """A chunk's codes and scales."""
         return self.shard + 4 * self.blocks_per_shard
+
+    @property
+    def chunk_bytes(self) -> int:
+        # The symmetric-memory path pads chunks to 16 bytes: every chunk starts aligned, so
+        # the kernels reading chunks at peer addresses move 16 bytes a load, not one.
+        return cdiv(self.payload_bytes, self.align) * self.align
 
     @property
     def padded(self) -> int:
         return self.world * self.shard
 
     def wire_bytes(self) -> int:
-        """Bytes this rank sends: world - 1 chunks in the all-to-all and in the all-gather."""
-        return 2 * (self.world - 1) * self.chunk_bytes
+        """Bytes this rank sends (or reads from its peers): world - 1 chunks' payloads in the
+        all-to-all and in the all-gather (the a2a path has no padding)."""
+        return 2 * (self.world - 1) * self.payload_bytes
 
     @classmethod
-    def of(cls, numel: int, world: int, cfg: CompressConfig) -> CompressedLayout:
-        return cls(numel, world, cfg.block, max(1, cdiv(cdiv(numel, world), cfg.block)))
+    def of(cls, numel: int, world: int, cfg: CompressConfig, align: int = 1) -> CompressedLayout:
+        return cls(numel, world, cfg.block, max(1, cdiv(cdiv(numel, world), cfg.block)), align)
 
 
 def _views(buf: torch.Tensor, lay: CompressedLayout, code_dtype: torch.dtype):
     """Codes and scales of a (rows, chunk_bytes) uint8 wire buffer."""
     codes = buf[..., : lay.shard].view(code_dtype)
-    scales = buf[..., lay.shard :].view(torch.float32)
+    scales = buf[..., lay.shard : lay.shard + 4 * lay.blocks_per_shard].view(torch.float32)
     return codes, scales
+
+
+def quantize_chunks(
+    flat: torch.Tensor,
+    worker_res: torch.Tensor | None,
+    wire: torch.Tensor,
+    lay: CompressedLayout,
+    cfg: CompressConfig,
+) -> None:
+    """Quantize ``flat`` (plus ``worker_res``, updated: the error feedback) into ``wire``, a
+    (world, chunk_bytes) uint8 buffer of chunks (codes, then scales)."""
+    fmt = get_format(cfg.dtype)
+    sq, ss = _views(wire, lay, cfg.dtype)
+    n_blocks = lay.world * lay.blocks_per_shard
+    bpp = cfg.blocks_per_program
+    K._ef_quantize_kernel[(cdiv(n_blocks, bpp),)](
+        flat, worker_res, sq, ss, flat.numel(), n_blocks, lay.blocks_per_shard,
+        sq.stride(0), ss.stride(0), QMAX=fmt.qmax, IS_FLOAT=fmt.is_float, MANT=fmt.mantissa,
+        EMIN=fmt.emin, B=lay.block, BLOCK_G=bpp, HAS_RES=worker_res is not None,
+        EMULATE=interpreter_enabled(), num_warps=cfg.num_warps,
+    )  # fmt: skip
 
 
 def compressed_all_reduce_flat(
@@ -243,13 +275,7 @@ def compressed_all_reduce_flat(
     bpp = cfg.blocks_per_program
     dev = flat.device
     send = torch.empty((world, lay.chunk_bytes), dtype=torch.uint8, device=dev)
-    sq, ss = _views(send, lay, cfg.dtype)
-    n_blocks = world * lay.blocks_per_shard
-    K._ef_quantize_kernel[(cdiv(n_blocks, bpp),)](
-        flat, worker_res, sq, ss, flat.numel(), n_blocks, lay.blocks_per_shard,
-        sq.stride(0), ss.stride(0), **qmeta, B=lay.block, BLOCK_G=bpp,
-        HAS_RES=worker_res is not None, EMULATE=emulate, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    quantize_chunks(flat, worker_res, send, lay, cfg)
     recv = torch.empty_like(send)
     what = "compressed_all_reduce"
     work = issue(
@@ -284,6 +310,62 @@ def compressed_all_reduce_flat(
     return lay.wire_bytes()
 
 
+def symm_compress_layout(lay: CompressedLayout) -> tuple[int, int]:
+    """(bytes of a rank's symmetric buffer, offset of its reduced chunk) for the compressed
+    all-reduce on symmetric memory: ``world`` quantized chunks, then the reduced one."""
+    return (lay.world + 1) * lay.chunk_bytes, lay.world * lay.chunk_bytes
+
+
+def _next_epoch(epoch: int) -> int:
+    """The int32 epoch after ``epoch`` (wrapping as the pads' int32 slots do)."""
+    return -(1 << 31) if epoch == (1 << 31) - 1 else epoch + 1
+
+
+def compressed_all_reduce_symm(
+    flat: torch.Tensor,
+    out: torch.Tensor,
+    cfg: CompressConfig,
+    worker_res: torch.Tensor | None,
+    server_res: torch.Tensor | None,
+    average: bool,
+    ws: SymmWorkspace,
+) -> int:
+    """``compressed_all_reduce_flat`` through symmetric memory (int8 codes): three kernels,
+    no collective call. Quantize (error feedback) into this rank's buffer; after a barrier read
+    this rank's shard from every buffer, dequantize, sum, requantize (error feedback) into its
+    reduced chunk; after a second barrier read every reduced chunk and dequantize into ``out``.
+
+    Bytes over NVLink per rank (reads; the same count as the NCCL path's sends): ``2 (world -
+    1) chunk_bytes`` with ``chunk_bytes = shard (1 + 4 / block)``, ``shard = ceil(numel /
+    world)`` rounded up to whole blocks; NCCL's ring all-reduce of the uncompressed tensor
+    sends ``2 (world - 1) / world * numel * element_size``."""
+    world = ws.world
+    lay = CompressedLayout.of(flat.numel(), world, cfg, align=16)
+    _, red_off = symm_compress_layout(lay)
+    emulate = interpreter_enabled()
+    qmax = get_format(torch.int8).qmax
+    bpp = cfg.blocks_per_program
+    # Calls alternate between the buffers' halves (see _symm_gather_dequant_kernel): the next
+    # call's quantize may then overwrite nothing a peer's last kernel of this call still reads.
+    epoch, half = ws.advance(2)
+    region = ws.buffer[half : half + world * lay.chunk_bytes].view(world, lay.chunk_bytes)
+    quantize_chunks(flat, worker_res, region, lay, cfg)
+    programs = max(1, min(cdiv(lay.blocks_per_shard, bpp), ws.max_programs))
+    wp2 = next_power_of_2(world)
+    K._symm_reduce_shard_kernel[(programs,)](
+        ws.buf_table, ws.pad_table, server_res, lay.blocks_per_shard, lay.chunk_bytes, red_off,
+        1.0 / world if average else 1.0, epoch, half // 16, RANK=ws.rank, WORLD=world,
+        WP2=wp2, QMAX=qmax, B=lay.block, BLOCK_G=bpp, HAS_RES=server_res is not None,
+        EMULATE=emulate, BARRIER=True, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    K._symm_gather_dequant_kernel[(programs,)](
+        out, ws.buf_table, ws.pad_table, out.numel(), lay.blocks_per_shard, red_off,
+        _next_epoch(epoch), half // 16, RANK=ws.rank, WORLD=world, WP2=wp2, B=lay.block,
+        BLOCK_G=bpp, BARRIER=True, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return lay.wire_bytes()
+
+
 # ----------------------------------------------------------------------------------------------
 # Symmetric memory
 
@@ -292,18 +374,24 @@ def symm_unavailable(tensor: torch.Tensor, group) -> str | None:
     """Why the symmetric-memory path cannot run here, or None."""
     if tensor.device.type != "cuda":
         return "symmetric memory needs CUDA tensors"
+    if os.environ.get("TRITONKIT_DIST_SYMM", "1") == "0":
+        return "TRITONKIT_DIST_SYMM=0"
     try:
-        import torch.distributed._symmetric_memory  # noqa: F401
+        import torch.distributed._symmetric_memory as _symm_mem  # noqa: F401
     except ImportError as exc:  # pragma: no cover - builds without distributed
         return f"torch.distributed._symmetric_memory does not import ({exc})"
     if dist.get_backend(group) != "nccl":
         return f"the process group's backend is {dist.get_backend(group)}, not nccl"
+    if torch.cuda.is_current_stream_capturing():
+        # A replayed graph would repeat the barrier epochs and buffer halves fixed at capture.
+        return "a CUDA graph is being captured (the kernels' barrier epochs change every call)"
     return None
 
 
 class SymmWorkspace:
-    """One symmetric buffer per (group, device, dtype), grown (collectively: every rank calls
-    with the same sizes) when a message needs more."""
+    """One symmetric buffer per (group, device, dtype), of two halves of ``numel`` elements
+    (calls alternate between them), with the barrier epochs counted here; grown (collectively:
+    every rank calls with the same sizes) when a message needs more."""
 
     def __init__(self, group, device: torch.device, dtype: torch.dtype, numel: int) -> None:
         import torch.distributed._symmetric_memory as symm_mem
@@ -315,14 +403,28 @@ class SymmWorkspace:
                 warnings.simplefilter("ignore")
                 enable(name)
         self.numel = numel
-        self.buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+        self.buffer = symm_mem.empty(2 * numel, dtype=dtype, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, name)  # a group name: every version
         self.rank = self.handle.rank
         self.world = self.handle.world_size
-        # Signal-pad slots (uint32) each program uses one of per peer.
+        # Device addresses of the tables, read once (the handle's properties are C++ calls).
+        self.buf_table = self.handle.buffer_ptrs_dev
+        self.pad_table = self.handle.signal_pad_ptrs_dev
+        # Signal-pad slots (int32) each program uses one of per peer.
         # (get_signal_pad_size is newer than symmetric memory; its pads held 2 KB before.)
         pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
         self.max_programs = max(1, pad_bytes // 4 // self.world)
+        self.epoch = 0  # barriers passed (modulo 2^32): the pads start at 0
+        self.calls = 0
+
+    def advance(self, barriers: int) -> tuple[int, int]:
+        """(the first barrier's epoch as an int32, the element offset of the buffers' half)
+        for the next call, which passes ``barriers`` barriers."""
+        first = (self.epoch + 1) & 0xFFFFFFFF
+        self.epoch = (self.epoch + barriers) & 0xFFFFFFFF
+        half = (self.calls & 1) * self.numel
+        self.calls += 1
+        return (first - (1 << 32) if first >= (1 << 31) else first), half
 
 
 _WORKSPACES: dict[tuple, SymmWorkspace] = {}
@@ -336,24 +438,95 @@ def workspace(group, device: torch.device, dtype: torch.dtype, numel: int) -> Sy
     if ws is None or ws.numel < numel:
         if ws is not None:  # kernels queued on the stream may still read it: never freed
             _RETIRED.append(ws)
-        # Powers of two (at least 1M elements): a few growths cover every size.
+        # Powers of two (at least 1M elements a half): a few growths cover every size.
         ws = SymmWorkspace(g, device, dtype, max(1 << 20, next_power_of_2(numel)))
         _WORKSPACES[key] = ws
     return ws
 
 
+class CachedLaunch:
+    """One kernel launch of the symmetric-memory paths, resolved once: the grid, scalars and
+    constexprs fixed, the tensors and the per-call ``epoch`` / ``buf_off`` put into a copy of
+    the compiled kernel's argument list and handed to its C launcher (``launch._direct``).
+    The first call, the interpreter, launch hooks or a tensor of another 16-byte alignment take
+    ``Kernel.launch`` (always right)."""
+
+    __slots__ = ("_aligned", "_device", "_entry", "_slots", "_values", "args", "grid")
+    __slots__ += ("kern", "meta", "tensor_names")
+
+    def __init__(self, kern, grid: tuple, args: dict, tensor_names: tuple, meta: dict) -> None:
+        self.kern, self.grid, self.args, self.meta = kern, grid, args, meta
+        self.tensor_names = tensor_names
+        names = list(kern.fn.arg_names) if hasattr(kern.fn, "arg_names") else list(args)
+        self._slots = tuple(names.index(k) for k in (*tensor_names, "epoch", "buf_off"))
+        self._entry = None
+        self._values: list | None = None
+        self._device = -1
+        self._aligned: tuple = ()
+
+    def __call__(self, tensors: tuple, epoch: int, buf_off: int) -> None:
+        entry = self._entry
+        if entry is not None and _L.WARMUP.session is None and not _L.PIPE.pending:
+            aligned = tuple([t.data_ptr() & 15 == 0 for t in tensors])
+            device = torch.cuda.current_device()
+            if aligned == self._aligned and device == self._device and not self.kern._hooked():
+                values = self._values.copy()
+                for i, v in zip(self._slots, (*tensors, epoch, buf_off)):
+                    values[i] = v
+                _L._direct(entry, self.grid, device, values)
+                return
+        args = dict(self.args)
+        args.update(zip(self.tensor_names, tensors))
+        args["epoch"], args["buf_off"] = epoch, buf_off
+        entry, values = self.kern._launch(self.grid, tuple(args.values()), self.meta)
+        if entry is not None and self._entry is None:
+            for i in self._slots[: len(tensors)]:
+                values[i] = None  # no tensor outlives the call
+            self._entry, self._values = entry, values
+            self._device = torch.cuda.current_device()
+            self._aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+class SymmAllReduce:
+    """The symmetric-memory all-reduce of one (group, numel, dtype, device, op), everything
+    but the tensor resolved once: the workspace, the config, the grid and the launch."""
+
+    __slots__ = ("barriers", "launch", "ws")
+
+    def __init__(self, ws: SymmWorkspace, n: int, cfg: SymmConfig, alpha: float) -> None:
+        self.ws = ws
+        span = cfg.block if cfg.one_shot else cfg.block * ws.world
+        programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
+        kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
+        self.barriers = 1 if cfg.one_shot else 2
+        args = {"x_ptr": None, "out_ptr": None, "buf_table": ws.buf_table,
+                "pad_table": ws.pad_table, "n": n, "alpha": alpha,
+                "epoch": 0, "buf_off": 0}  # fmt: skip
+        meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
+                "BLOCK": cfg.block, "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
+        self.launch = CachedLaunch(kern, (programs,), args, ("x_ptr", "out_ptr"), meta)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        epoch, off = self.ws.advance(self.barriers)
+        self.launch((x, out), epoch, off // 16)  # the kernels take the offset in 16s
+
+
+_FORCED: dict[tuple, SymmAllReduce] = {}
+
+
 def symm_launch(
     x: torch.Tensor, out: torch.Tensor, ws: SymmWorkspace, cfg: SymmConfig, alpha: float
 ) -> None:
-    """One-shot or two-shot all-reduce of ``x`` (flat, contiguous) into ``out``."""
-    n = x.numel()
-    span = cfg.block if cfg.one_shot else cfg.block * ws.world
-    programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
-    kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
-    kern[(programs,)](
-        x, out, ws.handle.buffer_ptrs_dev, ws.handle.signal_pad_ptrs_dev, n, alpha,
-        RANK=ws.rank, WORLD=ws.world, BLOCK=cfg.block, BARRIER=True, num_warps=cfg.num_warps,
-    )  # fmt: skip
+    """One-shot or two-shot (``cfg``) all-reduce of ``x`` (flat, contiguous) into ``out``: the
+    benchmarks' forced variants (the public function caches its own ``SymmAllReduce``)."""
+    key = (id(ws), x.numel(), x.dtype, cfg, alpha)
+    run = _FORCED.get(key)
+    if run is None or run.ws is not ws:
+        run = _FORCED[key] = SymmAllReduce(ws, x.numel(), cfg, alpha)
+    run(x, out)
+
+
+_FUSED: dict[tuple, CachedLaunch] = {}
 
 
 def fused_norm_launch(
@@ -363,18 +536,30 @@ def fused_norm_launch(
     eps: float,
     ws: SymmWorkspace,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = math.prod(x.shape[:-1])
-    hidden = x.shape[-1]
+    """The fused all-reduce + residual add + RMSNorm of ``x`` (contiguous), its launch cached
+    per (workspace, shape, dtype, weight or not, eps)."""
     out = torch.empty_like(x)
     res_out = torch.empty_like(residual)
-    cfg = FusedNormConfig.heuristic(hidden)
-    programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
-    K._all_reduce_add_rms_norm_kernel[(programs,)](
-        x, residual, weight, out, res_out, ws.handle.buffer_ptrs_dev,
-        ws.handle.signal_pad_ptrs_dev, rows, hidden, eps, RANK=ws.rank, WORLD=ws.world,
-        BLOCK_H=next_power_of_2(hidden), HAS_WEIGHT=weight is not None, BARRIER=True,
-        num_warps=cfg.num_warps,
-    )  # fmt: skip
+    key = (id(ws), tuple(x.shape), x.dtype, weight is None, eps)
+    launch = _FUSED.get(key)
+    if launch is None:
+        rows = math.prod(x.shape[:-1])
+        hidden = x.shape[-1]
+        cfg = FusedNormConfig.heuristic(hidden)
+        programs = max(1, min(rows, cfg.max_programs, ws.max_programs))
+        names = ("x_ptr", "res_ptr", "out_ptr", "res_out_ptr")
+        names += () if weight is None else ("w_ptr",)
+        args = {"x_ptr": None, "res_ptr": None, "w_ptr": None, "out_ptr": None,
+                "res_out_ptr": None, "buf_table": ws.buf_table, "pad_table": ws.pad_table,
+                "n_rows": rows, "H": hidden, "eps": eps, "epoch": 0, "buf_off": 0}  # fmt: skip
+        meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
+                "BLOCK_H": next_power_of_2(hidden), "HAS_WEIGHT": weight is not None,
+                "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
+        launch = CachedLaunch(K._all_reduce_add_rms_norm_kernel, (programs,), args, names, meta)
+        _FUSED[key] = launch
+    tensors = (x, residual, out, res_out) + (() if weight is None else (weight,))
+    epoch, off = ws.advance(1)
+    launch(tensors, epoch, off // 16)
     return out, res_out
 
 
