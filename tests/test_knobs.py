@@ -224,6 +224,7 @@ def _matmul_cases():
         (512, 256, 1024),
         (8, 4096, 4096),
         (1, 1000, 300),
+        (32, 256, 8192),
         (4096, 4096, 512),
     ]:
         for dt in [torch.float32, torch.bfloat16, torch.float16]:
