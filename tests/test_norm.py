@@ -211,8 +211,8 @@ def test_forward_with_and_without_the_row_reread(name, reread, device):
 
 @pytest.mark.slow
 def test_pipelined_layer_norm_forward_passes_the_check_engine(device):
-    """LayerNorm rows of PipelinedForwardConfig.min_cols or more: one program walks every row
-    tile through the compiler's pipeline (lowered here so that small rows take it)."""
+    """LayerNorm rows of RegistersForwardConfig.pipeline_min_cols or more: one program walks
+    every row tile through the compiler's pipeline (lowered here so that small rows take it)."""
     config = configured({"forward.registers.pipeline_min_cols": 16}, sms=1)
     x, w = torch.empty(5, 64, device=device), torch.empty(64, device=device)
     launch = forward_plan(x, None, w, w, 1, 1e-5, False, config).launch
