@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction
 from tritonkit.harness.kernel_stats import ptxas_log, ptxas_stats  # noqa: F401  (re-exported)
 from tritonkit.ops.norm.backward import norm_bwd_kernel
 from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
-from tritonkit.ops.norm.config import NORM
+from tritonkit.ops.norm.config import NORM, WIDE_STAGES_RMS
 from tritonkit.ops.norm.forward_looped import norm_fwd_looped_kernel
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.forward_tiles import norm_fwd_tiles_kernel
@@ -202,7 +202,7 @@ def _norm_bwd_sums(rms: bool, block_n: int) -> dict:
         "IS_RMS": rms,
         "SHIFT": False,
         "HAS_WEIGHT": True,
-        "STAGES": NORM.backward.wide.sums_stages_rms if rms else None,
+        "STAGES": WIDE_STAGES_RMS if rms else None,
         "OUTER": False,
         "INT64": False,
         "BLOCK_R": 1,

@@ -52,7 +52,7 @@ from tritonkit.ops.matmul import configs as C
 from tritonkit.ops.matmul import plan as P
 from tritonkit.ops.matmul.decode import DecodeGemmConfig, DecodeGemmLaunch, decode_launch
 from tritonkit.ops.matmul.ieee import fma_copies_b
-from tritonkit.ops.matmul.splitk import SPLIT_K
+from tritonkit.ops.matmul.splitk import MIN_CHUNK
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors
 
@@ -420,7 +420,7 @@ def test_split_k_heuristic():
     # Each split keeps at least _SPLITK_MIN_CHUNK of K.
     for m, n, k in [(16, 512, 3000), (32, 256, 2048), (8, 128, 100000)]:
         split = split_k_for(m, n, k, sms=sms)
-        assert split == 1 or k // split >= SPLIT_K.min_chunk
+        assert split == 1 or k // split >= MIN_CHUNK
 
 
 def test_split_k_is_chosen_for_skinny_shapes_and_correct(device):

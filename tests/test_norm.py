@@ -21,7 +21,17 @@ from tritonkit.ops.norm import (
     norm,
     rms_norm,
 )
-from tritonkit.ops.norm.config import depth
+from tritonkit.ops.norm.config import (
+    PIPELINE_SMEM_SLACK,
+    PIPELINE_STAGES,
+    ROW_ELEMS_PER_THREAD_LN,
+    ROW_MAX_COLS,
+    ROW_POW2_FP32_WARPS,
+    ROW_STORE,
+    ROW_STORE_MIN_BYTES_RMS,
+    WIDE_STAGES_RMS,
+    depth,
+)
 from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.launches import (
     backward_stages,
@@ -169,7 +179,7 @@ def test_looped_path_passes_the_check_engine(name, device, looped):
 
 @pytest.mark.slow
 def test_looped_16bit_residual_layer_norm_passes_the_check_engine(device):
-    """16-bit rows with a residual take their own looped recipe (LoopedRowsConfig *_ln_res16)."""
+    """16-bit rows with a residual take their own looped recipe (LOOPED_*_LN_RES16)."""
     config = configured(
         {"tiles.max_fused_cols": 32, "tiles.loop_block_n": 16, "backward.wide.block_n": 32}
     )
@@ -201,12 +211,12 @@ def test_forward_with_and_without_the_row_reread(name, reread, device):
 
 @pytest.mark.slow
 def test_pipelined_layer_norm_forward_passes_the_check_engine(device):
-    """LayerNorm rows of PipelinedForwardConfig.min_cols or more: one program walks every row
-    tile through the compiler's pipeline (lowered here so that small rows take it)."""
-    config = configured({"forward.pipeline.min_cols": 16}, sms=1)
+    """LayerNorm rows of RegistersForwardConfig.pipeline_min_cols or more: one program walks
+    every row tile through the compiler's pipeline (lowered here so that small rows take it)."""
+    config = configured({"forward.registers.pipeline_min_cols": 16}, sms=1)
     x, w = torch.empty(5, 64, device=device), torch.empty(64, device=device)
     launch = forward_plan(x, None, w, w, 1, 1e-5, False, config).launch
-    assert launch.meta["STAGES"] == NORM.forward.pipeline.stages and launch.grid == (1,)
+    assert launch.meta["STAGES"] == PIPELINE_STAGES and launch.grid == (1,)
     assert_passes_with(
         config,
         "layer_norm",
@@ -243,7 +253,7 @@ def test_row_forward_thread_sums_pass_the_check_engine(block_n, elems, device):
     """LayerNorm's row forward with the first sweep's sums per thread (THREAD_ELEMS), lowered
     to the test shapes and to every dtype: a row in one chunk or in chunks of 16 or 64 with a
     partial last one, threads holding 2-8 values, some of them past the row's end."""
-    config = _row_chunks(block_n, **{"forward.row_ln.thread_elems": elems})
+    config = _row_chunks(block_n, **{"forward.row.thread_elems": elems})
     with _Count(norm_fwd_row_kernel) as spy:
         assert_passes_with(config, "layer_norm", device)
     assert spy.launches[0] > 0
@@ -277,22 +287,22 @@ def test_row_forward_thread_sums_at_their_widths(device):
 
 def test_row_forward_store_policy_rule():
     """The row forward's stores are marked evict_first for 16-bit LayerNorm rows and for 16-bit
-    RMSNorm rows over store_min_bytes_rms; fp32 rows keep the default policy."""
+    RMSNorm rows over ROW_STORE_MIN_BYTES_RMS; fp32 rows keep the default policy."""
     fc = NORM.forward
-    assert row_forward_store(4096, 2, False, fc) == fc.row.store == "evict_first"
+    assert row_forward_store(4096, 2, False, fc) == ROW_STORE == "evict_first"
     assert row_forward_store(65536, 2, False, fc) == "evict_first"
     assert row_forward_store(4096, 4, False, fc) == ""
     assert row_forward_store(4096, 2, True, fc) == ""
-    assert row_forward_store(fc.row.store_min_bytes_rms // 2, 2, True, fc) == ""
+    assert row_forward_store(ROW_STORE_MIN_BYTES_RMS // 2, 2, True, fc) == ""
     assert row_forward_store(65536, 2, True, fc) == "evict_first"
     assert row_forward_store(65536, 4, True, fc) == ""
 
 
 def test_row_forward_routing():
     """Which forwards take the row kernel: rows of min_cols to max_cols contiguous columns,
-    without a residual; LayerNorm rows of at most RowForwardLNConfig.max_bytes (fp32:
-    max_bytes_fp32), and not fp32 LayerNorm rows of a power-of-2 width that the rows-in-registers
-    path holds (but for pow2_fp32)."""
+    without a residual; LayerNorm rows of at most ROW_MAX_BYTES_LN (fp32:
+    ROW_MAX_BYTES_LN_FP32), and not fp32 LayerNorm rows of a power-of-2 width that the
+    rows-in-registers path holds (but for ROW_POW2_FP32)."""
     bf16, fp32 = torch.bfloat16, torch.float32
     fc = NORM.forward
 
@@ -304,14 +314,14 @@ def test_row_forward_routing():
     assert takes((4, 3000)) and takes((4, 3000), rms=True) and takes((4, 65536))
     assert not takes((4, 3000), residual=True)
     assert not takes((4, 3000), transpose=True)
-    assert not takes((4, fc.row.min_cols - 1)) and not takes((4, fc.row.max_cols + 1))
+    assert not takes((4, fc.row.min_cols - 1)) and not takes((4, ROW_MAX_COLS + 1))
     assert takes((4, 4096), fp32) and takes((4, 8192), fp32) and takes((4, 4096), fp32, rms=True)
     assert not takes((4, 2048), fp32) and not takes((4, 16384), fp32)
-    assert row_forward_config(8192, 4, False, fc) == (8192, fc.row_ln.pow2_fp32_warps)
+    assert row_forward_config(8192, 4, False, fc) == (8192, ROW_POW2_FP32_WARPS)
     assert takes((4, 5120), fp32) and takes((4, 4096))
     assert not takes((4, 65536), fp32) and takes((4, 65536), fp32, rms=True)
     assert takes((4, 12288), fp32) and not takes((4, 24576), fp32)
-    # per-thread sums (thread_sums_min_cols): 16-bit LayerNorm rows of 24576 or more
+    # per-thread sums (ROW_THREAD_SUMS_MIN_COLS): 16-bit LayerNorm rows of 24576 or more
     assert row_forward_thread_elems(65536, bf16, False, 8192, 32, fc) == 8
     assert row_forward_thread_elems(40000, torch.float16, False, 4096, 32, fc) == 4
     assert row_forward_thread_elems(24576, bf16, False, 8192, 32, fc) == 8
@@ -328,7 +338,7 @@ def test_row_forward_chunks():
             for rms in (False, True):
                 block_n, warps = row_forward_config(n, element_size, rms, NORM.forward)
                 assert block_n & (block_n - 1) == 0 and block_n <= next_power_of_2(n)
-                low = 32 * warps * NORM.forward.row.elems_per_thread_ln[0]
+                low = 32 * warps * ROW_ELEMS_PER_THREAD_LN[0]
                 if not rms and n % low == 0:
                     assert n % block_n == 0, (n, element_size, block_n, warps)
 
@@ -399,7 +409,7 @@ def test_backward_pipeline_depth_fits_shared_memory():
     puts more tiles in flight than the shared memory holds; a tile too large for two stages
     falls back to the hand prefetch; wide rows pipeline RMSNorm's dx pass only."""
     limit = 227 * 1024
-    rc, wc, slack = NORM.backward.registers, NORM.backward.wide, NORM.pipeline_smem_slack
+    rc, slack = NORM.backward.registers, PIPELINE_SMEM_SLACK
 
     def stages_of(rows, cols, dtype, n_tensors, rms, looped=False):
         cfg = RowConfig(rows, cols, looped, 16, 1, 1, 1)
@@ -419,14 +429,14 @@ def test_backward_pipeline_depth_fits_shared_memory():
             stages = stages_of(2, cols, dtype, n, rms)
             in_flight = (stages - 1) * 2 * cols * dtype.itemsize * n if stages else 0
             assert in_flight <= limit - slack
-    assert stages_of(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == wc.stages_rms
+    assert stages_of(1, 4096, torch.bfloat16, 2, rms=True, looped=True) == WIDE_STAGES_RMS
     assert stages_of(1, 4096, torch.bfloat16, 2, rms=False, looped=True) is None
 
 
 def test_pipeline_depth_follows_the_device_shared_memory():
     """On a GPU with less shared memory per program (Ada: 99 KiB) the pipelines get shallower,
     and none is used where two stages do not fit."""
-    slack = NORM.pipeline_smem_slack
+    slack = PIPELINE_SMEM_SLACK
     ada = 99 * 1024
     assert depth(4, 32768, ada, slack) == 3
     assert depth(3, 65536, ada, slack) == 2
@@ -536,7 +546,7 @@ def test_layer_norm_is_stable_on_large_mean_rows(wide, device):
     if wide in ("row", "row-threads"):  # one program per row (the row forward), chunks of 128
         # with "row-threads" sums per thread of 4 values (THREAD_ELEMS)
         elems = 4 if wide == "row-threads" else None
-        config = _row_chunks(128, **{"forward.row_ln.thread_elems": elems})
+        config = _row_chunks(128, **{"forward.row.thread_elems": elems})
     elif wide is not None:  # looped, statistics merged per chunk or summed per lane
         config = configured(
             {

@@ -10,6 +10,7 @@ from tritonkit.harness.spec import get_spec
 from tritonkit.nn.softmax import LogSoftmax, Softmax
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops.softmax import SOFTMAX, log_softmax, softmax, softmax_along
+from tritonkit.ops.softmax.config import ROW_BWD_MAX_COLS, ROW_BWD_MAX_COLS_FP32
 from tritonkit.ops.softmax.kernels_aligned import (
     softmax_bwd_aligned_kernel,
     softmax_fwd_aligned_kernel,
@@ -79,9 +80,9 @@ def test_row_backward_passes_the_check_engine(name, block_n, device):
 
 
 def test_row_backward_routing(device):
-    """The row backward takes 16-bit rows of min_cols (log_softmax: min_cols_log) to max_cols
-    contiguous columns, and fp32 softmax rows up to max_cols_fp32; transposed rows keep the
-    other paths (rows off 16 bytes: test_aligned_walk_routing)."""
+    """The row backward takes 16-bit rows of min_cols (log_softmax: min_cols_log) to
+    ROW_BWD_MAX_COLS contiguous columns, and fp32 softmax rows up to ROW_BWD_MAX_COLS_FP32;
+    transposed rows keep the other paths (rows off 16 bytes: test_aligned_walk_routing)."""
 
     def takes(n, dtype=torch.bfloat16, transpose=False, op=softmax):
         with _Count(softmax_bwd_row_kernel) as spy:
@@ -96,12 +97,12 @@ def test_row_backward_routing(device):
         return spy.launches[0] > 0
 
     c = SOFTMAX.row_backward
-    assert takes(c.min_cols) and takes(c.max_cols)
-    assert not takes(c.min_cols - 1) and not takes(c.max_cols + 1)
+    assert takes(c.min_cols) and takes(ROW_BWD_MAX_COLS)
+    assert not takes(c.min_cols - 1) and not takes(ROW_BWD_MAX_COLS + 1)
     fp32 = torch.float32
-    assert takes(c.min_cols, fp32) and takes(c.max_cols_fp32, fp32)
+    assert takes(c.min_cols, fp32) and takes(ROW_BWD_MAX_COLS_FP32, fp32)
     assert not takes(c.min_cols - 4, fp32)
-    assert not takes(c.max_cols_fp32 + 4, fp32)
+    assert not takes(ROW_BWD_MAX_COLS_FP32 + 4, fp32)
     assert not takes(c.min_cols, fp32, op=log_softmax)
     assert not takes(c.min_cols, transpose=True)
     low_log = -(-c.min_cols_log // 8) * 8  # whole 16-byte rows: odd ones are aligned-walked

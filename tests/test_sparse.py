@@ -167,8 +167,8 @@ def test_spmv_matches_dense(kind, dtype, device):
 
 @pytest.mark.parametrize(
     "config",
-    [SpmvConfig(ROWS, 4, 8, 0, 4), SpmvConfig(ROWS, 1, 4, 0, 1)]
-    + [SpmvConfig(SPLIT, 1, t, c, 4) for t in (4, 32) for c in (3, 16, 40, 1000)],
+    [SpmvConfig(4, 8, 0, 4), SpmvConfig(1, 4, 0, 1)]
+    + [SpmvConfig(1, t, c, 4) for t in (4, 32) for c in (3, 16, 40, 1000)],
     ids=str,
 )
 def test_spmv_every_path_and_chunk(config, device):
@@ -183,8 +183,8 @@ def test_spmv_every_path_and_chunk(config, device):
 
 @pytest.mark.parametrize(
     "config",
-    [SpmmConfig(ROWS, 4, 16, 0, 4)]
-    + [SpmmConfig(SPLIT, k, n, c, 4) for k, n in [(4, 16), (8, 32)] for c in (5, 32, 1000)],
+    [SpmmConfig(4, 16, 0, 4)]
+    + [SpmmConfig(k, n, c, 4) for k, n in [(4, 16), (8, 32)] for c in (5, 32, 1000)],
     ids=str,
 )
 def test_spmm_every_path_and_chunk(config, device):

@@ -99,13 +99,6 @@ def dispatch_mode_class() -> type:
     return TorchDispatchMode
 
 
-def extension_build_dir(name: str) -> str:
-    """Where torch.utils.cpp_extension builds the extension ``name`` (its lock file there)."""
-    from torch.utils import cpp_extension
-
-    return cpp_extension._get_build_directory(name, False)
-
-
 def triton_device_cache(jit_fn: Any, device: int) -> tuple[dict, dict, Any, Any]:
     """A JIT function's (compiled kernels by key, keys by specialization, target, backend) for
     ``device`` (its per-device cache; built by Triton on the function's first launch there)."""

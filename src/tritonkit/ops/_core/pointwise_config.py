@@ -13,6 +13,15 @@ import torch
 from tritonkit.ops._core.layout import Rows, cdiv, next_power_of_2
 from tritonkit.ops._core.reduce import PARTIAL_SUMS, PartialSumConfig
 
+# Bytes each thread loads or stores at once: one 16-byte vector.
+VECTOR_BYTES = 16
+# The backward passes (dy and x in, dx out; the GLUs' five tensors): vectors per thread by
+# (activation, element size), one where not listed (SiLU, fp32): two for GELU in 16 bits, whose
+# derivative is heavier; a second vector helped only there (see docs/performance.md).
+BWD_VECTORS = (("gelu", 2, 2), ("gelu_tanh", 2, 2))
+# When a tile spans several rows (a broadcast bias is reused across them), its widest row.
+MAX_BLOCK_N_MULTIROW = 512
+
 
 @dataclass(frozen=True)
 class RowSumConfig:
@@ -64,19 +73,12 @@ class PointwiseConfig:
     # vectorized kernels (1024 bf16 or 512 fp32 elements, 4 warps); wider tiles left bandwidth
     # behind (experiments/sweep_elementwise.py; see docs/performance.md).
     tile_bytes: int = 2048
-    vector_bytes: int = 16
     # Activations that cost more arithmetic (GELU, SiLU) give each thread two vectors: more
     # independent work in flight, which raised their bandwidth (see docs/performance.md).
     heavy_vectors: int = 2
-    # The backward passes (dy and x in, dx out; the GLUs' five tensors), by (activation,
-    # element size): one vector for SiLU and for fp32, two for GELU in 16 bits, whose
-    # derivative is heavier: a second vector helped only there (see docs/performance.md).
-    bwd_vectors: tuple[tuple[str, int, int], ...] = (("gelu", 2, 2), ("gelu_tanh", 2, 2))
     # GELU forward with a 16-bit output: Phi from one exp2 of a polynomial (math.gelu_q16)
     # instead of gelu_parts. False: the old path (the sweep times both); float32 always uses it.
     gelu_phi16: bool = True
-    # When a tile spans several rows (a broadcast bias is reused across them), its widest row.
-    max_block_n_multirow: int = 512
     int64_above: int = 2**31  # offsets from this many elements on use 64-bit arithmetic
     sms: int | None = None  # SMs the row sums plan for; None: the device's
     # By element size: the bias gradient summed beside dx or an activation's gradient
@@ -108,7 +110,7 @@ class PointwiseConfig:
         return 1 if activation in ("none", "relu") else self.heavy_vectors
 
     def bwd_vectors_for(self, activation: str, elem_size: int) -> int:
-        for act, size, vectors in self.bwd_vectors:
+        for act, size, vectors in BWD_VECTORS:
             if act == activation and size == elem_size:
                 return vectors
         return 1
@@ -139,16 +141,16 @@ class TileConfig:
         min_block_n: int = 8,
     ) -> TileConfig:
         tile = config.tile_bytes * vectors // elem_size
-        widest = tile if n_rows == 1 else config.max_block_n_multirow
+        widest = tile if n_rows == 1 else MAX_BLOCK_N_MULTIROW
         block_n = max(min_block_n, min(next_power_of_2(n_cols), widest))
         block_m = max(1, min(next_power_of_2(n_rows), tile // block_n))
-        threads = block_m * block_n * elem_size // (config.vector_bytes * vectors)
+        threads = block_m * block_n * elem_size // (VECTOR_BYTES * vectors)
         num_warps = min(16, max(4, next_power_of_2(threads // 32)))
         return TileConfig(block_m, block_n, num_warps)
 
     @staticmethod
     def for_row_sums(
-        n_rows: int, n_cols: int, elem_size: int, rs: RowSumConfig, vector_bytes: int = 16
+        n_rows: int, n_cols: int, elem_size: int, rs: RowSumConfig, vector_bytes: int = VECTOR_BYTES
     ) -> TileConfig:
         per_warp = 32 * vector_bytes // elem_size  # columns of one warp's 16-byte vectors
         block_n = max(8, min(next_power_of_2(n_cols), rs.warps * per_warp))

@@ -46,11 +46,15 @@ def colsum_kernel(
         )
 
 
+# Elements of a partial-sum tile per thread (``PartialSumConfig``).
+PARTIAL_SUM_ELEMS_PER_THREAD = 64
+
+
 @dataclass(frozen=True)
 class PartialSumConfig:
     """How ``sum_partials`` sizes its programs: columns per program narrowed until the programs
     about fill the SMs (between ``min_block_n`` and ``max_block_n``), up to ``max_rows``
-    partial rows loaded in one step, ``elems_per_thread`` of a tile per thread.
+    partial rows loaded in one step, ``PARTIAL_SUM_ELEMS_PER_THREAD`` of a tile per thread.
 
     The default, tall tiles of partial rows in narrow column blocks sized so that the
     programs fill the SMs, both gradients summed in one launch, beat 32 x 128 tiles with one
@@ -61,7 +65,6 @@ class PartialSumConfig:
     min_block_n: int = 32
     max_block_n: int = 128
     max_rows: int = 256
-    elems_per_thread: int = 64
     min_warps: int = 2
     max_warps: int = 8
 
@@ -71,7 +74,7 @@ class PartialSumConfig:
         per_sm = max(1, n_cols // sms)
         block_n = max(self.min_block_n, min(self.max_block_n, 1 << (per_sm.bit_length() - 1)))
         block_m = min(next_power_of_2(n_rows), self.max_rows)
-        warps = block_m * block_n // (32 * self.elems_per_thread)
+        warps = block_m * block_n // (32 * PARTIAL_SUM_ELEMS_PER_THREAD)
         return block_m, block_n, max(self.min_warps, min(self.max_warps, warps))
 
 

@@ -41,7 +41,7 @@ smoothing e and C classes::
 ignored rows give 0; ``mean`` divides the sum by ``sum_i w[t_i]`` over non-ignored rows (NaN
 when every target is ignored, as in PyTorch). Targets outside ``[0, C)`` (other than
 ignore_index) raise, as in PyTorch: on the CPU a host check before any launch, on CUDA the row
-kernel's device assert (``CrossEntropyConfig.check_targets``).
+kernel's device assert (``config.CHECK_TARGETS``).
 
 Class probabilities (a float target of the logits' shape) take the same segments: the forward
 reads logits and target once, the backward reads both again and writes the gradient of the

@@ -30,6 +30,22 @@ from tritonkit.ops.cross_entropy.kernels_soft import (
 
 _INT32_LIMIT = 2**31
 
+# Constants of the launches below that no sweep varies (the sweeps' knobs are the config's).
+# The row kernel merges a tile of (rows, segments) partials of about ROWS_TILE elements, at
+# ROWS_WARPS; the single-program reductions over rows (mean denominator, loss sum) take blocks
+# of REDUCE_BLOCK at REDUCE_WARPS; the row kernel's edge tile of aligned rows (``align``) holds
+# about ALIGN_EDGE_TILE elements, rows x 2 * align.
+ROWS_TILE = 1024
+ROWS_WARPS = 4
+REDUCE_BLOCK = 1024
+REDUCE_WARPS = 4
+ALIGN_EDGE_TILE = 2048
+# Out-of-range targets (not ignore_index) raise as PyTorch's do: on the CPU checked on the host
+# before any launch; on CUDA the row kernel is compiled with its device assert (debug=True,
+# integer overflow checks off: no other code changes), which stops the kernel as PyTorch's
+# device-side assert does, at no host time or extra launch.
+CHECK_TARGETS = True
+
 
 @dataclass(frozen=True)
 class CrossEntropyConfig:
@@ -43,12 +59,6 @@ class CrossEntropyConfig:
     # experiments/sweep_ce.py (see docs/performance.md).
     seg: int = 16384
     seg_warps: int = 8
-    # The row kernel merges a tile of (rows, segments) partials of about this many elements.
-    rows_tile: int = 1024
-    rows_warps: int = 4
-    # The single-program reductions over rows (mean denominator, loss sum).
-    reduce_block: int = 1024
-    reduce_warps: int = 4
     # Rows of one program per segment (BLOCK_M == 1) whose start or width Triton cannot prove
     # 16-byte aligned (an odd vocabulary such as GPT-2's 50,257 classes: each row starts at
     # another offset within 16 bytes) would be read one element per load. With align, segments
@@ -60,12 +70,6 @@ class CrossEntropyConfig:
     # (align_for). The aligned forward runs as fast as on an aligned width, and the gradient
     # much closer to it than plain segments (see docs/performance.md).
     align: bool = True
-    align_edge_tile: int = 2048  # elements of the row kernel's edge tile, rows x 2 * align
-    # Out-of-range targets (not ignore_index) raise as PyTorch's do: on the CPU checked on the
-    # host before any launch; on CUDA the row kernel is compiled with its device assert
-    # (debug=True, integer overflow checks off: no other code changes), which stops the
-    # kernel as PyTorch's device-side assert does, at no host time or extra launch.
-    check_targets: bool = True
     int64: bool = False  # 64-bit index arithmetic even where 32 bits hold every offset
     # Class-probability targets: each segment program holds a segment of the logits and one
     # of the target (and computes the gradient from both), twice the registers of a
@@ -166,8 +170,8 @@ def align_for(block_m: int, config: CrossEntropyConfig, *tensors: torch.Tensor) 
 
 def rows_config(n_rows: int, n_segments: int, config: CrossEntropyConfig) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_S) of the row kernel: rows per program, partials per row per step."""
-    block_s = min(next_power_of_2(n_segments), pow2_floor(config.rows_tile))
-    block_r = pow2_floor(max(1, min(next_power_of_2(n_rows), config.rows_tile // block_s)))
+    block_s = min(next_power_of_2(n_segments), pow2_floor(ROWS_TILE))
+    block_r = pow2_floor(max(1, min(next_power_of_2(n_rows), ROWS_TILE // block_s)))
     return block_r, block_s
 
 
@@ -231,14 +235,14 @@ def forward_launches(
             ce_weight_sum_kernel,
             (1,),
             (n_cols, w_stride),
-            {"BLOCK": config.reduce_block, "num_warps": config.reduce_warps},
+            {"BLOCK": REDUCE_BLOCK, "num_warps": REDUCE_WARPS},
         )
     block_m, block_n, n_segments, warps = ce_config(n_rows, n_cols, config, soft)
     block_r, block_s = rows_config(n_rows, n_segments, config)
     walked = {0: logits, 1: target} if soft else {0: logits}
     align = align_of(block_m, config, rows, n_cols, walked)
     if align:  # the row kernel also reads each row's edge, a tile of 2 * align per row
-        block_r = min(block_r, pow2_floor(max(1, config.align_edge_tile // (2 * align))))
+        block_r = min(block_r, pow2_floor(max(1, ALIGN_EDGE_TILE // (2 * align))))
     planes = 4 if soft else (3 if has_smoothing else 2)
     parts_shape = (planes, n_rows, n_segments)
     int64 = needs_int64(
@@ -262,7 +266,7 @@ def forward_launches(
             (n_rows, n_cols, n_segments, rows.n_inner, xm, xs, tm, ts, w_stride,
              n_rows * n_segments, label_smoothing),
             {"HAS_WEIGHT": has_weight, "HAS_GRAD": need_grad, **tiles, "BLOCK_R": block_r,
-             "BLOCK_S": block_s, "num_warps": config.rows_warps},
+             "BLOCK_S": block_s, "num_warps": ROWS_WARPS},
         )  # fmt: skip
     else:
         stats = Launch(
@@ -274,14 +278,14 @@ def forward_launches(
              "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps},
         )  # fmt: skip
         # The row kernel's assert (see check_targets), compiled in on CUDA only.
-        check = {"debug": True, "sanitize_overflow": False} if config.check_targets else {}
+        check = {"debug": True, "sanitize_overflow": False} if CHECK_TARGETS else {}
         row_launch = Launch(
             ce_rows_kernel,
             (cdiv(n_rows, block_r),),
             (n_rows, n_cols, n_segments, rows.n_inner, xm, xs, logits.stride(1), tm, ts,
              w_stride, n_rows * n_segments, 1, ignore_index, label_smoothing),
             {"HAS_WEIGHT": has_weight, "HAS_SMOOTHING": has_smoothing, "HAS_GRAD": need_grad,
-             **tiles, "BLOCK_R": block_r, "BLOCK_S": block_s, "num_warps": config.rows_warps,
+             **tiles, "BLOCK_R": block_r, "BLOCK_S": block_s, "num_warps": ROWS_WARPS,
              **(check if logits.is_cuda else {})},
         )  # fmt: skip
     reduce = None
@@ -291,7 +295,7 @@ def forward_launches(
             (1,),
             (n_rows, n_cols, rows.n_inner, tm, ts, w_stride, ignore_index),
             {"MEAN": reduction == "mean", "HAS_WEIGHT": has_weight, "SOFT": soft,
-             "BLOCK": config.reduce_block, "num_warps": config.reduce_warps},
+             "BLOCK": REDUCE_BLOCK, "num_warps": REDUCE_WARPS},
         )  # fmt: skip
     return ForwardLaunches(prep, stats, row_launch, reduce, parts_shape)
 

@@ -164,7 +164,7 @@ def ce_rows_kernel(
     active = row_in & (t != ignore_index)
     valid = (t >= 0) & (t < n_cols)
     # A target outside [0, n_cols) stops the kernel as PyTorch's device-side assert does, where
-    # the launch compiles asserts in (debug=True: config.py, CrossEntropyConfig.check_targets);
+    # the launch compiles asserts in (debug=True: config.py, CHECK_TARGETS);
     # else its row's loss and gradient are NaN.
     tl.device_assert(valid | ignored, "cross_entropy: target out of range [0, n_classes)")
     t_safe = tl.where(valid, t, 0)

@@ -13,6 +13,7 @@ import torch
 from tritonkit.ops._core.launch import Launch
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops.cross_entropy.config import (
+    CHECK_TARGETS,
     CROSS_ENTROPY,
     CrossEntropyConfig,
     ForwardLaunches,
@@ -192,7 +193,7 @@ def forward_plan(
                 logits, target, weight, ignore_index, reduction, label_smoothing, need_grad, cfg
             )
         host_check = (
-            cfg.check_targets and logits.device.type != "cuda" and not target.is_floating_point()
+            CHECK_TARGETS and logits.device.type != "cuda" and not target.is_floating_point()
         )
         return ForwardPlan(
             launches, ignore_index, reduction, label_smoothing, need_grad, float32_loss,

@@ -56,6 +56,6 @@ from tritonkit.ops.matmul.launchers import (
     matmul_shape,
 )
 from tritonkit.ops.matmul.lowp import kmajor_copies, scaled_matmul_fwd, scaled_matmul_plan
-from tritonkit.ops.matmul.splitk import SplitKConfig, split_k_for
+from tritonkit.ops.matmul.splitk import split_k_for
 
 __all__ = ["int8_matmul", "linear", "matmul", "scaled_matmul"]

@@ -14,7 +14,7 @@ import torch
 
 from tritonkit import _tuning
 from tritonkit.ops._core.gemm import FP8_DTYPES, tf32_enabled
-from tritonkit.ops.matmul.splitk import SPLIT_K, SplitKConfig
+from tritonkit.ops.matmul import splitk
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,6 @@ class GemmOptions:
     # 8-bit GEMMs copy an operand wgmma cannot read into K-major scratch from this M * N * K on
     # (lowp.kmajor_copies).
     kmajor_copy_min_mnk: int = 512**3
-    splitk: SplitKConfig = SPLIT_K
     space: TuningSpace = TUNING_SPACE
     # Products of at most this many rows (<= 16) take the decode kernel (decode.py), unless a
     # config is forced; 0: never.
@@ -250,8 +249,8 @@ def candidates(
     """The configs tuning times for one problem class; the first is the untimed default."""
     space = options.space
     if kind == "splitk":
-        bm = options.splitk.block_m(m)
-        bn = options.splitk.block_n
+        bm = splitk.block_m(m)
+        bn = splitk.BLOCK_N
         bk = 32 if cls in ("tf32", "ieee") else (128 if cls in ("8bit", "fp8") else 64)
         return [
             tile(bm, bn, bk, 4, 4, SPLIT_K=split),

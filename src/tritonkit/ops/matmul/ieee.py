@@ -30,4 +30,4 @@ def fma_copies_b(p: Problem, options: GemmOptions = GEMM_OPTIONS) -> bool:
     if p.m * p.n * p.k < options.fma_copy_min_mnk:
         return False
     sms = options.sms or sm_count(b.device)
-    return split_k_for(p.m, p.n, p.k, 1, sms, options.splitk) == 1
+    return split_k_for(p.m, p.n, p.k, 1, sms) == 1

@@ -60,7 +60,7 @@ def _kmajor_plan(
         if m * n * k < options.kmajor_copy_min_mnk:
             return False, False
         sms = options.sms or sm_count(a.device)
-        if split_k_for(m, n, k, 1, sms, options.splitk) > 1:
+        if split_k_for(m, n, k, 1, sms) > 1:
             return False, False
     return copy_a, copy_b
 

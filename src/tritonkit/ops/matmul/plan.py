@@ -48,7 +48,12 @@ from tritonkit.ops.matmul.configs import (
 from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch, decode_ok
 from tritonkit.ops.matmul.ieee import fma_copies_b
 from tritonkit.ops.matmul.persistent import matmul_persistent_kernel
-from tritonkit.ops.matmul.splitk import split_k_for, splitk_reduce_kernel
+from tritonkit.ops.matmul.splitk import (
+    REDUCE_BLOCK,
+    REDUCE_WARPS,
+    split_k_for,
+    splitk_reduce_kernel,
+)
 from tritonkit.ops.matmul.tiled import matmul_tile_kernel
 from tritonkit.ops.memory import transpose_fwd
 
@@ -187,11 +192,11 @@ class GemmLaunch:
         )  # fmt: skip
         self.reduce = None
         if split > 1:
-            block_m, block_n = options.splitk.reduce_block
+            block_m, block_n = REDUCE_BLOCK
             self.reduce = splitk_reduce_kernel.bind(
                 (cdiv(p.m, block_m) * cdiv(p.n, block_n),), ws, c, *epi.tensors(), p.m, p.n,
                 plane, *p.c.strides[2:], *epi_strides, SPLIT_K=split, INT64=self.int64,
-                BLOCK_M=block_m, BLOCK_N=block_n, num_warps=options.splitk.reduce_warps,
+                BLOCK_M=block_m, BLOCK_N=block_n, num_warps=REDUCE_WARPS,
                 **common,
             )  # fmt: skip
 
@@ -270,7 +275,7 @@ def tuned(
 
     # The exact M as well as its class: the split-K candidates depend on it; and the options'
     # tile space and split-K rule, which the candidates come from.
-    memo = (tuple(key.items()), p.m, sizes, options.space, options.splitk)
+    memo = (tuple(key.items()), p.m, sizes, options.space)
     return cached("matmul", memo, choose)
 
 
@@ -290,7 +295,7 @@ def resolve_config(
     if path in ("autotuned", "persistent"):
         return tuned(p, epi, path, options=options)
     sms = options.sms or sm_count(p.c.tensor.device)
-    split = split_k_for(p.m, p.n, p.k, p.n_batch, sms, options.splitk)
+    split = split_k_for(p.m, p.n, p.k, p.n_batch, sms)
     if split > 1:
         return tuned(p, epi, "splitk", split, options)
     return tuned(p, epi, "persistent", options=options)

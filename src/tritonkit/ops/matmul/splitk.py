@@ -8,46 +8,34 @@ holds the rule that decides the split, its candidate tiles and the reduction ker
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import triton.language as tl
 
 from tritonkit.ops._core.gemm import epilogue
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 
-
-@dataclass(frozen=True)
-class SplitKConfig:
-    """When and how K is split (``split_k_for``), and the reduction pass's tile.
-
-    A split is worth a second pass only when the output has too few tiles to occupy half the
-    SMs and each split still runs at least ``min_chunk`` of K.
-    """
-
-    block_n: int = 128  # output columns per first-pass tile (the first candidate's)
-    min_k: int = 2048  # K below this is never split
-    min_chunk: int = 1024  # K elements each split keeps at least
-    max_split: int = 16
-    reduce_block: tuple[int, int] = (32, 128)  # tile of the reduction pass
-    reduce_warps: int = 4
-
-    def block_m(self, m: int) -> int:
-        """Rows per split-K tile: the problem's rows rounded up to a power of 2, in [16, 64]."""
-        return max(16, min(64, next_power_of_2(m)))
+# When and how K is split (``split_k_for``), and the reduction pass's tile. A split is worth a
+# second pass only when the output has too few tiles to occupy half the SMs and each split
+# still runs at least MIN_CHUNK of K.
+BLOCK_N = 128  # output columns per first-pass tile (the first candidate's)
+MIN_K = 2048  # K below this is never split
+MIN_CHUNK = 1024  # K elements each split keeps at least
+MAX_SPLIT = 16
+REDUCE_BLOCK = (32, 128)  # tile of the reduction pass
+REDUCE_WARPS = 4
 
 
-SPLIT_K = SplitKConfig()
+def block_m(m: int) -> int:
+    """Rows per split-K tile: the problem's rows rounded up to a power of 2, in [16, 64]."""
+    return max(16, min(64, next_power_of_2(m)))
 
 
-def split_k_for(
-    m: int, n: int, k: int, n_batch: int = 1, sms: int = 132, config: SplitKConfig = SPLIT_K
-) -> int:
+def split_k_for(m: int, n: int, k: int, n_batch: int = 1, sms: int = 132) -> int:
     """How many programs should share each output tile's K range (1: no split-K).
 
     Splits only when the output has fewer tiles than half the SMs (small M x N) and K is long:
     then doubling the split while the programs still fit in one wave and each keeps at least
-    ``config.min_chunk`` of K. A batch of matrices already fills the GPU: never split.
+    ``MIN_CHUNK`` of K. A batch of matrices already fills the GPU: never split.
 
     Args:
         m: rows of the output.
@@ -55,17 +43,12 @@ def split_k_for(
         k: the reduction length.
         n_batch: matrices in the batch.
         sms: streaming multiprocessors of the GPU.
-        config: the thresholds.
     """
-    if n_batch != 1 or k < config.min_k or m == 0 or n == 0:
+    if n_batch != 1 or k < MIN_K or m == 0 or n == 0:
         return 1
-    tiles = cdiv(m, config.block_m(m)) * cdiv(n, config.block_n)
+    tiles = cdiv(m, block_m(m)) * cdiv(n, BLOCK_N)
     split = 1
-    while (
-        split * 2 <= config.max_split
-        and tiles * split * 2 <= sms
-        and k // (split * 2) >= config.min_chunk
-    ):
+    while split * 2 <= MAX_SPLIT and tiles * split * 2 <= sms and k // (split * 2) >= MIN_CHUNK:
         split *= 2
     return split
 

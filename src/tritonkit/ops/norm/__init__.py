@@ -23,8 +23,8 @@ mean after the first-element shift, and the backward shifts again by the same fi
 16-bit rows skip the first-element shift (``config.shifts``): their own rounding dwarfs what it
 saves. Whether to shift depends on the dtype alone, so that a backward whose path (registers or
 looped) differs from its forward's reads the saved mean as the forward wrote it. Wide LayerNorm
-rows in registers (``PipelinedForwardConfig``) are walked one program per SM through the
-compiler's software pipeline; narrower rows take one program per row tile.
+rows in registers (``RegistersForwardConfig.pipeline_min_cols``) are walked one program per SM
+through the compiler's software pipeline; narrower rows take one program per row tile.
 
 Backward (``backward.py``): dx per row, and the weight and bias gradients as fp32 partial sums,
 one row of them per program, each program walking a group of rows; a second pass sums the

@@ -57,7 +57,7 @@ def norm_fwd_row_kernel(
     THREAD_ELEMS: the statistics per thread instead of per lane, each thread's THREAD_ELEMS
     contiguous values of a chunk summed in its registers about the thread's first value: two
     sums a thread instead of three per lane, and a first sweep that stays a loop (see
-    RowForwardLNConfig.thread_sums_min_cols)."""
+    config.ROW_THREAD_SUMS_MIN_COLS)."""
     o, i = program_row(n_inner, OUTER)
     x_row = x_ptr + o * stride_xo + i * stride_xi
     y_row = y_ptr + o * stride_yo + i * stride_yi

@@ -27,6 +27,35 @@ from tritonkit.ops._core.rows import (
 from tritonkit.ops.norm.backward import norm_bwd_kernel
 from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
 from tritonkit.ops.norm.config import (
+    ADJACENT_ROWS,
+    BWD_DEEP_TILE_BYTES,
+    BWD_TILE_BYTES,
+    LOOPED_ROWS_LN_RES16,
+    LOOPED_STATS_LN_RES16,
+    LOOPED_WIDE_ELEMS_LN,
+    LOOPED_WIDE_ELEMS_RMS,
+    MAX_WARPS,
+    PIPELINE_ELEMS_PER_THREAD,
+    PIPELINE_STAGES,
+    REREAD_ELEMS_PER_THREAD,
+    ROW_ELEMS_PER_THREAD_LN,
+    ROW_ELEMS_PER_THREAD_RMS,
+    ROW_MAX_BYTES_LN,
+    ROW_MAX_BYTES_LN_FP32,
+    ROW_MAX_COLS,
+    ROW_POW2_FP32,
+    ROW_POW2_FP32_WARPS,
+    ROW_STORE,
+    ROW_STORE_MIN_BYTES_RMS,
+    ROW_THREAD_SUMS_MIN_COLS,
+    ROW_WARPS_LN,
+    ROW_WARPS_RMS,
+    TILE_ELEMS_PER_THREAD,
+    WIDE_MID_PROGRAMS_PER_SM,
+    WIDE_MID_STAGES,
+    WIDE_STAGES_RMS,
+    WIDE_SUMS_ELEMS_PER_THREAD_FP32,
+    WIDE_SUMS_PROGRAMS_PER_SM,
     NormConfig,
     NormForwardConfig,
     RegistersBackwardConfig,
@@ -61,10 +90,10 @@ def row_tiles(
         max_fused=max_fused or tc.max_fused_cols,
         loop_block=loop_block or tc.loop_block_n,
         tile_elems=tile_elems or tc.tile_elems,
-        adjacent_rows=tc.adjacent_rows,
-        elems_per_thread=tc.elems_per_thread,
-        loop_elems_per_thread=tc.elems_per_thread,
-        max_warps=tc.max_warps,
+        adjacent_rows=ADJACENT_ROWS,
+        elems_per_thread=TILE_ELEMS_PER_THREAD,
+        loop_elems_per_thread=TILE_ELEMS_PER_THREAD,
+        max_warps=MAX_WARPS,
         loop_programs_per_sm=loop_programs_per_sm,
     )
     if not cfg.LOOPED:  # programs per SM 0: one row tile per program
@@ -73,7 +102,7 @@ def row_tiles(
         if per_sm > 0:
             programs = min(cfg.n_tiles, per_sm * sms)
         per_thread = elems_per_thread or rc.elems_per_thread
-        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, tc.max_warps)
+        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS)
         cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
     return cfg
 
@@ -97,23 +126,23 @@ def takes_row_forward(
     columns within the widths of ``RowForwardConfig``. fp32 LayerNorm rows of a power-of-2
     width up to max_fused_cols stay in registers, kept there across the statistics (no
     re-read), which runs as fast or faster, but for the widths of
-    ``RowForwardLNConfig.pow2_fp32``."""
-    row, row_ln = config.forward.row, config.forward.row_ln
+    ``ROW_POW2_FP32``."""
+    row = config.forward.row
     (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
     n_cols = layout.n_cols
     kept = (
         not rms
         and dtype == torch.float32
         and n_cols == next_power_of_2(n_cols)
-        and n_cols not in row_ln.pow2_fp32
+        and n_cols not in ROW_POW2_FP32
     )
-    max_bytes_ln = row_ln.max_bytes_fp32 if dtype == torch.float32 else row_ln.max_bytes
+    max_bytes_ln = ROW_MAX_BYTES_LN_FP32 if dtype == torch.float32 else ROW_MAX_BYTES_LN
     return (
         row.enabled
         and not has_residual
         and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
         and stride_yn == 1
-        and row.min_cols <= n_cols <= row.max_cols
+        and row.min_cols <= n_cols <= ROW_MAX_COLS
         and (rms or n_cols * dtype.itemsize <= max_bytes_ln)
         and not (kept and n_cols <= config.tiles.max_fused_cols)
     )
@@ -122,19 +151,20 @@ def takes_row_forward(
 def row_forward_config(
     n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig
 ) -> tuple[int, int]:
-    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm: warps_rms,
-    chunks of elems_per_thread_rms per thread. LayerNorm: warps_ln, and within the bounds of
-    elems_per_thread_ln the largest power of 2 that divides the row (no partial last chunk)."""
+    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm:
+    ROW_WARPS_RMS, chunks of ROW_ELEMS_PER_THREAD_RMS per thread. LayerNorm: ROW_WARPS_LN, and
+    within the bounds of ROW_ELEMS_PER_THREAD_LN the largest power of 2 that divides the row
+    (no partial last chunk)."""
     row = fc.row
     if rms:
         block_n, warps = row_program_config(
-            n_cols, element_size, row.warps_rms, row.elems_per_thread_rms
+            n_cols, element_size, ROW_WARPS_RMS, ROW_ELEMS_PER_THREAD_RMS
         )
-    elif element_size == 4 and n_cols in fc.row_ln.pow2_fp32:
-        block_n, warps = n_cols, fc.row_ln.pow2_fp32_warps
+    elif element_size == 4 and n_cols in ROW_POW2_FP32:
+        block_n, warps = n_cols, ROW_POW2_FP32_WARPS
     else:
-        warps = row_program_warps(n_cols * element_size, row.warps_ln)
-        low, high = (32 * warps * e for e in row.elems_per_thread_ln)
+        warps = row_program_warps(n_cols * element_size, ROW_WARPS_LN)
+        low, high = (32 * warps * e for e in ROW_ELEMS_PER_THREAD_LN)
         even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
         block_n = min(max(even, low), high, next_power_of_2(n_cols))
     if row.chunk is not None:
@@ -143,24 +173,23 @@ def row_forward_config(
 
 
 def row_forward_store(n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig) -> str:
-    """The L2 policy of norm_fwd_row_kernel's stores (see ``RowForwardConfig.store``)."""
-    if element_size != 2 or (rms and n_cols * element_size <= fc.row.store_min_bytes_rms):
+    """The L2 policy of norm_fwd_row_kernel's stores (see ``ROW_STORE``)."""
+    if element_size != 2 or (rms and n_cols * element_size <= ROW_STORE_MIN_BYTES_RMS):
         return ""
-    return fc.row.store
+    return ROW_STORE
 
 
 def row_forward_thread_elems(
     n_cols: int, dtype: torch.dtype, rms: bool, block_n: int, warps: int, fc: NormForwardConfig
 ) -> int:
     """norm_fwd_row_kernel's THREAD_ELEMS: each thread's share of a chunk for 16-bit LayerNorm
-    rows of thread_sums_min_cols or more (or thread_elems for every LayerNorm row), else 0
+    rows of ROW_THREAD_SUMS_MIN_COLS or more (or thread_elems for every LayerNorm row), else 0
     (per-lane sums)."""
-    row_ln = fc.row_ln
     if rms:
         return 0
-    if row_ln.thread_elems is not None:
-        return min(row_ln.thread_elems, block_n)
-    if dtype == torch.float32 or n_cols < row_ln.thread_sums_min_cols:
+    if fc.row.thread_elems is not None:
+        return min(fc.row.thread_elems, block_n)
+    if dtype == torch.float32 or n_cols < ROW_THREAD_SUMS_MIN_COLS:
         return 0
     return max(block_n // (32 * warps), 1)
 
@@ -178,7 +207,7 @@ def _looped_forward_tiles(
     ``LoopedRowsConfig``); ``load_bytes``: bytes each element of a row loads (x, and the
     residual); ``res16``: 16-bit rows with a residual."""
     lc, lr = config.forward.looped, config.forward.looped_rows
-    rows = lr.rows_rms if rms else (lr.rows_ln_res16 if res16 else lr.rows_ln)
+    rows = lr.rows_rms if rms else (LOOPED_ROWS_LN_RES16 if res16 else lr.rows_ln)
     per_sm = lc.programs_per_sm_rms if rms else lc.programs_per_sm_ln
     if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
         # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
@@ -191,10 +220,10 @@ def _looped_forward_tiles(
         )  # fmt: skip
     wide = load_bytes >= 8  # fp32 x and residual
     if rms:
-        per_thread = lc.elems_per_thread_rms_wide if wide else lc.elems_per_thread_rms
+        per_thread = LOOPED_WIDE_ELEMS_RMS if wide else lc.elems_per_thread_rms
     else:
-        per_thread = lc.elems_per_thread_ln_wide if wide else lc.elems_per_thread_ln
-    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, config.tiles.max_warps)
+        per_thread = LOOPED_WIDE_ELEMS_LN if wide else lc.elems_per_thread_ln
+    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, MAX_WARPS)
     return dataclasses.replace(
         cfg, BLOCK_N=block_n, programs=max(1, min(cfg.n_tiles, per_sm * sms)), num_warps=warps
     )
@@ -238,7 +267,7 @@ def forward_launch(
                 "HAS_BIAS": has_bias,
                 "OUTER": layout.n_outer > 1,
                 "WELFORD": dtype == torch.float32,
-                "SCALE_FIRST": fc.row_ln.scale_first and not rms and size == 2,
+                "SCALE_FIRST": not rms and size == 2,
                 "STORE": row_forward_store(layout.n_cols, size, rms, fc),
                 "BLOCK_N": block_n,
                 "THREAD_ELEMS": row_forward_thread_elems(
@@ -247,17 +276,17 @@ def forward_launch(
                 "num_warps": warps,
             },
         )
-    rc, pc, lc = fc.registers, fc.pipeline, fc.looped
+    rc, lc = fc.registers, fc.looped
     reread_per_thread = None  # the re-read forward's elements per thread, where it applies
     if rc.reread and not has_residual:
-        reread_per_thread = lookup(rc.reread_elems_per_thread, (rms, size))
+        reread_per_thread = lookup(REREAD_ELEMS_PER_THREAD, (rms, size))
     cfg = row_tiles(layout, config, sms, rms, elems_per_thread=reread_per_thread)
     stages = None
-    if not rms and not has_residual and not cfg.LOOPED and pc.min_cols <= cfg.BLOCK_N:
+    if not rms and not has_residual and not cfg.LOOPED and rc.pipeline_min_cols <= cfg.BLOCK_N:
         stage_bytes = cfg.BLOCK_R * cfg.BLOCK_N * size
-        stages = depth(pc.stages, stage_bytes, smem, config.pipeline_smem_slack)
+        stages = depth(PIPELINE_STAGES, stage_bytes, smem)
     if stages is not None:
-        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=pc.elems_per_thread)
+        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=PIPELINE_ELEMS_PER_THREAD)
         cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sms))
     common = {
         "IS_RMS": rms,
@@ -274,7 +303,9 @@ def forward_launch(
         meta = {
             **common,
             "LOOP_PREFETCH": lc.prefetch_rms if rms else lc.prefetch_ln,
-            "LOOP_STATS": lr.stats_rms if rms else (lr.stats_ln_res16 if res16 else lr.stats_ln),
+            "LOOP_STATS": lr.stats_rms
+            if rms
+            else (LOOPED_STATS_LN_RES16 if res16 else lr.stats_ln),
             **evict_kwargs(lc.evict),
             "SUM_FIRST": lc.sum_first and has_residual and dtype == torch.float32,
         }
@@ -321,8 +352,8 @@ class BackwardLaunches:
 
 
 def backward_tile_elems(n_row_tensors: int, dtype: torch.dtype, rc: RegistersBackwardConfig) -> int:
-    """Elements per backward row tile: tile_elems, or fewer to read at most tile_bytes."""
-    return min(rc.tile_elems, pow2_floor(rc.tile_bytes // (n_row_tensors * dtype.itemsize)))
+    """Elements per backward row tile: tile_elems, or fewer to read at most BWD_TILE_BYTES."""
+    return min(rc.tile_elems, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
 
 
 def backward_stages(
@@ -336,19 +367,19 @@ def backward_stages(
 ) -> int | None:
     """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
     columns of row tensors of ``element_sizes``): stages (LayerNorm's small tiles stages_ln),
-    wide rows stages_rms, looped rows of at most the forward's max_fused_cols (``mid``)
-    mid_stages; None for the hand prefetch."""
-    rc, wc = config.backward.registers, config.backward.wide
+    wide rows WIDE_STAGES_RMS, looped rows of at most the forward's max_fused_cols (``mid``)
+    WIDE_MID_STAGES; None for the hand prefetch."""
+    rc = config.backward.registers
     tile_bytes = cfg.BLOCK_R * block_n * sum(element_sizes)
     if cfg.LOOPED and mid:
-        stages = wc.mid_stages
+        stages = WIDE_MID_STAGES
     elif cfg.LOOPED:
-        stages = wc.stages_rms if rms else None
-    elif not rms and tile_bytes <= rc.deep_tile_bytes:
+        stages = WIDE_STAGES_RMS if rms else None
+    elif not rms and tile_bytes <= BWD_DEEP_TILE_BYTES:
         stages = rc.stages_ln
     else:
         stages = rc.stages
-    return depth(stages, tile_bytes, smem, config.pipeline_smem_slack)
+    return depth(stages, tile_bytes, smem)
 
 
 def backward_launches(
@@ -372,7 +403,7 @@ def backward_launches(
     c1, c2, dx, dw_part, db_part); ``partials`` (partial, out, partial2, out2)."""
     bc = config.backward
     rc, wc = bc.registers, bc.wide
-    max_warps = config.tiles.max_warps
+    max_warps = MAX_WARPS
     sg, sx, *rest = layout.strides
     sr = rest.pop(0) if has_dres else sg
     sdx = rest.pop(0)
@@ -387,7 +418,7 @@ def backward_launches(
         max_fused=min(rc.max_cols, config.tiles.max_fused_cols),
         loop_block=wc.mid_block_n if mid else None,
         loop_programs_per_sm=(
-            lookup(wc.mid_programs_per_sm, dtype.itemsize) if mid else wc.sums_programs_per_sm
+            lookup(WIDE_MID_PROGRAMS_PER_SM, dtype.itemsize) if mid else WIDE_SUMS_PROGRAMS_PER_SM
         ),
     )
     # The dx / partial-sum pass: (BLOCK_N, warps, column blocks, row groups).
@@ -409,16 +440,13 @@ def backward_launches(
         sums_n, sums_warps = cfg.BLOCK_N, cfg.num_warps
         if dtype.itemsize > 2:
             sums_n, sums_warps = _fit_chunk(
-                cfg.BLOCK_R, sums_n, wc.sums_elems_per_thread_fp32, max_warps
+                cfg.BLOCK_R, sums_n, WIDE_SUMS_ELEMS_PER_THREAD_FP32, max_warps
             )
         # Each chunk loads dy, x and the weight.
         chunk_bytes = cfg.BLOCK_R * sums_n * (element_sizes[0] + element_sizes[1])
         chunk_bytes += sums_n * weight_size
         sums_stages = depth(
-            wc.mid_stages if mid else (wc.sums_stages_rms if rms else None),
-            chunk_bytes,
-            smem,
-            config.pipeline_smem_slack,
+            WIDE_MID_STAGES if mid else (WIDE_STAGES_RMS if rms else None), chunk_bytes, smem
         )
         sums = Launch(
             norm_bwd_sums_kernel,
@@ -436,7 +464,7 @@ def backward_launches(
          stride_w),
         {"IS_RMS": rms, "SHIFT": shift, "HAS_WEIGHT": has_weight, "HAS_DRES": has_dres,
          "WEIGHT_GRAD": weight_grad, "BIAS_GRAD": bias_grad, "SUMS_GIVEN": cfg.LOOPED,
-         "PREFETCH": bc.prefetch and stages is None,
+         "PREFETCH": stages is None,
          # one-row tiles: the same sum either way
          "REDUCE_TILES": 1 < cfg.BLOCK_R <= reduce_rows,
          "STAGES": stages, "OUTER": layout.n_outer > 1, "INT64": int64,

@@ -49,7 +49,7 @@ def _vector(t: torch.Tensor, mode: int, n_cols: int) -> torch.Tensor:
 def _config_device(config: NormConfig, device: torch.device) -> tuple[int, int]:
     """(SMs, shared memory bytes per program) to plan for: the config's, else the device's."""
     sms = config.sms or sm_count(device)
-    smem = config.shared_memory or shared_memory_per_block(device)
+    smem = shared_memory_per_block(device)
     return sms, smem
 
 

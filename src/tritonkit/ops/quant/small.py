@@ -59,27 +59,23 @@ def _quant_tensor_small_kernel(
             tl.store(amax_ptr, amax)
 
 
+# The largest tensor the one-pass kernel takes (every program reads all of it: the reads grow as
+# numel**2 / block); 16 rows of a 16384-wide hidden state fit.
+MAX_NUMEL = 1 << 18
+
+
 @dataclass(frozen=True)
 class SmallTensorConfig:
-    """When a per-tensor scale takes the one-pass kernel, and its launch.
+    """When a per-tensor scale takes the one-pass kernel (up to ``MAX_NUMEL`` elements), and its
+    launch."""
 
-    ``max_numel``: the largest tensor it takes (every program reads all of it: the reads grow
-    as numel**2 / block); 16 rows of a 16384-wide hidden state fit.
-    """
-
-    max_numel: int = 1 << 18
     block: int = 4096
     num_warps: int = 8
 
     def takes(self, x: torch.Tensor, fmt: QFormat) -> bool:
         """Whether ``x`` quantized to ``fmt`` with one scale takes this kernel: contiguous,
         small, a symmetric unpacked format."""
-        return (
-            0 < x.numel() <= self.max_numel
-            and x.is_contiguous()
-            and fmt.symmetric
-            and not fmt.packed
-        )
+        return 0 < x.numel() <= MAX_NUMEL and x.is_contiguous() and fmt.symmetric and not fmt.packed
 
 
 SMALL_TENSOR = SmallTensorConfig()

@@ -31,13 +31,35 @@ from tritonkit.ops.softmax.kernels_looped import (
 from tritonkit.ops.softmax.kernels_row_backward import softmax_bwd_row_kernel
 from tritonkit.ops.softmax.kernels_tiles import softmax_bwd_tiles_kernel, softmax_fwd_tiles_kernel
 
+# Constants of the paths below that no sweep varies (the sweeps' knobs are the configs' fields).
+# Rows in registers: rows adjacent in memory (a reduction over a non-last dim) per tile, so that
+# a warp reads a contiguous run of them; warps at most.
+ADJACENT_ROWS = 64
+MAX_WARPS = 32
+# The looped backward's L2 hints (``LoopedSoftmaxConfig.evict_fwd`` for the forward's).
+LOOPED_EVICT_BWD = True
+# The row backward (``RowBackwardConfig``): 16-bit rows up to ROW_BWD_MAX_COLS, fp32 softmax rows
+# up to ROW_BWD_MAX_COLS_FP32; warps by the bytes of a row of dy ((bytes, warps), fp32's
+# ROW_BWD_WARPS_FP32; wider rows 32), elements per thread by warps.
+ROW_BWD_MAX_COLS = 32768
+ROW_BWD_MAX_COLS_FP32 = 8192
+ROW_BWD_WARPS = ((32768, 16),)
+ROW_BWD_WARPS_FP32 = ((16384, 16),)
+ROW_BWD_ELEMS_PER_THREAD = ((4, 16), (8, 16), (16, 8), (32, 8))
+# The aligned walk (``AlignedConfig``): the forward's (warps, elements per thread) by element
+# size; the backward's warps by the row's bytes (wider rows 32), elements per thread by warps.
+ALIGNED_FWD = ((2, (8, 32)), (4, (32, 16)))
+ALIGNED_WARPS_BWD = ((16384, 8), (49152, 16))
+ALIGNED_ELEMS_PER_THREAD_BWD = ((8, 16), (16, 8), (32, 8))
+
 
 @dataclass(frozen=True)
 class LoopedSoftmaxConfig:
     """Rows wider than ``SoftmaxConfig.max_fused_cols`` (``kernels_looped.py``), forward and
     backward apart: elements per thread of a chunk and programs per SM (each keeps one row in flight
     between its two sweeps, in L2); the next chunk's loads issued before working on the current
-    one (``prefetch_*``: two chunks per program in flight); L2 hints (``evict_*``: the first
+    one (``prefetch_*``: two chunks per program in flight); L2 hints (``evict_fwd``, the
+    backward's ``LOOPED_EVICT_BWD``: the first
     sweep's loads evict_last, the second sweep's loads and stores evict_first, so that the rows
     the first sweep read are what stays in L2); ``chunk_max``: the forward's first sweep reduces
     each chunk (a max and a sum across the tile per chunk, half the instructions per element)
@@ -51,7 +73,6 @@ class LoopedSoftmaxConfig:
     prefetch_fwd: bool = False
     prefetch_bwd: bool = True
     evict_fwd: bool = True
-    evict_bwd: bool = True
     chunk_max: bool = True
 
 
@@ -59,19 +80,14 @@ class LoopedSoftmaxConfig:
 class RowBackwardConfig:
     """The backward of one row per program with the width a compile-time constant
     (``kernels_row_backward.py``; ``enabled``): 16-bit rows of contiguous columns, softmax's of
-    ``min_cols`` to ``max_cols``, log_softmax's from ``min_cols_log``; fp32 softmax rows up to
-    ``max_cols_fp32``. Warps by the bytes of a row of dy (``warps``, fp32 ``warps_fp32``; wider
-    rows 32) and chunks of ``elems_per_thread[warps]`` per thread (``chunk``: a fixed BLOCK_N
-    instead). Narrower, wider and most fp32 rows do as well or better on the tile paths."""
+    ``min_cols`` to ``ROW_BWD_MAX_COLS``, log_softmax's from ``min_cols_log``; fp32 softmax rows
+    up to ``ROW_BWD_MAX_COLS_FP32``; warps and chunks by the row's bytes (``ROW_BWD_*``;
+    ``chunk``: a fixed BLOCK_N instead). Narrower, wider and most fp32 rows do as well or better
+    on the tile paths."""
 
     enabled: bool = True
     min_cols: int = 4096
     min_cols_log: int = 16385
-    max_cols: int = 32768
-    max_cols_fp32: int = 8192
-    warps: tuple[tuple[int, int], ...] = ((32768, 16),)
-    warps_fp32: tuple[tuple[int, int], ...] = ((16384, 16),)
-    elems_per_thread: tuple[tuple[int, int], ...] = ((4, 16), (8, 16), (16, 8), (32, 8))
     chunk: int | None = None
 
 
@@ -80,17 +96,12 @@ class AlignedConfig:
     """Rows that do not start on 16 bytes, or whose width is not a whole number of 16-byte
     vectors, take the aligned walk (``kernels_aligned.py``; ``enabled``) where every tensor's
     rows start at the same offset within 16 bytes: the forward for rows of ``min_cols_fwd`` or more
-    (narrower odd rows in registers do well already), the backward from ``min_cols_bwd``. The
-    forward: (warps, elements per thread) by element size (``fwd``); the backward: warps by the
-    row's bytes (``warps_bwd``, wider rows 32) and elements per thread by warps; ``chunk``: a
-    fixed BLOCK_N for both instead."""
+    (narrower odd rows in registers do well already), the backward from ``min_cols_bwd``; warps
+    and chunks ``ALIGNED_*``; ``chunk``: a fixed BLOCK_N for both instead."""
 
     enabled: bool = True
     min_cols_fwd: int = 16385
     min_cols_bwd: int = 4096
-    fwd: tuple[tuple[int, tuple[int, int]], ...] = ((2, (8, 32)), (4, (32, 16)))
-    warps_bwd: tuple[tuple[int, int], ...] = ((16384, 8), (49152, 16))
-    elems_per_thread_bwd: tuple[tuple[int, int], ...] = ((8, 16), (16, 8), (32, 8))
     chunk: int | None = None
 
 
@@ -100,20 +111,18 @@ class SoftmaxConfig:
 
     Rows in registers (``kernels_tiles.py``): a row of up to ``max_fused_cols`` is one tile (wider
     rows in registers spill); short rows share a tile of up to ``tile_elems`` elements; rows
-    adjacent in memory (a reduction over a non-last dim) take ``adjacent_rows`` per tile, so that a
-    warp reads a contiguous run of them. Wider rows loop in chunks of ``loop_block_n`` (``looped``).
-    Warps are sized so that each thread holds about ``elems_per_thread`` elements of a tile, at
-    most ``max_warps``. ``row_backward`` and ``aligned``: the one-row-per-program kernels.
-    ``sms``: streaming multiprocessors to size grids for; None: the device's. The measurements
-    behind the defaults are in docs/performance.md.
+    adjacent in memory take ``ADJACENT_ROWS`` per tile. Wider rows loop in chunks of
+    ``loop_block_n`` (``looped``). Warps are sized so that each thread holds about
+    ``elems_per_thread`` elements of a tile, at most ``MAX_WARPS``. ``row_backward`` and
+    ``aligned``: the one-row-per-program kernels. ``sms``: streaming multiprocessors to size
+    grids for; None: the device's. The measurements behind the defaults are in
+    docs/performance.md.
     """
 
     max_fused_cols: int = 16384
     loop_block_n: int = 16384
     tile_elems: int = 4096
-    adjacent_rows: int = 64
     elems_per_thread: int = 32
-    max_warps: int = 32
     looped: LoopedSoftmaxConfig = field(default_factory=LoopedSoftmaxConfig)
     row_backward: RowBackwardConfig = field(default_factory=RowBackwardConfig)
     aligned: AlignedConfig = field(default_factory=AlignedConfig)
@@ -135,12 +144,12 @@ def _row_config(layout: RowLayout, config: SoftmaxConfig, backward: bool, sms: i
         max_fused=config.max_fused_cols,
         loop_block=config.loop_block_n,
         tile_elems=config.tile_elems,
-        adjacent_rows=config.adjacent_rows,
+        adjacent_rows=ADJACENT_ROWS,
         elems_per_thread=config.elems_per_thread,
         loop_elems_per_thread=(
             config.looped.elems_per_thread_bwd if backward else config.looped.elems_per_thread_fwd
         ),
-        max_warps=config.max_warps,
+        max_warps=MAX_WARPS,
         loop_programs_per_sm=(
             config.looped.programs_per_sm_bwd if backward else config.looped.programs_per_sm_fwd
         ),
@@ -189,10 +198,10 @@ def aligned_config(
     ac = config.aligned
     if backward:
         block_n, warps = row_program_config(
-            n_cols, element_size, ac.warps_bwd, ac.elems_per_thread_bwd
+            n_cols, element_size, ALIGNED_WARPS_BWD, ALIGNED_ELEMS_PER_THREAD_BWD
         )
     else:
-        warps, per_thread = lookup(ac.fwd, element_size, lookup(ac.fwd, 4))
+        warps, per_thread = lookup(ALIGNED_FWD, element_size, lookup(ALIGNED_FWD, 4))
         block_n = min(32 * warps * per_thread, next_power_of_2(n_cols))
     if ac.chunk is not None:
         block_n = min(ac.chunk, next_power_of_2(n_cols))
@@ -235,8 +244,8 @@ def forward_launch(
 def row_bwd_config(n_cols: int, element_size: int, config: SoftmaxConfig) -> tuple[int, int]:
     """(BLOCK_N, warps) of softmax_bwd_row_kernel."""
     rb = config.row_backward
-    table = rb.warps_fp32 if element_size == 4 else rb.warps
-    block_n, warps = row_program_config(n_cols, element_size, table, rb.elems_per_thread)
+    table = ROW_BWD_WARPS_FP32 if element_size == 4 else ROW_BWD_WARPS
+    block_n, warps = row_program_config(n_cols, element_size, table, ROW_BWD_ELEMS_PER_THREAD)
     if rb.chunk is not None:
         block_n = min(rb.chunk, next_power_of_2(n_cols))
     return block_n, warps
@@ -252,9 +261,9 @@ def takes_row_backward(
     if not (rb.enabled and sgn == syn == sdn == 1):
         return False
     if element_size == 4:
-        return not log and rb.min_cols <= layout.n_cols <= rb.max_cols_fp32
+        return not log and rb.min_cols <= layout.n_cols <= ROW_BWD_MAX_COLS_FP32
     low = rb.min_cols_log if log else rb.min_cols
-    return element_size == 2 and low <= layout.n_cols <= rb.max_cols
+    return element_size == 2 and low <= layout.n_cols <= ROW_BWD_MAX_COLS
 
 
 def backward_launch(
@@ -299,7 +308,7 @@ def backward_launch(
     meta = {
         "LOG": log,
         "PREFETCH": config.looped.prefetch_bwd,
-        **evict_kwargs(config.looped.evict_bwd),
+        **evict_kwargs(LOOPED_EVICT_BWD),
         **_tile_meta(cfg, layout),
     }
     return Launch(softmax_bwd_looped_kernel, (cfg.programs,), ints, meta)

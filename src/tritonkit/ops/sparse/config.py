@@ -66,13 +66,16 @@ def split_chunk(op: str, n_rows: int, nnz: int, max_row: int, sms: int) -> int:
 class SpmvConfig:
     """y = A x over CSR. Row kernel: ``ROWS`` x ``BLOCK`` is one program's tile (ROWS rows,
     BLOCK non-zeros of each per step). Split kernel: ``chunk`` non-zeros per program, taken
-    ``ROWS * BLOCK`` at a time (ROWS = 1)."""
+    ``ROWS * BLOCK`` at a time (ROWS = 1); ``strategy``: split where there is a chunk."""
 
-    strategy: str
     ROWS: int
     BLOCK: int
     chunk: int
     num_warps: int
+
+    @property
+    def strategy(self) -> str:
+        return SPLIT if self.chunk else ROWS
 
     @classmethod
     def heuristic(cls, n_rows: int, nnz: int, chunk: int, sms: int) -> SpmvConfig:
@@ -81,35 +84,39 @@ class SpmvConfig:
         # the best of the sweep on the uniform and the power-law acceptance matrices, row and
         # split kernels alike (docs/sparse.md).
         if chunk:
-            return cls(SPLIT, 1, 512, chunk, 4)
+            return cls(1, 512, chunk, 4)
         block = _spmv_block(nnz / max(n_rows, 1))
         rows = _clamp(512 // block, 1, 256)
         rows = min(rows, max(1, next_power_of_2(cdiv(n_rows, 4 * sms))))
-        return cls(ROWS, rows, block, 0, 8 if rows * block > 512 else 4)
+        return cls(rows, block, 0, 8 if rows * block > 512 else 4)
 
     def space(self) -> list[SpmvConfig]:
         """The configs a sweep tries for this problem (this one first; same chunk)."""
         out = [self]
         for warps in (4, 8):
             if self.strategy == SPLIT:
-                out += [SpmvConfig(SPLIT, 1, t, self.chunk, warps) for t in (256, 512, 1024, 2048)]
+                out += [SpmvConfig(1, t, self.chunk, warps) for t in (256, 512, 1024, 2048)]
                 continue
             for block in (16, 32, 64):
                 for tile in (512, 1024, 2048):
-                    out.append(SpmvConfig(ROWS, max(1, tile // block), block, 0, warps))
+                    out.append(SpmvConfig(max(1, tile // block), block, 0, warps))
         return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)
 class SpmmConfig:
     """C = A B over CSR. A program holds one row (or a chunk's rows, one at a time) and
-    ``BLOCK_N`` columns of B; ``BLOCK_K`` non-zeros (rows of B gathered) per step."""
+    ``BLOCK_N`` columns of B; ``BLOCK_K`` non-zeros (rows of B gathered) per step; ``strategy``:
+    split where there is a chunk."""
 
-    strategy: str
     BLOCK_K: int
     BLOCK_N: int
     chunk: int
     num_warps: int
+
+    @property
+    def strategy(self) -> str:
+        return SPLIT if self.chunk else ROWS
 
     @classmethod
     def heuristic(cls, n_rows: int, n: int, nnz: int, chunk: int) -> SpmmConfig:
@@ -117,18 +124,18 @@ class SpmmConfig:
         # acceptance matrices (docs/sparse.md): 128 columns by 16 non-zeros for the row kernel,
         # 64 by 32 for the split one (its chunks hold rows of every length), on 4 warps.
         if chunk:
-            return cls(SPLIT, 32, _clamp(next_power_of_2(n), 16, 64), chunk, 4)
+            return cls(32, _clamp(next_power_of_2(n), 16, 64), chunk, 4)
         block_n = _clamp(next_power_of_2(n), 16, 128)
         block_k = _spmm_block_k(nnz / max(n_rows, 1))
         warps = 4 if block_n * block_k <= 2048 else 8
-        return cls(ROWS, block_k, block_n, chunk, warps)
+        return cls(block_k, block_n, chunk, warps)
 
     def space(self) -> list[SpmmConfig]:
         out = [self]
         for block_n in (64, 128, 256):
             for block_k in (8, 16, 32):
                 for warps in (4, 8):
-                    out.append(SpmmConfig(self.strategy, block_k, block_n, self.chunk, warps))
+                    out.append(SpmmConfig(block_k, block_n, self.chunk, warps))
         return list(dict.fromkeys(out))
 
 

@@ -228,7 +228,26 @@ def _check_compressed(
     return longest
 
 
-class CSR:
+class _Stored:
+    """What the formats share: the tensors that store the matrix (``_STORED``, by attribute
+    name), their dtype and device, and the bytes they hold."""
+
+    _STORED: tuple[str, ...] = ()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def memory_usage(self) -> int:
+        """Bytes held by the index and value tensors (not the cached analysis)."""
+        return sum(getattr(self, name).nbytes for name in self._STORED)
+
+
+class CSR(_Stored):
     """A sparse matrix in compressed sparse row form.
 
     Args:
@@ -240,6 +259,8 @@ class CSR:
         check: check the data (one synchronization, the first time these index tensors are
             seen with this content); metadata is always checked.
     """
+
+    _STORED = ("crow_indices", "col_indices", "values")
 
     def __init__(self, crow_indices, col_indices, values, shape, *, check: bool = True):
         self._setup(crow_indices, col_indices, values, shape)
@@ -306,10 +327,6 @@ class CSR:
         return self._nnz
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.values.dtype
-
-    @property
     def device(self) -> torch.device:
         return self._device
 
@@ -326,12 +343,6 @@ class CSR:
             if not _tracing():
                 self._cache["max_row"] = longest
         return longest
-
-    def memory_usage(self) -> int:
-        """Bytes held by the index and value tensors (not the cached analysis)."""
-        return sum(
-            t.numel() * t.element_size() for t in (self.crow_indices, self.col_indices, self.values)
-        )
 
     def __repr__(self) -> str:
         return (
@@ -509,7 +520,7 @@ class CSR:
         return BSR.from_torch(self.to_dense(), blocksize)
 
 
-class COO:
+class COO(_Stored):
     """A sparse matrix as (row, column, value) triples sorted by row, then column.
 
     Args:
@@ -519,6 +530,8 @@ class COO:
         shape: ``(rows, cols)``.
         check: check the data (one synchronization).
     """
+
+    _STORED = ("row_indices", "col_indices", "values")
 
     def __init__(self, row_indices, col_indices, values, shape, *, check: bool = True):
         self.shape = _check_shape("COO", shape)
@@ -561,19 +574,6 @@ class COO:
     @property
     def nnz(self) -> int:
         return self.values.shape[0]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.values.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
-
-    def memory_usage(self) -> int:
-        return sum(
-            t.numel() * t.element_size() for t in (self.row_indices, self.col_indices, self.values)
-        )
 
     def __repr__(self) -> str:
         return f"COO(shape={self.shape}, nnz={self.nnz}, dtype={_name(self.dtype)})"
@@ -618,7 +618,7 @@ class COO:
         return self.to_csr().to_dense()
 
 
-class BSR:
+class BSR(_Stored):
     """A block-sparse matrix (block CSR): dense ``R x C`` blocks, ``R`` and ``C`` powers of 2
     in 16..128.
 
@@ -629,6 +629,8 @@ class BSR:
         shape: ``(rows, cols)``, multiples of ``R`` and ``C``.
         check: check the data (one synchronization).
     """
+
+    _STORED = ("crow_indices", "col_indices", "values")
 
     def __init__(
         self, crow_indices, col_indices, values, shape, *, check: bool = True, _keep_values=False
@@ -671,19 +673,6 @@ class BSR:
     @property
     def nnz_blocks(self) -> int:
         return self.col_indices.numel()
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.values.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
-
-    def memory_usage(self) -> int:
-        return sum(
-            t.numel() * t.element_size() for t in (self.crow_indices, self.col_indices, self.values)
-        )
 
     def __repr__(self) -> str:
         return (
