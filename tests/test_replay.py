@@ -327,3 +327,24 @@ def test_tuning_during_a_recording_is_not_kept(monkeypatch):
     assert replay.STATS.replays >= 1
     steps = [e for _, e in replay.PLANS.items() if type(e) is replay._Ready]
     assert len(steps) == 1
+
+
+@pytest.mark.parametrize("grad_layout", ["channels_last", "contiguous"])
+def test_backward_keeps_a_channels_last_outputs_layout(grad_layout):
+    """A channels_last output's gradient reaches the recorded backward (and its replays) in
+    channels_last: not copied to NCHW on every step (a conv's backward reads it that way), and
+    a gradient that arrives in another layout is converted to the recorded one."""
+    pool = torch.randn(4, 256)
+    for i in range(4):
+        x = pool[i, :120].view(2, 5, 3, 4).detach()  # N, H, W, C in memory
+        x = x.permute(0, 3, 1, 2).requires_grad_()  # (2, 4, 5, 3) channels_last
+        assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        y = _call(ScaleFunction, (x, 1.5), _python(x, 1.5, True))
+        g = torch.randn(y.shape)
+        if grad_layout == "channels_last":
+            g = g.contiguous(memory_format=torch.channels_last)
+        (dx,) = torch.autograd.grad(y, x, g)
+        torch.testing.assert_close(dx, g * 1.5, rtol=0, atol=0)
+        if i >= 1:  # the recorded call and the replays (the first is the function's own)
+            assert dx.is_contiguous(memory_format=torch.channels_last), (i, dx.stride())
+    assert replay.STATS.recordings == 1 and replay.STATS.replays == 2, replay.STATS

@@ -238,13 +238,19 @@ struct PlanFunction : public torch::autograd::Function<PlanFunction> {
     size_t n_saved = plan->saved.size();
     std::vector<at::Tensor> like(slots.begin() + n_saved, slots.end());
     slots.resize(n_saved);
-    // The recording saw contiguous gradients (replay.py makes them so): keep that layout.
+    // The recording saw each gradient in its output's layout (replay.py's grad_format, the
+    // same rule): channels_last where the output is, else contiguous. Keep that layout.
     size_t k = 0;
     for (size_t i = 0; i < grads.size(); ++i) {
       at::Tensor g = grads[i];
       if (plan->grad_used[i]) {
         const at::Tensor& out = like[k++];
-        g = g.defined() ? g.contiguous() : at::zeros_like(out, at::MemoryFormat::Contiguous);
+        at::MemoryFormat format =
+            out.dim() == 4 && !out.is_contiguous() &&
+                    out.is_contiguous(at::MemoryFormat::ChannelsLast)
+                ? at::MemoryFormat::ChannelsLast
+                : at::MemoryFormat::Contiguous;
+        g = g.defined() ? g.contiguous(format) : at::zeros_like(out, format);
       }
       slots.push_back(g);
     }

@@ -236,6 +236,21 @@ class NoGradContext:
         pass
 
 
+def grad_format(out: Any) -> torch.memory_format:
+    """The layout a recorded backward sees its output's gradient in: channels_last where the
+    output is (a conv's), else contiguous. replay.cpp's backward applies the same rule to the
+    same output, so a replay hands the recorded launches the layout they were recorded with,
+    and a channels_last gradient is not copied to NCHW on every step."""
+    if (
+        isinstance(out, torch.Tensor)
+        and out.dim() == 4
+        and not out.is_contiguous()
+        and out.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def _recorded_class(function: type) -> type:
     """``function`` with its forward and backward reporting to the recording on ctx."""
     cached = getattr(function, "_tk_recorded", None)
@@ -249,6 +264,8 @@ def _recorded_class(function: type) -> type:
         def forward(ctx, *args):
             out = function.forward(ctx, *args)
             ctx._tk_recording = _CURRENT.rec
+            outs = out if isinstance(out, tuple) else (out,)
+            ctx._tk_grad_formats = tuple(grad_format(o) for o in outs)
             return out
 
         @staticmethod
@@ -258,7 +275,11 @@ def _recorded_class(function: type) -> type:
             # plan's, or the recording already failed.
             if rec is None or rec.error is not None or rec.concluded:
                 return function.backward(ctx, *grads)
-            grads = tuple(g.contiguous() if isinstance(g, torch.Tensor) else g for g in grads)
+            formats = ctx._tk_grad_formats
+            grads = tuple(
+                g.contiguous(memory_format=formats[i]) if isinstance(g, torch.Tensor) else g
+                for i, g in enumerate(grads)
+            )
             rec.start_backward(grads)
             with _Active(rec):
                 result = function.backward(ctx, *grads)
