@@ -3,6 +3,8 @@ groups and depthwise, odd sizes, NCHW / channels_last / strided views, fp32 / fp
 the fused epilogues, output layouts, bad input raising PyTorch's errors, BN folding and the
 model converter, torch.compile, and the spec through the check engine."""
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ import tritonkit.nn as tnn
 from tritonkit.harness.spec import get_spec
 from tritonkit.nn.conv import FusedBlock
 from tritonkit.ops.conv import GemmConfig, WgradConfig
+from tritonkit.ops.conv import plan as plan_module
 from tritonkit.ops.conv.plan import bias_grad, conv_forward, conv_wgrad
 
 from _checks import assert_spec_passes, compile_backend
@@ -182,8 +185,9 @@ def test_empty_batch_and_tiles_config(device):
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_wgrad_split_reduction_and_bias_grad(device, layout):
-    """wgrad split over programs (fp32 partial sums added atomically into a zeroed buffer,
-    rounded once) gives the float64 gradient, in both layouts; so does the split bias sum."""
+    """wgrad split over programs (each split's fp32 partial sums in a slab of their own, added
+    in order and rounded once; the slabs are an unfilled allocation, here poisoned with NaN)
+    gives the float64 gradient, in both layouts; so does the split bias sum."""
     x, wt, _ = _case(device, 3, 6, 7, 9, 10, 3, 3, 1, seed=13)
     x = _layout(x, layout)
     dy = torch.randn(3, 10, 4, 5, device=device)
@@ -193,11 +197,20 @@ def test_wgrad_split_reduction_and_bias_grad(device, layout):
     ref = F.conv2d(xd, wd, None, 2, 1)
     (dw_ref,) = torch.autograd.grad(ref, wd, dy.double())
     geo = ([2, 2], [1, 1, 1, 1], [1, 1], 1)
-    for split in (1, 3):
-        dw = conv_wgrad(dy, x, list(wt.shape), *geo, WgradConfig(16, 16, 16, split, 4, 1))
-        assert dw.dtype == x.dtype
-        _close(dw, dw_ref, torch.float32, grad=True)
-    _close(bias_grad(dy), dy.double().sum((0, 2, 3)), torch.float32, grad=True)
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):  # what an unfilled allocation may hold
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    with mock.patch.object(plan_module.torch, "empty", poisoned):
+        for split in (1, 3, 7):  # 7: more splits than the 60 pixels have BLOCK_K steps
+            dw = conv_wgrad(dy, x, list(wt.shape), *geo, WgradConfig(16, 16, 16, split, 4, 1))
+            assert dw.dtype == x.dtype
+            _close(dw, dw_ref, torch.float32, grad=True)
+        _close(bias_grad(dy), dy.double().sum((0, 2, 3)), torch.float32, grad=True)
+        big = _layout(torch.randn(2, 5, 16, 17, device=device), layout)  # 544 pixels: 2 splits
+        _close(bias_grad(big), big.double().sum((0, 2, 3)), torch.float32, grad=True)
 
 
 def test_bad_input_raises_torchs_errors(device):
