@@ -150,6 +150,9 @@ class GemmConfig:
         return out
 
 
+SLAB_BYTES = 64 << 20  # the most a split wgrad's fp32 partial sums take (see splits)
+
+
 @dataclass(frozen=True)
 class WgradConfig:
     """The weight gradient: BLOCK_M output channels x BLOCK_N input channels per tap,
@@ -175,16 +178,16 @@ class WgradConfig:
             cfg.num_warps, cfg.num_stages,
         )  # fmt: skip
 
-    def splits(self, p: ConvProblem, deterministic: bool, sms: int) -> int:
+    def splits(self, p: ConvProblem, sms: int) -> int:
         """How many programs share one tile's pixels: enough tiles for two waves of the
-        machine, each split at least 8 steps long; 1 in deterministic mode (atomics add in
-        any order)."""
-        if deterministic:
-            return 1
+        machine, each split at least 8 steps long, the splits' fp32 partial sums (one slab
+        of the weight's size each) at most ``SLAB_BYTES``. The slabs are added in a fixed
+        order (no atomics), so a split reduction is deterministic too."""
         if self.split:
             return self.split
         tiles = cdiv(p.k_g, self.BLOCK_M) * cdiv(p.c_g, self.BLOCK_N) * p.kh * p.kw * p.groups
         most = max(1, p.m // (8 * self.BLOCK_K))
+        most = min(most, max(1, SLAB_BYTES // (4 * p.k * p.c_g * p.kh * p.kw)))
         return max(1, min(most, cdiv(2 * sms, tiles)))
 
     @classmethod

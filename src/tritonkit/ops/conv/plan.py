@@ -484,11 +484,10 @@ def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
         plan.path = "zero"
         return plan
     precision, upcast = _precision(x)
-    deterministic = current_env().deterministic
     sms = sm_count(x.device)
 
     def launch_args(cfg, target):
-        split = cfg.splits(p, deterministic, sms)
+        split = cfg.splits(p, sms)
         per_split = cdiv(cdiv(p.m, split), cfg.BLOCK_K) * cfg.BLOCK_K
         grid = (cdiv(p.k_g, cfg.BLOCK_M) * cdiv(p.c_g, cfg.BLOCK_N), p.kh * p.kw, groups * split)
         args = (
@@ -512,7 +511,7 @@ def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
         return torch.empty(split * numel, dtype=torch.float32, device=x.device)
 
     def run(cfg):
-        split = cfg.splits(p, deterministic, sms)
+        split = cfg.splits(p, sms)
         target = target_for(split)
         _, grid, args, meta = launch_args(cfg, target)
         conv_wgrad_kernel[grid](*args, **meta)
@@ -521,7 +520,7 @@ def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
 
     cands = WgradConfig.candidates(p)
     cfg = config or _tune("wgrad", p, cands, WgradConfig.from_tuning, run, x.element_size())
-    split = cfg.splits(p, deterministic, sms)
+    split = cfg.splits(p, sms)
     target = target_for(split)
     split, grid, args, meta = launch_args(cfg, target)
     plan.run, plan.path, plan.split = conv_wgrad_kernel.bind(grid, *args, **meta), "wgrad", split
@@ -578,7 +577,8 @@ def _bias_grad_plan(dz):
         return plan
     block_c = 32 if interpreter_enabled() else 64
     block_m = 16 if interpreter_enabled() else 64
-    split = 1 if current_env().deterministic else max(1, min(64, m // (16 * block_m)))
+    # The splits' partial sums are added in a fixed order: deterministic mode splits too.
+    split = max(1, min(64, m // (16 * block_m)))
     per_split = cdiv(cdiv(m, split), block_m) * block_m
     target = torch.empty(
         c * split, dtype=dz.dtype if split == 1 else torch.float32, device=dz.device
