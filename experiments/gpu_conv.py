@@ -199,7 +199,10 @@ def _jobs(layers, dw_layers):
         pad = k // 2
         p = problem((BATCH, cin, h, h), (cout, cin, k, k), [s, s], [pad] * 4, [1, 1], 1, DTYPE)
         kind = forward_path(p)
-        for c in GemmConfig.candidates(p, p.c_g, p.k_g)[:3]:
+        cands = GemmConfig.candidates(p, p.c_g, p.k_g)
+        # The first three, and a tile 256 channels wide where Cout reaches it: a 1x1 layer's
+        # short reduction makes it a memory-bound GEMM that wants x read once per pixel.
+        for c in cands[:3] + [c for c in cands[3:] if c.BLOCK_N >= 256]:
             jobs.append((kind, i, c.tuning().to_dict()))
         for c in GemmConfig.candidates(p._replace(oh=p.h, ow=p.w), p.k_g, p.c_g)[:2]:
             jobs.append(("dgrad", i, c.tuning().to_dict()))
