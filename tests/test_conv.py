@@ -92,6 +92,38 @@ def test_forward_and_backward_against_float64(device, geometry, layout):
         _close(got, want, torch.float32, grad=True)
 
 
+@pytest.mark.parametrize("wanted", ["x", "weight", "bias"])
+def test_backward_computes_only_the_gradients_asked_for(device, wanted):
+    """A backward launches only the gradients' kernels that autograd asks for (a stem's input
+    is an image: no dgrad), and each of them is right; the residual's gradient is dz."""
+    x, wt, b = _case(device, 2, 3, 9, 8, 8, 5, 5, 1, seed=3)
+    x = _layout(x, "channels_last").requires_grad_(wanted == "x")
+    wt = _layout(wt, "channels_last").requires_grad_(wanted == "weight")
+    b = b.requires_grad_(wanted == "bias")
+    r = torch.randn(2, 8, 5, 4, device=device).contiguous(memory_format=torch.channels_last)
+    r.requires_grad_(True)
+    calls = []
+    runs = {n: getattr(plan_module, n) for n in ("_run_dgrad", "_run_wgrad", "_run_bias_grad")}
+
+    def counted(name):
+        def run(*args):
+            calls.append(name)
+            return runs[name](*args)
+
+        return run
+
+    with mock.patch.multiple(plan_module, **{n: counted(n) for n in runs}):
+        out = tritonkit.conv2d(x, wt, b, 2, 2, residual=r, activation="relu")
+        dy = torch.randn_like(out)
+        got, dres = torch.autograd.grad(out, ({"x": x, "weight": wt, "bias": b}[wanted], r), dy)
+    assert calls == [{"x": "_run_dgrad", "weight": "_run_wgrad", "bias": "_run_bias_grad"}[wanted]]
+    xd, wd, bd, rd = (t.detach().double().requires_grad_(True) for t in (x, wt, b, r))
+    ref = F.relu(F.conv2d(xd, wd, bd, 2, 2) + rd)
+    want = torch.autograd.grad(ref, ({"x": xd, "weight": wd, "bias": bd}[wanted], rd), dy.double())
+    _close(got, want[0], torch.float32, grad=True)
+    _close(dres, want[1], torch.float32, grad=True)
+
+
 @pytest.mark.parametrize(
     ("dtype", "geometry"),
     [
