@@ -601,13 +601,22 @@ def act_backward(grad: torch.Tensor, src: torch.Tensor, activation: str) -> torc
         LAYOUT_COPIES.count += 1
         grad = torch.empty_like(src).copy_(grad)
     dz = torch.empty_like(src)
-    numel = src.numel()
-    if numel:
-        block = 1024
-        act_grad_kernel[(cdiv(numel, block),)](
-            grad, src, dz, numel, ACT=ACTIVATIONS[activation], BLOCK=block, num_warps=4
+    if dz.numel():
+        key = (_sig(grad), _sig(src), activation)
+        cached("conv.act_grad", key, lambda: _act_grad_launch(grad, src, dz, activation))(
+            grad, src, dz
         )
     return dz
+
+
+def _act_grad_launch(grad, src, dz, activation):
+    """The bound launch of ``act_grad_kernel`` over ``src``'s elements (a plan's: a warm call
+    runs no binder)."""
+    numel, block = src.numel(), 1024
+    return act_grad_kernel.bind(
+        (cdiv(numel, block),), grad, src, dz, numel, ACT=ACTIVATIONS[activation], BLOCK=block,
+        num_warps=4,
+    )  # fmt: skip
 
 
 def conv_direct(
