@@ -116,6 +116,29 @@ def _bench_gpu(fn) -> float | None:
         return None
 
 
+def _host_us(fn, calls: int = 60) -> float:
+    """Median host time of one call, us: from the call to its return (launches are
+    asynchronous, so this is what the host spends enqueueing), the queue drained every few
+    calls so that a slow GPU never makes the host wait. Beside the GPU time it says which of
+    the two sets a row's wall time."""
+    if not GPU:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        if i % 8 == 7:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
 def _out_of_time() -> bool:
     return BUDGET[0] is not None and time.monotonic() - T0 > BUDGET[0]
 
@@ -176,7 +199,10 @@ def _jobs(layers, dw_layers):
         pad = k // 2
         p = problem((BATCH, cin, h, h), (cout, cin, k, k), [s, s], [pad] * 4, [1, 1], 1, DTYPE)
         kind = forward_path(p)
-        for c in GemmConfig.candidates(p, p.c_g, p.k_g)[:3]:
+        cands = GemmConfig.candidates(p, p.c_g, p.k_g)
+        # The first three, and a tile 256 channels wide where Cout reaches it: a 1x1 layer's
+        # short reduction makes it a memory-bound GEMM that wants x read once per pixel.
+        for c in cands[:3] + [c for c in cands[3:] if c.BLOCK_N >= 256]:
             jobs.append((kind, i, c.tuning().to_dict()))
         for c in GemmConfig.candidates(p._replace(oh=p.h, ow=p.w), p.k_g, p.c_g)[:2]:
             jobs.append(("dgrad", i, c.tuning().to_dict()))
@@ -320,6 +346,8 @@ def layers_forward(layers):
         rows.append({
             "layer": f"{cin}->{cout} k{k} s{s} @{h}", "ours_ms": ours, "cudnn_ms": cudnn,
             "ours_gpu_ms": ours_gpu, "cudnn_gpu_ms": cudnn_gpu,
+            "ours_host_us": _host_us(lambda: tritonkit.conv2d(x, w, None, s, pad)),  # noqa: B023
+            "cudnn_host_us": _host_us(lambda: F.conv2d(x, w, None, s, pad)),  # noqa: B023
             "ratio_gpu": cudnn_gpu / ours_gpu if ours_gpu and cudnn_gpu else None,
             "ours_tflops": fl / ours / 1e9, "cudnn_tflops": fl / cudnn / 1e9,
             "ratio": cudnn / ours, "rel_err": err,
@@ -380,9 +408,9 @@ def layers_backward(layers):
 
     def step(i, L):
         x, w, _, pad = _layer(*L[:5], seed=i)
-        xo, wo = x.detach().requires_grad_(), w.detach().requires_grad_()
+        xo, wo = x.detach().requires_grad_(L[0] > 3), w.detach().requires_grad_()
         y = tritonkit.conv2d(xo, wo, None, L[3], pad)
-        return torch.autograd.grad(y, (xo, wo), torch.ones_like(y))
+        return torch.autograd.grad(y, (xo, wo) if L[0] > 3 else (wo,), torch.ones_like(y))
 
     _warm(lambda: [step(i, L) for i, L in enumerate(layers)])
     rows = []
@@ -391,26 +419,47 @@ def layers_backward(layers):
             rows.append({"layer": "(rest skipped: out of time budget)"})
             break
         x, w, _, pad = _layer(cin, cout, k, s, h, seed=i)
-        xo, wo = x.detach().requires_grad_(), w.detach().requires_grad_()
-        xc, wc = x.detach().requires_grad_(), w.detach().requires_grad_()
+        # The stem's input is the image: nothing asks for its gradient (dw only, both sides).
+        dx = cin > 3
+        xo, wo = x.detach().requires_grad_(dx), w.detach().requires_grad_()
+        xc, wc = x.detach().requires_grad_(dx), w.detach().requires_grad_()
         yo = tritonkit.conv2d(xo, wo, None, s, pad)
         yc = F.conv2d(xc, wc, None, s, pad)
         go = torch.randn_like(yc)
-        g_ours = torch.autograd.grad(yo, (xo, wo), go, retain_graph=True)
-        g_ref = torch.autograd.grad(yc, (xc, wc), go, retain_graph=True)
-        ours = _bench(lambda: torch.autograd.grad(yo, (xo, wo), go, retain_graph=True))  # noqa: B023
-        cudnn = _bench(lambda: torch.autograd.grad(yc, (xc, wc), go, retain_graph=True))  # noqa: B023
+        wrt_o, wrt_c = ((xo, wo), (xc, wc)) if dx else ((wo,), (wc,))
+        g_ours = torch.autograd.grad(yo, wrt_o, go, retain_graph=True)
+        g_ref = torch.autograd.grad(yc, wrt_c, go, retain_graph=True)
+        ours_fn = lambda: torch.autograd.grad(yo, wrt_o, go, retain_graph=True)  # noqa: E731,B023
+        cudnn_fn = lambda: torch.autograd.grad(yc, wrt_c, go, retain_graph=True)  # noqa: E731,B023
+        ours, cudnn = _bench(ours_fn), _bench(cudnn_fn)
         geo = ([s, s], [pad] * 4, [1, 1], 1)
-        ours_gpu = _bench_gpu(
-            lambda: (conv_dgrad(go, w, list(x.shape), *geo), conv_wgrad(go, x, list(w.shape), *geo))  # noqa: B023
-        )
-        fl = 2 * _flops(x, w, yc)
+
+        def kernels(dx=dx, go=go, w=w, x=x, geo=geo):
+            if dx:
+                conv_dgrad(go, w, list(x.shape), *geo)
+            conv_wgrad(go, x, list(w.shape), *geo)
+
+        ours_gpu = _bench_gpu(kernels)
+
+        # A training step's forward + backward: a new graph per call, as a model runs it
+        # (replayable from C++ where the replay module is built; the rows above reuse one
+        # graph, whose backward runs the Python path every time).
+        def train_step(conv, xi, wi, s=s, pad=pad, dx=dx, go=go):
+            y = conv(xi, wi, None, s, pad)
+            return torch.autograd.grad(y, (xi, wi) if dx else (wi,), go)
+
+        ours_step = _bench(lambda: train_step(tritonkit.conv2d, xo, wo))  # noqa: B023
+        cudnn_step = _bench(lambda: train_step(F.conv2d, xc, wc))  # noqa: B023
+        fl = (2 if dx else 1) * _flops(x, w, yc)
         rows.append({
-            "layer": f"{cin}->{cout} k{k} s{s} @{h}", "ours_ms": ours, "cudnn_ms": cudnn,
-            "ours_gpu_ms": ours_gpu,
+            "layer": f"{cin}->{cout} k{k} s{s} @{h}" + ("" if dx else " (dw only)"),
+            "ours_ms": ours, "cudnn_ms": cudnn, "ours_gpu_ms": ours_gpu,
+            "ours_host_us": _host_us(ours_fn), "cudnn_host_us": _host_us(cudnn_fn),
             "ours_tflops": fl / ours / 1e9, "cudnn_tflops": fl / cudnn / 1e9, "ratio": cudnn / ours,
-            "dx_rel_vs_cudnn": _rel(g_ours[0], g_ref[0]),
-            "dw_rel_vs_cudnn": _rel(g_ours[1], g_ref[1]),
+            "ours_step_ms": ours_step, "cudnn_step_ms": cudnn_step,
+            "step_ratio": cudnn_step / ours_step,
+            "dx_rel_vs_cudnn": _rel(g_ours[0], g_ref[0]) if dx else None,
+            "dw_rel_vs_cudnn": _rel(g_ours[-1], g_ref[-1]),
         })  # fmt: skip
     return rows
 
@@ -676,7 +725,8 @@ def main():
             json.dump(res, f, indent=1, default=str)
     for key, ratio in (
         ("a", "ratio"), ("a", "ratio_gpu"), ("b", "vs_eager"), ("b", "vs_eager_gpu"),
-        ("b", "vs_compile"), ("c", "ratio"), ("d", "ratio"), ("d", "ratio_gpu"),
+        ("b", "vs_compile"), ("c", "ratio"), ("c", "step_ratio"), ("d", "ratio"),
+        ("d", "ratio_gpu"),
     ):  # fmt: skip
         if isinstance(res.get(key), list):
             res[f"{key}_geomean_{ratio}"] = _geomean([r.get(ratio) for r in res[key]])
@@ -693,16 +743,19 @@ def main():
 
     md = f"# conv2d vs cuDNN on {res['gpu']} ({DTYPE}, channels_last, batch {BATCH})\n\n"
     md += "Formulas: " + "; ".join(f"{k} = {v}" for k, v in res["formulas"].items()) + "\n"
-    md += "Wall: do_bench of eager calls (host included); GPU: CUDA-graph replay (kernels only).\n"
+    md += "Wall: do_bench of eager calls (host included); GPU: CUDA-graph replay (kernels only); "
+    md += "host_us: median time for one call to return (enqueue), queue drained every 8 calls.\n"
     md += "\n## replay\n\n" + json.dumps([res.get("replay"), res.get("replay_stats")]) + "\n"
     md += f"\n## (a) forward, geomean ratio {g('a_geomean_ratio')} wall, "
     md += f"{g('a_geomean_ratio_gpu')} GPU\n\n"
     md += _table(rows("a"), ["layer", "ours_ms", "cudnn_ms", "ratio", "ours_gpu_ms",
-                             "cudnn_gpu_ms", "ratio_gpu", "ours_tflops", "cudnn_tflops",
-                             "rel_err"])  # fmt: skip
-    md += f"\n## (c) backward (dgrad + wgrad), geomean ratio {g('c_geomean_ratio')} wall\n\n"
+                             "cudnn_gpu_ms", "ratio_gpu", "ours_host_us", "cudnn_host_us",
+                             "ours_tflops", "cudnn_tflops", "rel_err"])  # fmt: skip
+    md += f"\n## (c) backward (dgrad + wgrad), geomean ratio {g('c_geomean_ratio')} wall; "
+    md += f"train step (fwd + bwd, new graph per call) {g('c_geomean_step_ratio')}\n\n"
     md += _table(rows("c"), ["layer", "ours_ms", "cudnn_ms", "ratio", "ours_gpu_ms",
-                             "ours_tflops", "cudnn_tflops", "dx_rel_vs_cudnn",
+                             "ours_host_us", "cudnn_host_us", "ours_step_ms", "cudnn_step_ms",
+                             "step_ratio", "ours_tflops", "dx_rel_vs_cudnn",
                              "dw_rel_vs_cudnn"])  # fmt: skip
     md += f"\n## (b) conv+bias+relu(+res), geomean vs eager {g('b_geomean_vs_eager')} wall, "
     md += f"{g('b_geomean_vs_eager_gpu')} GPU; vs compile {g('b_geomean_vs_compile')} wall\n\n"

@@ -3,6 +3,8 @@ groups and depthwise, odd sizes, NCHW / channels_last / strided views, fp32 / fp
 the fused epilogues, output layouts, bad input raising PyTorch's errors, BN folding and the
 model converter, torch.compile, and the spec through the check engine."""
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ import tritonkit.nn as tnn
 from tritonkit.harness.spec import get_spec
 from tritonkit.nn.conv import FusedBlock
 from tritonkit.ops.conv import GemmConfig, WgradConfig
+from tritonkit.ops.conv import plan as plan_module
 from tritonkit.ops.conv.plan import bias_grad, conv_forward, conv_wgrad
 
 from _checks import assert_spec_passes, compile_backend
@@ -87,6 +90,38 @@ def test_forward_and_backward_against_float64(device, geometry, layout):
     ref_grads = torch.autograd.grad(ref, (xd, wd, bd), dy)
     for got, want in zip(grads, ref_grads, strict=True):
         _close(got, want, torch.float32, grad=True)
+
+
+@pytest.mark.parametrize("wanted", ["x", "weight", "bias"])
+def test_backward_computes_only_the_gradients_asked_for(device, wanted):
+    """A backward launches only the gradients' kernels that autograd asks for (a stem's input
+    is an image: no dgrad), and each of them is right; the residual's gradient is dz."""
+    x, wt, b = _case(device, 2, 3, 9, 8, 8, 5, 5, 1, seed=3)
+    x = _layout(x, "channels_last").requires_grad_(wanted == "x")
+    wt = _layout(wt, "channels_last").requires_grad_(wanted == "weight")
+    b = b.requires_grad_(wanted == "bias")
+    r = torch.randn(2, 8, 5, 4, device=device).contiguous(memory_format=torch.channels_last)
+    r.requires_grad_(True)
+    calls = []
+    runs = {n: getattr(plan_module, n) for n in ("_run_dgrad", "_run_wgrad", "_run_bias_grad")}
+
+    def counted(name):
+        def run(*args):
+            calls.append(name)
+            return runs[name](*args)
+
+        return run
+
+    with mock.patch.multiple(plan_module, **{n: counted(n) for n in runs}):
+        out = tritonkit.conv2d(x, wt, b, 2, 2, residual=r, activation="relu")
+        dy = torch.randn_like(out)
+        got, dres = torch.autograd.grad(out, ({"x": x, "weight": wt, "bias": b}[wanted], r), dy)
+    assert calls == [{"x": "_run_dgrad", "weight": "_run_wgrad", "bias": "_run_bias_grad"}[wanted]]
+    xd, wd, bd, rd = (t.detach().double().requires_grad_(True) for t in (x, wt, b, r))
+    ref = F.relu(F.conv2d(xd, wd, bd, 2, 2) + rd)
+    want = torch.autograd.grad(ref, ({"x": xd, "weight": wd, "bias": bd}[wanted], rd), dy.double())
+    _close(got, want[0], torch.float32, grad=True)
+    _close(dres, want[1], torch.float32, grad=True)
 
 
 @pytest.mark.parametrize(
@@ -182,8 +217,9 @@ def test_empty_batch_and_tiles_config(device):
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 def test_wgrad_split_reduction_and_bias_grad(device, layout):
-    """wgrad split over programs (fp32 partial sums added atomically into a zeroed buffer,
-    rounded once) gives the float64 gradient, in both layouts; so does the split bias sum."""
+    """wgrad split over programs (each split's fp32 partial sums in a slab of their own, added
+    in order and rounded once; the slabs are an unfilled allocation, here poisoned with NaN)
+    gives the float64 gradient, in both layouts; so does the split bias sum."""
     x, wt, _ = _case(device, 3, 6, 7, 9, 10, 3, 3, 1, seed=13)
     x = _layout(x, layout)
     dy = torch.randn(3, 10, 4, 5, device=device)
@@ -193,11 +229,20 @@ def test_wgrad_split_reduction_and_bias_grad(device, layout):
     ref = F.conv2d(xd, wd, None, 2, 1)
     (dw_ref,) = torch.autograd.grad(ref, wd, dy.double())
     geo = ([2, 2], [1, 1, 1, 1], [1, 1], 1)
-    for split in (1, 3):
-        dw = conv_wgrad(dy, x, list(wt.shape), *geo, WgradConfig(16, 16, 16, split, 4, 1))
-        assert dw.dtype == x.dtype
-        _close(dw, dw_ref, torch.float32, grad=True)
-    _close(bias_grad(dy), dy.double().sum((0, 2, 3)), torch.float32, grad=True)
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):  # what an unfilled allocation may hold
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    with mock.patch.object(plan_module.torch, "empty", poisoned):
+        for split in (1, 3, 7):  # 7: more splits than the 60 pixels have BLOCK_K steps
+            dw = conv_wgrad(dy, x, list(wt.shape), *geo, WgradConfig(16, 16, 16, split, 4, 1))
+            assert dw.dtype == x.dtype
+            _close(dw, dw_ref, torch.float32, grad=True)
+        _close(bias_grad(dy), dy.double().sum((0, 2, 3)), torch.float32, grad=True)
+        big = _layout(torch.randn(2, 5, 16, 17, device=device), layout)  # 544 pixels: 2 splits
+        _close(bias_grad(big), big.double().sum((0, 2, 3)), torch.float32, grad=True)
 
 
 def test_bad_input_raises_torchs_errors(device):

@@ -150,6 +150,11 @@ class GemmConfig:
         return out
 
 
+# The most a split wgrad's fp32 partial sums take (see splits): well inside an H100's 50 MB
+# L2, where they are written and read back.
+SLAB_BYTES = 32 << 20
+
+
 @dataclass(frozen=True)
 class WgradConfig:
     """The weight gradient: BLOCK_M output channels x BLOCK_N input channels per tap,
@@ -175,17 +180,20 @@ class WgradConfig:
             cfg.num_warps, cfg.num_stages,
         )  # fmt: skip
 
-    def splits(self, p: ConvProblem, deterministic: bool, sms: int) -> int:
+    def splits(self, p: ConvProblem, sms: int) -> int:
         """How many programs share one tile's pixels: enough tiles for two waves of the
-        machine, each split at least 8 steps long; 1 in deterministic mode (atomics add in
-        any order)."""
-        if deterministic:
-            return 1
+        machine (more for tiles under 64 x 64, a stem's few input channels: such programs are
+        light, and only many of them hide their loads' latency), each split at least 8 steps
+        long, the splits' fp32 partial sums (one slab of the weight's size each) at most
+        ``SLAB_BYTES``. The slabs are added in a fixed order (no atomics), so a split
+        reduction is deterministic too."""
         if self.split:
             return self.split
         tiles = cdiv(p.k_g, self.BLOCK_M) * cdiv(p.c_g, self.BLOCK_N) * p.kh * p.kw * p.groups
+        waves = 2 * max(1, min(8, 4096 // (self.BLOCK_M * self.BLOCK_N)))
         most = max(1, p.m // (8 * self.BLOCK_K))
-        return max(1, min(most, cdiv(2 * sms, tiles)))
+        most = min(most, max(1, SLAB_BYTES // (4 * p.k * p.c_g * p.kh * p.kw)))
+        return max(1, min(most, cdiv(waves * sms, tiles)))
 
     @classmethod
     def heuristic(cls, p: ConvProblem) -> WgradConfig:

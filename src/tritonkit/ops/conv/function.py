@@ -10,11 +10,12 @@ import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
 from tritonkit.ops._core.plan import arg_facts, validated
-from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.registry import apply, define_op, direct_call_allowed, eager_direct
 from tritonkit.ops._core.validate import check_same_device, check_tensor
 from tritonkit.ops.conv.plan import (
     act_backward,
     bias_grad,
+    conv_backward,
     conv_dgrad,
     conv_forward,
     conv_wgrad,
@@ -141,6 +142,11 @@ class ConvFunction(torch.autograd.Function):
         else:
             dz = dy
         need = ctx.needs_input_grad
+        if direct_call_allowed((dz, x, weight)):  # plain eager: one plan for the three
+            dx, dw, db = conv_backward(
+                dz, x, weight, stride, padding, dilation, groups, (need[0], need[1], need[2])
+            )
+            return dx, dw, db, dz if need[3] else None, None, None, None, None, None
         dx = dw = db = None
         if need[0]:
             dx = call_dgrad(dz, weight, list(x.shape), stride, padding, dilation, groups)

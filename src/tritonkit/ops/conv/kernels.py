@@ -317,14 +317,17 @@ def conv_wgrad_kernel(
     stride_wo, stride_wc, stride_wh, stride_ww,
     SH, SW, PH, PW, DH, DW,
     M_PER_SPLIT,  # pixels reduced by one program (a multiple of BLOCK_K)
+    SLAB,  # SPLIT > 1: elements between two splits' fp32 partial sums in dw
     KW: tl.constexpr,
-    SPLIT: tl.constexpr,  # > 1: programs add fp32 partial sums into dw (fp32) atomically
+    SPLIT: tl.constexpr,  # > 1: each split stores its fp32 partial sums in a slab of its own
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """dw[co, ci, kh, kw] = sum over pixels of dy[pixel, co] * x[tap (kh, kw) of pixel, ci]: a
     GEMM of (output channels) x (input channels) per tap, reducing over N * OH * OW pixels,
-    split over SPLIT programs where that reduction is long and the tiles few."""
+    split over SPLIT programs where that reduction is long and the tiles few (their partial
+    sums, one slab each, are added in a fixed order by ``split_sum_kernel``: no zeroed buffer,
+    no atomics)."""
     tap = tl.program_id(1)
     kh = tap // KW
     kw = tap - kh * KW
@@ -356,9 +359,8 @@ def conv_wgrad_kernel(
     out += kh * stride_wh + kw * stride_ww
     mask = co_ok[:, None] & ci_ok[None, :]
     if SPLIT > 1:
-        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
-    else:
-        tl.store(out, acc.to(dw_ptr.dtype.element_ty), mask=mask)
+        out += s.to(tl.int64) * SLAB
+    tl.store(out, acc.to(dw_ptr.dtype.element_ty), mask=mask)
 
 
 @kernel
@@ -385,10 +387,10 @@ def bias_grad_kernel(
     M, OH, OW, C,
     stride_n, stride_c, stride_h, stride_w,
     M_PER_SPLIT,
-    SPLIT: tl.constexpr,  # > 1: fp32 partial sums added into db atomically
+    SPLIT: tl.constexpr,  # > 1: split s stores its fp32 partial sums at db[s * C:]
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """db[c] = sum over pixels of dz[pixel, c]."""
+    """db[c] = sum over pixels of dz[pixel, c] (split: partial sums, see split_sum_kernel)."""
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < C
     s = tl.program_id(1)
@@ -400,10 +402,10 @@ def bias_grad_kernel(
         rows = n * stride_n + oh.to(tl.int64) * stride_h + ow.to(tl.int64) * stride_w
         v = tl.load(cols + rows[:, None], mask=ok[:, None] & c_ok[None, :], other=0.0)
         acc += tl.sum(v.to(tl.float32), axis=0)
+    out = db_ptr + c
     if SPLIT > 1:
-        tl.atomic_add(db_ptr + c, acc, mask=c_ok, sem="relaxed")
-    else:
-        tl.store(db_ptr + c, acc.to(db_ptr.dtype.element_ty), mask=c_ok)
+        out += s.to(tl.int64) * C
+    tl.store(out, acc.to(db_ptr.dtype.element_ty), mask=c_ok)
 
 
 @kernel
@@ -510,10 +512,14 @@ def conv_dgrad_phase_kernel(
 
 
 @kernel
-def cast_kernel(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
-    """dst = src rounded to dst's dtype, over two dense tensors of one layout (flat): the
-    fp32 partial sums of a split reduction, rounded once."""
+def split_sum_kernel(src_ptr, dst_ptr, numel, SPLIT, BLOCK: tl.constexpr):
+    """dst = the sum of SPLIT dense fp32 slabs of ``numel`` elements (src), added in split
+    order and rounded once to dst's dtype; dst is dense in the slabs' layout (flat)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    v = tl.load(src_ptr + offs, mask=mask)
-    tl.store(dst_ptr + offs, v.to(dst_ptr.dtype.element_ty), mask=mask)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    ptrs = src_ptr + offs
+    for _ in range(0, SPLIT):
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+        ptrs += numel
+    tl.store(dst_ptr + offs, acc.to(dst_ptr.dtype.element_ty), mask=mask)

@@ -27,7 +27,6 @@ from tritonkit.ops.conv.config import (
 from tritonkit.ops.conv.kernels import (
     act_grad_kernel,
     bias_grad_kernel,
-    cast_kernel,
     conv1x1_kernel,
     conv1x1_tma_kernel,
     conv_dgrad_kernel,
@@ -36,6 +35,7 @@ from tritonkit.ops.conv.kernels import (
     conv_fwd_rows_kernel,
     conv_wgrad_kernel,
     depthwise_kernel,
+    split_sum_kernel,
 )
 from tritonkit.ops.conv.kernels_variants import conv_direct_kernel, im2col_kernel
 
@@ -164,7 +164,7 @@ class _Plan:
     layout, the copies to make, and the bound launch (``Kernel.bind``: the binder ran once,
     a call substitutes its tensors and calls the compiled launcher)."""
 
-    __slots__ = ("copy_b", "copy_w", "fmt", "path", "run", "shape", "split")
+    __slots__ = ("copy_b", "copy_w", "fmt", "path", "reduce", "run", "shape", "split")
 
 
 def conv_forward(
@@ -285,6 +285,79 @@ def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, 
     return plan
 
 
+def _dgrad_key(grad, weight, x_shape, stride, padding, dilation, groups, config) -> tuple:
+    return (
+        _sig(grad), _sig(weight), tuple(x_shape), tuple(stride), tuple(padding), tuple(dilation),
+        groups, config,
+    )  # fmt: skip
+
+
+def _wgrad_key(grad, x, w_shape, stride, padding, dilation, groups, config) -> tuple:
+    return (
+        _sig(grad), _sig(x), tuple(w_shape), tuple(stride), tuple(padding), tuple(dilation),
+        groups, config,
+    )  # fmt: skip
+
+
+class _BackwardPlan:
+    """The plans of one backward's launchers (None where that gradient is not needed)."""
+
+    __slots__ = ("bias", "dgrad", "wgrad")
+
+
+def conv_backward(
+    dz: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+    groups: int,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dw, db) from ``dz`` (the gradient of the pre-activation output) where ``needs``
+    says so: ``conv_dgrad``, ``conv_wgrad`` and ``bias_grad`` (their plans, the same
+    objects) behind one plan lookup, so that a warm backward costs one key and one Env
+    snapshot. The plain eager path of ``ConvFunction.backward``."""
+    key = (_sig(dz), _sig(x), _sig(weight), stride, padding, dilation, groups, needs)
+    plan = cached(
+        "conv.backward",
+        key,
+        lambda: _backward_plan(dz, x, weight, stride, padding, dilation, groups, needs),
+    )
+    dx = dw = db = None
+    if plan.dgrad is not None:
+        dx = _run_dgrad(plan.dgrad, dz, weight)
+    if plan.wgrad is not None:
+        dw = _run_wgrad(plan.wgrad, dz, x)
+    if plan.bias is not None:
+        db = _run_bias_grad(plan.bias, dz)
+    return dx, dw, db
+
+
+def _backward_plan(dz, x, weight, stride, padding, dilation, groups, needs):
+    plan = _BackwardPlan()
+    plan.dgrad = plan.wgrad = plan.bias = None
+    geo = (stride, padding, dilation, groups)
+    if needs[0]:
+        x_shape = tuple(x.shape)
+        plan.dgrad = cached(
+            "conv.dgrad",
+            _dgrad_key(dz, weight, x_shape, *geo, None),
+            lambda: _dgrad_plan(dz, weight, x_shape, *geo, None),
+        )
+    if needs[1]:
+        w_shape = tuple(weight.shape)
+        plan.wgrad = cached(
+            "conv.wgrad",
+            _wgrad_key(dz, x, w_shape, *geo, None),
+            lambda: _wgrad_plan(dz, x, w_shape, *geo, None),
+        )
+    if needs[2]:
+        plan.bias = cached("conv.bias_grad", _sig(dz), lambda: _bias_grad_plan(dz))
+    return plan
+
+
 def conv_dgrad(
     grad: torch.Tensor,
     weight: torch.Tensor,
@@ -296,15 +369,16 @@ def conv_dgrad(
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """The input gradient of the convolution, from the output gradient ``grad``."""
-    key = (
-        _sig(grad), _sig(weight), tuple(x_shape), tuple(stride), tuple(padding), tuple(dilation),
-        groups, config,
-    )  # fmt: skip
+    key = _dgrad_key(grad, weight, x_shape, stride, padding, dilation, groups, config)
     plan = cached(
         "conv.dgrad",
         key,
         lambda: _dgrad_plan(grad, weight, x_shape, stride, padding, dilation, groups, config),
     )
+    return _run_dgrad(plan, grad, weight)
+
+
+def _run_dgrad(plan: _Plan, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if plan.copy_w:
         weight = _k_major(weight)
     dx = torch.empty(plan.shape, dtype=grad.dtype, device=grad.device, memory_format=plan.fmt)
@@ -375,25 +449,28 @@ def conv_wgrad(
     config: WgradConfig | None = None,
 ) -> torch.Tensor:
     """The weight gradient (K, C/g, KH, KW), laid out as PyTorch's (channels_last when x is).
-    Split reductions add fp32 partial sums into a zeroed buffer, rounded once at the end."""
-    key = (
-        _sig(grad), _sig(x), tuple(w_shape), tuple(stride), tuple(padding), tuple(dilation),
-        groups, config,
-    )  # fmt: skip
+    A split reduction stores each split's fp32 partial sums in a slab of its own (an
+    allocation, no fill), added in a fixed order and rounded once by a second kernel."""
+    key = _wgrad_key(grad, x, w_shape, stride, padding, dilation, groups, config)
     plan = cached(
         "conv.wgrad",
         key,
         lambda: _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config),
     )
+    return _run_wgrad(plan, grad, x)
+
+
+def _run_wgrad(plan: _Plan, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dw = torch.empty(plan.shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
     if plan.run is None:
         return dw.zero_() if plan.path == "zero" else dw
     if plan.split == 1:
         plan.run(grad, x, dw)
         return dw
-    partial = torch.empty(plan.shape, dtype=torch.float32, device=x.device, memory_format=plan.fmt)
-    plan.run(grad, x, partial.zero_())
-    return _round_into(partial, dw)
+    partial = torch.empty(plan.split * dw.numel(), dtype=torch.float32, device=x.device)
+    plan.run(grad, x, partial)
+    plan.reduce(partial, dw)
+    return dw
 
 
 def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
@@ -407,16 +484,15 @@ def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
         plan.path = "zero"
         return plan
     precision, upcast = _precision(x)
-    deterministic = current_env().deterministic
     sms = sm_count(x.device)
 
     def launch_args(cfg, target):
-        split = cfg.splits(p, deterministic, sms)
+        split = cfg.splits(p, sms)
         per_split = cdiv(cdiv(p.m, split), cfg.BLOCK_K) * cfg.BLOCK_K
         grid = (cdiv(p.k_g, cfg.BLOCK_M) * cdiv(p.c_g, cfg.BLOCK_N), p.kh * p.kw, groups * split)
         args = (
-            grad, x, target, p.m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g,
-            *_s(grad), *_s(x), *_s(target), *p.stride, *p.padding, *p.dilation, per_split,
+            grad, x, target, p.m, p.h, p.w, p.oh, p.ow, p.c_g, p.k_g, *_s(grad), *_s(x),
+            *dense_strides, *p.stride, *p.padding, *p.dilation, per_split, numel,
         )  # fmt: skip
         meta = {
             "KW": p.kw, "SPLIT": split, "INPUT_PRECISION": precision, "UPCAST": upcast,
@@ -425,44 +501,71 @@ def _wgrad_plan(grad, x, w_shape, stride, padding, dilation, groups, config):
         }  # fmt: skip
         return split, grid, args, meta
 
+    # The output's strides (dense, plan.fmt): a split's slab of fp32 partial sums has them too.
+    probe = torch.empty(w_shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
+    dense_strides, numel = _s(probe), probe.numel()
+
     def target_for(split):
-        dtype = x.dtype if split == 1 else torch.float32
-        buf = torch.empty(w_shape, dtype=dtype, device=x.device, memory_format=plan.fmt)
-        return buf if split == 1 else buf.zero_()
+        if split == 1:
+            return torch.empty(w_shape, dtype=x.dtype, device=x.device, memory_format=plan.fmt)
+        return torch.empty(split * numel, dtype=torch.float32, device=x.device)
 
     def run(cfg):
-        split = cfg.splits(p, deterministic, sms)
-        _, grid, args, meta = launch_args(cfg, target_for(split))
+        split = cfg.splits(p, sms)
+        target = target_for(split)
+        _, grid, args, meta = launch_args(cfg, target)
         conv_wgrad_kernel[grid](*args, **meta)
+        if split > 1:
+            _split_sum(target, probe, split)
 
     cands = WgradConfig.candidates(p)
     cfg = config or _tune("wgrad", p, cands, WgradConfig.from_tuning, run, x.element_size())
-    split = cfg.splits(p, deterministic, sms)
-    split, grid, args, meta = launch_args(cfg, target_for(split))
+    split = cfg.splits(p, sms)
+    target = target_for(split)
+    split, grid, args, meta = launch_args(cfg, target)
     plan.run, plan.path, plan.split = conv_wgrad_kernel.bind(grid, *args, **meta), "wgrad", split
+    plan.reduce = _split_sum_bound(target, probe, split) if split > 1 else None
     return plan
 
 
-def _round_into(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out`` (dense, ``partial``'s layout) = the fp32 ``partial`` rounded to out's dtype: a
-    kernel, not ``copy_``, so that a replayed call (replay.py) can redo it."""
+_SUM_BLOCK = 1024
+
+
+def _split_sum(partial: torch.Tensor, out: torch.Tensor, split: int) -> None:
+    """``out`` (dense) = the sum of ``partial``'s ``split`` fp32 slabs, rounded once."""
     numel = out.numel()
-    cast_kernel[(cdiv(numel, 1024),)](partial, out, numel, BLOCK=1024, num_warps=4)
-    return out
+    split_sum_kernel[(cdiv(numel, _SUM_BLOCK),)](
+        partial, out, numel, split, BLOCK=_SUM_BLOCK, num_warps=4
+    )
+
+
+def _split_sum_bound(partial: torch.Tensor, out: torch.Tensor, split: int):
+    """``_split_sum`` as a bound launch (a plan's: a warm call runs no binder); called with
+    (partial, out). A kernel, not ``torch.sum``, so that a replayed call (replay.py) can
+    redo it."""
+    numel = out.numel()
+    return split_sum_kernel.bind(
+        (cdiv(numel, _SUM_BLOCK),), partial, out, numel, split, BLOCK=_SUM_BLOCK, num_warps=4
+    )
 
 
 def bias_grad(dz: torch.Tensor) -> torch.Tensor:
     """db[c] = the sum of dz (N, C, OH, OW) over everything but C, in dz's dtype."""
     plan = cached("conv.bias_grad", _sig(dz), lambda: _bias_grad_plan(dz))
+    return _run_bias_grad(plan, dz)
+
+
+def _run_bias_grad(plan: _Plan, dz: torch.Tensor) -> torch.Tensor:
     db = torch.empty(plan.shape, dtype=dz.dtype, device=dz.device)
     if plan.run is None:
         return db.zero_()
     if plan.split == 1:
         plan.run(dz, db)
         return db
-    partial = torch.zeros(plan.shape, dtype=torch.float32, device=dz.device)
+    partial = torch.empty(plan.split * plan.shape[0], dtype=torch.float32, device=dz.device)
     plan.run(dz, partial)
-    return _round_into(partial, db)
+    plan.reduce(partial, db)
+    return db
 
 
 def _bias_grad_plan(dz):
@@ -474,10 +577,17 @@ def _bias_grad_plan(dz):
         return plan
     block_c = 32 if interpreter_enabled() else 64
     block_m = 16 if interpreter_enabled() else 64
-    split = 1 if current_env().deterministic else max(1, min(64, m // (16 * block_m)))
+    # The splits' partial sums are added in a fixed order: deterministic mode splits too.
+    split = max(1, min(64, m // (16 * block_m)))
     per_split = cdiv(cdiv(m, split), block_m) * block_m
-    target = torch.empty(c, dtype=dz.dtype if split == 1 else torch.float32, device=dz.device)
+    target = torch.empty(
+        c * split, dtype=dz.dtype if split == 1 else torch.float32, device=dz.device
+    )
     plan.split = split
+    if split > 1:
+        plan.reduce = _split_sum_bound(
+            target, torch.empty(c, dtype=dz.dtype, device=dz.device), split
+        )
     plan.run = bias_grad_kernel.bind(
         (cdiv(c, block_c), split), dz, target, m, oh, ow, c, *_s(dz), per_split, SPLIT=split,
         BLOCK_M=block_m, BLOCK_C=block_c, num_warps=4,
@@ -491,13 +601,22 @@ def act_backward(grad: torch.Tensor, src: torch.Tensor, activation: str) -> torc
         LAYOUT_COPIES.count += 1
         grad = torch.empty_like(src).copy_(grad)
     dz = torch.empty_like(src)
-    numel = src.numel()
-    if numel:
-        block = 1024
-        act_grad_kernel[(cdiv(numel, block),)](
-            grad, src, dz, numel, ACT=ACTIVATIONS[activation], BLOCK=block, num_warps=4
+    if dz.numel():
+        key = (_sig(grad), _sig(src), activation)
+        cached("conv.act_grad", key, lambda: _act_grad_launch(grad, src, dz, activation))(
+            grad, src, dz
         )
     return dz
+
+
+def _act_grad_launch(grad, src, dz, activation):
+    """The bound launch of ``act_grad_kernel`` over ``src``'s elements (a plan's: a warm call
+    runs no binder)."""
+    numel, block = src.numel(), 1024
+    return act_grad_kernel.bind(
+        (cdiv(numel, block),), grad, src, dz, numel, ACT=ACTIVATIONS[activation], BLOCK=block,
+        num_warps=4,
+    )  # fmt: skip
 
 
 def conv_direct(
