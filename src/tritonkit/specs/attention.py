@@ -236,8 +236,8 @@ def _sdpa_backend(name: str):
                 attn_mask = band if attn_mask is None else attn_mask & band
                 is_causal = False
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa
+                return F.scaled_dot_product_attention(  # scale and enable_gqa: keyword-only
+                    q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
                 )
 
         return run
