@@ -10,7 +10,7 @@ import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
 from tritonkit.ops._core.plan import cached, validated
-from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.registry import apply, define_op, direct_call_allowed
 from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
 from tritonkit.ops.attention.backward import BackwardPlan, backward_plan
 from tritonkit.ops.attention.config import (
@@ -239,8 +239,28 @@ def _(do, q, k, v, *rest):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-call_attention_fwd = eager_direct(_attention_fwd_op)
-call_attention_bwd = eager_direct(_attention_bwd_op)
+def call_attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal,
+                       left, right):  # fmt: skip
+    """The forward op's launcher, run directly where ``registry.direct_call_allowed`` allows it
+    (as ``registry.eager_direct`` does, checking the tensor arguments only: the rule reads
+    nothing else), else the op."""
+    if direct_call_allowed((q, k, v, mask, cu_q, cu_k, rng)):
+        return attention_forward(
+            q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+        )
+    return _attention_fwd_op.overload(
+        q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+    )
+
+
+def call_attention_bwd(do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p,
+                       scale, causal, left, right):  # fmt: skip
+    """The backward op's launcher, run directly where allowed (as ``call_attention_fwd``)."""
+    args = (do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal,
+            left, right)  # fmt: skip
+    if direct_call_allowed((do, q, k, v, o, lse, mask, cu_q, cu_k, rng)):
+        return attention_backward(*args)
+    return _attention_bwd_op.overload(*args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,9 +376,10 @@ def attention(
     """
     op = "tritonkit.attention"
     dt = autocast_dtype("attention", query)
-    query, key, value = cast(dt, query, key, value)
-    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
-        (attn_mask,) = cast(dt, attn_mask)
+    if dt is not None:
+        query, key, value = cast(dt, query, key, value)
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
+            (attn_mask,) = cast(dt, attn_mask)
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
     views, mask_view, three_d, left, right, scale = validated(
         op, _dense_facts(*args), lambda: _check_attention(op, *args)
@@ -416,7 +437,8 @@ def _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal, sca
     scale = scalars(op, dropout_p, scale, q.shape[-1])
     if not isinstance(is_causal, bool):
         raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
-    same = q is query and k is key and v is value
+    pairs = ((query, q), (key, k), (value, v))
+    same = all(a.dim() == 4 and a.shape == b.shape for a, b in pairs)
     views = None if same else (q.shape, k.shape, v.shape)
     mask_view = None
     if mask is not None:

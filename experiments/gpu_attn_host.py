@@ -1,0 +1,223 @@
+# ruff: noqa: B023, E501 (functions timed where they are made; table rows)
+"""Host cost of tritonkit.attention against its kernels' GPU time and SDPA, per call, on a GPU:
+
+    PYTHONPATH=src python3 experiments/gpu_attn_host.py --out /tmp/attn-host    # < 90 s on an H100
+    PYTHONPATH=src python3 experiments/gpu_attn_host.py --smoke --out /tmp/x     # CPU: the script runs
+
+For bf16 (B, H, L, D) in (16, 16, 1024, 64), (1, 16, 4096, 128), (4, 32, 512, 64), causal and
+not, forward and forward+backward (``torch.autograd.grad`` of O with a fixed dO, so no .grad
+accumulates), three implementations: ``tk-python`` (tritonkit with replay suspended: the Python
+path every call takes until the replay extension is built, and wherever replay does not
+apply), ``tk`` (tritonkit as a long run sees it: the replay extension built first, so keys
+seen twice replay from C++), ``sdpa`` (F.scaled_dot_product_attention), and, forward only,
+``tk-launch``: the forward plan's bound kernel launch alone on preallocated outputs (Bound's
+checks and Triton's C launcher: the floor of the Python path's launch). Per call, over N
+back-to-back calls after warm-up:
+
+- host = (host time to enqueue N calls) / N, measured while the GPU is held by a
+  ``torch.cuda._sleep`` issued first, so no launch waits for the GPU (checked: the sleep must
+  still be running when the N calls are queued, else the run is repeated with a longer one);
+- gpu = elapsed(event before, event after the same N queued calls) / N: the kernels run back
+  to back with no host gap, so this is the GPU's own time per call (launch gaps included);
+- wall = (synchronize to synchronize) / N of N plain back-to-back calls: what a loop sees,
+  max(host, gpu) when the queue keeps up;
+- bound: "host" where host > gpu (the GPU idles between calls), else "gpu".
+
+The tuning setting is "0" (heuristic or shipped tiles, no timing) unless --tune: this measures
+the host path, not the tile search. Writes ``attn_host.json`` and ``attn_host.md`` under --out
+and prints the table last. --smoke: tiny shapes under the CPU interpreter, wall only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+GPU = __import__("torch").cuda.is_available()
+if not GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+SHAPES = [(16, 16, 1024, 64), (1, 16, 4096, 128), (4, 32, 512, 64)]
+SMOKE_SHAPES = [(1, 2, 32, 16)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("attn-host-out"))
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpreter, wall only")
+    ap.add_argument("--iters", type=int, default=50, help="calls per measurement (N)")
+    ap.add_argument("--tune", action="store_true", help="keep the tuning setting as it is")
+    args = ap.parse_args()
+    if not args.tune:
+        os.environ.setdefault("TRITONKIT_AUTOTUNE", "0")
+
+    import torch
+    import torch.nn.functional as F
+
+    import tritonkit
+    from tritonkit.ops._core import replay
+
+    smoke = args.smoke or not GPU
+    dev = "cuda" if GPU else "cpu"
+    n = 3 if smoke else args.iters
+    shapes = SMOKE_SHAPES if smoke else SHAPES
+    t_start = time.perf_counter()
+
+    replay_state = "not waited for (smoke)"
+    if GPU:
+        replay.extension(wait=True)  # the build starts here; "tk" rows need it
+        replay_state = replay.STATS.disabled or "built"
+
+    def sync() -> None:
+        if GPU:
+            torch.cuda.synchronize()
+
+    def measure(fn) -> dict:
+        for _ in range(3):  # warm: compile, plan, record (replay's second call), replay
+            fn()
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        wall = (time.perf_counter() - t) / n * 1e6
+        if not GPU:
+            return {"wall_us": wall, "host_us": None, "gpu_us": None}
+        cycles = 20_000_000
+        for _ in range(6):
+            start, end, slept = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            torch.cuda._sleep(cycles)
+            slept.record()
+            start.record()
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            host = (time.perf_counter() - t) / n * 1e6
+            still_asleep = not slept.query()
+            end.record()
+            torch.cuda.synchronize()
+            if still_asleep:
+                return {
+                    "wall_us": wall,
+                    "host_us": host,
+                    "gpu_us": start.elapsed_time(end) / n * 1e3,
+                }
+            cycles *= 4
+        return {"wall_us": wall, "host_us": host, "gpu_us": None}
+
+    def launch_only(q, k, v, causal):
+        """The bound launch of the forward plan of (q, k, v, causal), on outputs of its own."""
+        from tritonkit.ops._core.plan import PLANS
+        from tritonkit.ops.attention.forward import ForwardPlan
+
+        for full, plan in PLANS.items():
+            key = full[0][1]
+            if type(plan) is ForwardPlan and key[0] == q.shape and key[15] is causal:
+                o = torch.empty_strided(plan.o_shape, plan.o_stride, dtype=plan.dtype, device=dev)
+                lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=dev)
+                if plan.run is None:
+                    return None
+                return lambda: plan.run(q, k, v, o, lse, q, q, q, q)
+        return None
+
+    rows = []
+    for b, h, seq, d in shapes:
+        q, k, v = (torch.randn(b, h, seq, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        do = torch.randn_like(q)
+        for causal in (False, True):
+            impls = {
+                "tk-python": lambda *a, **kw: tritonkit.attention(*a, **kw),
+                "tk": lambda *a, **kw: tritonkit.attention(*a, **kw),
+                "sdpa": F.scaled_dot_product_attention,
+            }
+            for name, attn in impls.items():
+                for mode in ("fwd", "fwd+bwd"):
+                    if mode == "fwd":
+
+                        def fn(attn=attn):
+                            with torch.no_grad():
+                                return attn(q, k, v, is_causal=causal)
+                    else:
+
+                        def fn(attn=attn):
+                            o = attn(qg, kg, vg, is_causal=causal)
+                            return torch.autograd.grad(o, (qg, kg, vg), do)
+
+                    if name == "tk-python":
+                        with replay.suspended():
+                            r = measure(fn)
+                            if mode == "fwd":
+                                launch = launch_only(q, k, v, causal)
+                    else:
+                        r = measure(fn)
+                    host, gpu = r["host_us"], r["gpu_us"]
+                    bound = (
+                        None if host is None or gpu is None else ("host" if host > gpu else "gpu")
+                    )
+                    rows.append({
+                        "shape": [b, h, seq, d], "causal": causal, "impl": name, "mode": mode,
+                        **r, "bound": bound,
+                    })  # fmt: skip
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+                    if name == "tk-python" and mode == "fwd" and launch is not None:
+                        r = measure(launch)
+                        host, gpu = r["host_us"], r["gpu_us"]
+                        bound = (
+                            None
+                            if host is None or gpu is None
+                            else ("host" if host > gpu else "gpu")
+                        )
+                        rows.append({
+                            "shape": [b, h, seq, d], "causal": causal, "impl": "tk-launch",
+                            "mode": "fwd", **r, "bound": bound,
+                        })  # fmt: skip
+    elapsed = time.perf_counter() - t_start
+
+    def f(x) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    sdpa_wall = {
+        (tuple(r["shape"]), r["causal"], r["mode"]): r["wall_us"]
+        for r in rows
+        if r["impl"] == "sdpa"
+    }
+    lines = [
+        f"# tritonkit.attention host cost ({torch.cuda.get_device_name() if GPU else 'CPU interpreter, smoke'}, bf16, N = {n})",
+        "",
+        "host = host time to enqueue N calls / N (GPU held by torch.cuda._sleep); "
+        "gpu = elapsed(event, event) over the same N queued calls / N; "
+        "wall = sync-to-sync time of N back-to-back calls / N; "
+        "wall/sdpa = wall / SDPA's wall for the same row; bound = host if host > gpu.",
+        f"Replay extension: {replay_state}. Replays counted: {replay.STATS.replays}, "
+        f"recordings {replay.STATS.recordings}, failures {dict(replay.STATS.failures)}.",
+        "",
+        "| B,H,L,D | causal | mode | impl | host us | gpu us | wall us | wall/sdpa | bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ref = sdpa_wall.get((tuple(r["shape"]), r["causal"], r["mode"]))
+        ratio = None if not ref else r["wall_us"] / ref
+        lines.append(
+            f"| {','.join(map(str, r['shape']))} | {r['causal']} | {r['mode']} | {r['impl']} | "
+            f"{f(r['host_us'])} | {f(r['gpu_us'])} | {f(r['wall_us'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}'} | {r['bound'] or '-'} |"
+        )
+    lines.append("")
+    lines.append(f"Run time {elapsed:.1f} s.")
+    table = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attn_host.json").write_text(
+        json.dumps({"rows": rows, "n": n, "replay": replay_state, "seconds": elapsed}, indent=1)
+    )
+    (args.out / "attn_host.md").write_text(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
