@@ -19,7 +19,7 @@ from tritonkit.ops.attention.config import (
     BwdConfig,
     Problem,
 )
-from tritonkit.ops.attention.decode import launch_decode
+from tritonkit.ops.attention.decode import DecodePlan, decode_plan
 from tritonkit.ops.attention.forward import ForwardPlan, forward_plan
 from tritonkit.ops.attention.naive import launch_naive
 from tritonkit.ops.attention.tiles import ADDITIVE_MASK, BOOL_MASK, NO_MASK
@@ -94,32 +94,31 @@ def _mask_key(mask: torch.Tensor | None) -> tuple | None:
     return None if mask is None else (mask.shape, mask.stride(), mask.dtype)
 
 
-class _OtherPath:
-    """The split-KV and naive paths of one call key: their launchers run at each call."""
+class _Naive:
+    """The workbench's naive path of one call key: its launcher runs at each call."""
 
-    __slots__ = ("config", "p", "path", "scale")
+    __slots__ = ("p", "scale")
 
-    def __init__(self, p: Problem, path: str, scale: float, config) -> None:
-        self.p, self.path, self.scale, self.config = p, path, scale, config
+    def __init__(self, p: Problem, scale: float) -> None:
+        self.p, self.scale = p, scale
 
     def __call__(self, q, k, v, mask, cu_q, cu_k, rng):
-        o, lse = _outputs(q, self.p.varlen)
-        if self.path == "naive":
-            launch_naive(self.p, q, k, v, o, mask, self.scale)
-            return o, None
-        launch_decode(self.p, q, k, v, o, lse, mask, self.scale, self.config)
-        return o, lse
+        o, _ = _outputs(q, self.p.varlen)
+        launch_naive(self.p, q, k, v, o, mask, self.scale)
+        return o, None
 
 
 def _forward_plan(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left,
-                  right, path, config) -> ForwardPlan | _OtherPath:  # fmt: skip
+                  right, path, config) -> ForwardPlan | DecodePlan | _Naive:  # fmt: skip
     p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
     if path == "auto":
         decode = not p.varlen and not p.dropout and 0 < p.seq_q <= DECODE_MAX_QUERIES < p.seq_k
         path = "decode" if decode else "flash"
-    if path == "naive" or (path == "decode" and p.seq_k > 0 and p.seq_q * p.batch * p.heads > 0):
-        return _OtherPath(p, path, scale, config)
+    if path == "naive":
+        return _Naive(p, scale)
     o, lse = _outputs(q, p.varlen)
+    if path == "decode" and p.seq_k > 0 and p.seq_q * p.batch * p.heads > 0:
+        return decode_plan(p, q, k, v, o, lse, mask, scale, config)
     return forward_plan(p, q, k, v, o, lse, mask, cu_q, cu_k, rng, scale, dropout_p, config)
 
 
@@ -159,7 +158,7 @@ def attention_forward(
         left, right, path, config,
     )  # fmt: skip
 
-    def build() -> ForwardPlan | _OtherPath:
+    def build() -> ForwardPlan | DecodePlan | _Naive:
         return _forward_plan(
             q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right,
             path, config,
