@@ -3,6 +3,7 @@
 
     PYTHONPATH=src python3 experiments/gpu_attn_host.py --out /tmp/attn-host    # < 90 s on an H100
     PYTHONPATH=src python3 experiments/gpu_attn_host.py --smoke --out /tmp/x     # CPU: the script runs
+    PYTHONPATH=src python3 experiments/gpu_attn_host.py --cpu-host   # CPU: Python path, stub launches
 
 For bf16 (B, H, L, D) in (16, 16, 1024, 64), (1, 16, 4096, 128), (4, 32, 512, 64), causal and
 not, forward and forward+backward (``torch.autograd.grad`` of O with a fixed dO, so no .grad
@@ -51,7 +52,12 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpreter, wall only")
     ap.add_argument("--iters", type=int, default=50, help="calls per measurement (N)")
     ap.add_argument("--tune", action="store_true", help="keep the tuning setting as it is")
+    ap.add_argument(
+        "--cpu-host", action="store_true", help="CPU: the Python path's cost with stub launches"
+    )
     args = ap.parse_args()
+    if args.cpu_host:
+        return cpu_host()
     if not args.tune:
         os.environ.setdefault("TRITONKIT_AUTOTUNE", "0")
 
@@ -219,6 +225,81 @@ def main() -> int:
     )
     (args.out / "attn_host.md").write_text(table + "\n")
     print(table)
+    return 0
+
+
+def cpu_host() -> int:
+    """The Python path's host time per call on a machine without a GPU: every launch of the
+    attention kernels runs Triton's binder for an sm_90 target (as on an H100) and the direct
+    path up to the C launcher, which is a no-op; the config lookup is the GPU's (tuning "off":
+    the heuristic tile). CPU time (time.process_time, so other processes on the machine count
+    less), the least of 7 runs, at (16, 16, 64, 64) bf16: the Python path does not depend on
+    the size, CPU allocations do. Compare two commits by running this on each."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    import tritonkit
+    from tritonkit.ops._core import internals
+    from tritonkit.ops.attention import backward, forward
+    from tritonkit.ops.attention import config as attention_config
+
+    class StubEntry:  # launch.py's _Entry with a launcher that launches nothing
+        coop = pdl = False
+        function = 0
+        metadata = (4, 1, 0)
+
+        def launch(self, *args) -> None:
+            pass
+
+        def global_scratch(self, *args) -> None:
+            return None
+
+    stub = StubEntry()
+
+    class Entries(dict):  # every specialization compiled already
+        def get(self, key, default=None):
+            return stub
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    kernels = [forward._attn_fwd_kernel, backward._attn_bwd_dq_kernel]
+    kernels.append(backward._attn_bwd_dkdv_kernel)
+    for k in kernels:
+        k._interpret = False
+        jit = triton.runtime.jit.JITFunction(k.fn.fn, **k.fn.kwargs)
+        binder = create_function_from_signature(jit.signature, jit.params, backend)
+        k._devices[0] = (binder, Entries())
+        k.fn.pre_run_hooks = []
+    torch.cuda.current_device = lambda: 0
+    internals.cuda_raw_stream = lambda device: 0
+    attention_config.interpreter_enabled = lambda: False
+    forward.interpreter_enabled = lambda: False
+
+    def bench(fn, n: int) -> float:
+        for _ in range(20):
+            fn()
+        best = float("inf")
+        for _ in range(7):
+            t = time.process_time()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.process_time() - t) / n * 1e6)
+        return best
+
+    q = torch.randn(16, 16, 64, 64, dtype=torch.bfloat16)
+    grads = tuple(q.clone().requires_grad_() for _ in range(3))
+    do = torch.ones_like(q)
+    for causal in (False, True):
+        fwd = bench(lambda c=causal: tritonkit.attention(q, q, q, is_causal=c), 500)
+        both = bench(
+            lambda c=causal: torch.autograd.grad(
+                tritonkit.attention(*grads, is_causal=c), grads, do
+            ),
+            200,
+        )
+        print(f"causal={causal}: forward {fwd:.1f} us/call, forward+backward {both:.1f} us/call")
     return 0
 
 
