@@ -484,6 +484,24 @@ def test_varlen(lens_q, lens_k, causal, window, device):
         assert _rel(a, r) < (FWD_BOUND if name == "o" else GRAD_BOUND), name
 
 
+def test_varlen_batches_of_the_same_rows_and_another_count_of_sequences(device):
+    """Packed batches of the same rows, split into 2 sequences and then into 3 (the same
+    tensors' shapes, another cu_seqlens length): each call gets its own plan (the grid
+    counts sequences), and its own answer."""
+    g = torch.Generator(device=device).manual_seed(3)
+    q, k, v, do = (torch.randn(23, 2, 16, generator=g, device=device).half() for _ in range(4))
+    for lens in ([11, 12], [4, 12, 7]):
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+        args = (cu, cu, max(lens), max(lens), 0.0, None, True, None)
+        ours = _forward_and_grads(tritonkit.attention_varlen, q, k, v, do, *args)
+        up = (t.double() for t in (q, k, v))
+        ref = _forward_and_grads(
+            _varlen_reference, *up, do.double(), cu.tolist(), cu.tolist(), True, None
+        )
+        for name, a, r in zip(["o", "dq", "dk", "dv"], ours, ref):
+            assert _rel(a, r) < (FWD_BOUND if name == "o" else GRAD_BOUND), (lens, name)
+
+
 # ---- split-KV decoding ---------------------------------------------------------------------------
 
 

@@ -154,8 +154,8 @@ def attention_forward(
         check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
     key = (
         q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.shape, v.stride(),
-        _mask_key(mask), cu_q is None, max_q, max_k, rng is None, dropout_p, scale, causal,
-        left, right, path, config,
+        _mask_key(mask), None if cu_q is None else cu_q.shape, max_q, max_k, rng is None,
+        dropout_p, scale, causal, left, right, path, config,
     )  # fmt: skip
 
     def build() -> ForwardPlan | DecodePlan | _Naive:
@@ -191,8 +191,9 @@ def attention_backward(
     planned once per key as the forward is (``backward.BackwardPlan``)."""
     key = (
         do.shape, do.stride(), q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(),
-        v.shape, v.stride(), o.stride(), lse.shape, lse.stride(), _mask_key(mask), cu_q is None,
-        max_q, max_k, rng is None, dropout_p, scale, causal, left, right, config,
+        v.shape, v.stride(), o.stride(), lse.shape, lse.stride(), _mask_key(mask),
+        None if cu_q is None else cu_q.shape, max_q, max_k, rng is None, dropout_p, scale,
+        causal, left, right, config,
     )  # fmt: skip
 
     def build() -> BackwardPlan:
