@@ -484,6 +484,24 @@ def test_varlen(lens_q, lens_k, causal, window, device):
         assert _rel(a, r) < (FWD_BOUND if name == "o" else GRAD_BOUND), name
 
 
+def test_varlen_batches_of_the_same_rows_and_another_count_of_sequences(device):
+    """Packed batches of the same rows, split into 2 sequences and then into 3 (the same
+    tensors' shapes, another cu_seqlens length): each call gets its own plan (the grid
+    counts sequences), and its own answer."""
+    g = torch.Generator(device=device).manual_seed(3)
+    q, k, v, do = (torch.randn(23, 2, 16, generator=g, device=device).half() for _ in range(4))
+    for lens in ([11, 12], [4, 12, 7]):
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+        args = (cu, cu, max(lens), max(lens), 0.0, None, True, None)
+        ours = _forward_and_grads(tritonkit.attention_varlen, q, k, v, do, *args)
+        up = (t.double() for t in (q, k, v))
+        ref = _forward_and_grads(
+            _varlen_reference, *up, do.double(), cu.tolist(), cu.tolist(), True, None
+        )
+        for name, a, r in zip(["o", "dq", "dk", "dv"], ours, ref):
+            assert _rel(a, r) < (FWD_BOUND if name == "o" else GRAD_BOUND), (lens, name)
+
+
 # ---- split-KV decoding ---------------------------------------------------------------------------
 
 
@@ -721,3 +739,53 @@ def test_torch_compile_fullgraph(device):
     o.float().sum().backward()
     ref = f(q.detach(), k.detach(), v.detach())
     assert torch.equal(o.detach(), ref) and q.grad is not None and torch.isfinite(k.grad).all()
+
+
+def test_warm_calls_reuse_their_plan_and_verdict(device, monkeypatch):
+    """What a call decides is decided once per key: a second call of a key validates nothing
+    again and builds no plan (forward or backward), and gives the first call's outputs and
+    gradients; a call that differs in what the key holds (the scale, causal, strides) gets a
+    plan of its own and the right answer. The cached verdict lets no invalid call through:
+    what validation reads beyond the key's shapes (a mask that needs a gradient under grad
+    mode, is_causal's type) is part of the key."""
+    from tritonkit.ops.attention import function
+
+    calls = {"check": 0, "fwd": 0, "bwd": 0}
+
+    def counted(name, fn):
+        def wrapped(*args):
+            calls[name] += 1
+            return fn(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(function, "_check_attention", counted("check", function._check_attention))
+    monkeypatch.setattr(function, "forward_plan", counted("fwd", function.forward_plan))
+    monkeypatch.setattr(function, "backward_plan", counted("bwd", function.backward_plan))
+    # A shape no other test uses: the first call of its key here is its first anywhere.
+    q, k, v = _qkv(1, 3, 3, 19, 21, 24, device)  # 19 queries: the flash path
+    do = torch.randn(q.shape, device=device).to(q.dtype)
+    first = _forward_and_grads(tritonkit.attention, q, k, v, do, is_causal=True)
+    assert calls == {"check": 1, "fwd": 1, "bwd": 1}
+    second = _forward_and_grads(tritonkit.attention, q, k, v, do, is_causal=True)
+    assert calls == {"check": 1, "fwd": 1, "bwd": 1}
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    # Other scalars, other strides: plans of their own, checked against the reference.
+    _assert_matches_reference(q, k, v, causal=True, scale=0.3)
+    assert calls["fwd"] == 2 and calls["bwd"] == 2
+    _assert_matches_reference(q, k, v, causal=False)
+    assert calls["fwd"] == 3
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, L, H, D) memory, same values
+    _assert_matches_reference(qt, k, v, causal=True)
+    assert calls["fwd"] == 4
+    # The verdict of a valid call does not carry over to an invalid one of the same shapes.
+    mask = torch.zeros(19, 21, device=device)
+    tritonkit.attention(q, k, v, mask)
+    needs_grad = mask.clone().requires_grad_()
+    with pytest.raises(UnsupportedAttention, match="attn_mask must not require grad"):
+        tritonkit.attention(q, k, v, needs_grad)
+    with torch.no_grad():  # no gradient can flow to it: valid
+        tritonkit.attention(q, k, v, needs_grad)
+    with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
+        tritonkit.attention(q, k, v, is_causal=1)

@@ -172,19 +172,26 @@ def _route_files(call) -> list[list[str]]:
     from tritonkit.ops._core import launch
 
     routes = []
-    real = launch.Kernel._launch
+    real, real_direct = launch.Kernel._launch, launch._direct
 
-    def spy(self, grid, args, meta):
-        frames = [f.filename for f in traceback.extract_stack()[:-1]]
+    def seen() -> None:
+        frames = [f.filename for f in traceback.extract_stack()[:-2]]
         files = list(dict.fromkeys(f.split("/src/")[1] for f in frames if "/src/tritonkit/" in f))
         routes.append(files)
+
+    def spy(self, grid, args, meta):
+        seen()
         return real(self, grid, args, meta)
 
-    launch.Kernel._launch = spy
+    def spy_direct(*args, **kwargs):  # a bound launch (launch.Bound) skips Kernel._launch
+        seen()
+        return real_direct(*args, **kwargs)
+
+    launch.Kernel._launch, launch._direct = spy, spy_direct
     try:
         call()
     finally:
-        launch.Kernel._launch = real
+        launch.Kernel._launch, launch._direct = real, real_direct
     return routes
 
 

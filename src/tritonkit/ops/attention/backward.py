@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.launch import Bound, kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops.attention.config import BwdConfig, Problem, Tile, backward_config
 from tritonkit.ops.attention.forward import (
@@ -373,7 +373,44 @@ def _attn_bwd_dkdv_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def launch_backward(
+class BackwardPlan:
+    """The backward of one call key: dQ, dK and dV allocated like q, k and v, and the
+    kernels' launches bound once (``launch.Bound``). ``dq``: the dQ kernel (with the fused
+    delta pre-pass; ``atomic``: the pre-pass alone, dQ summed by the dK/dV kernel in fp32 and
+    cast); ``dkdv``: the dK/dV kernel; both None where nothing is launched. ``zero``: no query
+    or no key, every gradient is 0."""
+
+    __slots__ = ("atomic", "dkdv", "dq", "zero")
+
+    def __init__(self, dq: Bound | None, dkdv: Bound | None, atomic: bool, zero: bool = False):
+        self.dq, self.dkdv, self.atomic, self.zero = dq, dkdv, atomic, zero
+
+    def __call__(self, do, q, k, v, o, lse, mask, cu_q, cu_k, rng):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if self.zero:  # nothing attends
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        if self.dkdv is None:
+            return dq, dk, dv
+        delta = torch.empty_like(lse)
+        # absent pointers stand in as q (never read: their flags are off)
+        mask = q if mask is None else mask
+        cu_q = q if cu_q is None else cu_q
+        cu_k = q if cu_k is None else cu_k
+        rng = q if rng is None else rng
+        if not self.atomic:
+            if self.dq is not None:
+                self.dq(q, k, v, o, do, lse, delta, dq, mask, cu_q, cu_k, rng)
+            self.dkdv(q, k, v, do, lse, delta, dk, dv, q, mask, cu_q, cu_k, rng)
+            return dq, dk, dv
+        dq32 = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+        if self.dq is not None:
+            self.dq(q, k, v, o, do, lse, delta, dq, mask, cu_q, cu_k, rng)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, dq32, mask, cu_q, cu_k, rng)
+        dq.copy_(dq32)  # the cast to dQ's dtype
+        return dq, dk, dv
+
+
+def backward_plan(
     p: Problem,
     do: torch.Tensor,
     q: torch.Tensor,
@@ -381,9 +418,6 @@ def launch_backward(
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
-    dq: torch.Tensor,
-    dk: torch.Tensor,
-    dv: torch.Tensor,
     mask: torch.Tensor | None,
     cu_q: torch.Tensor | None,
     cu_k: torch.Tensor | None,
@@ -391,12 +425,16 @@ def launch_backward(
     scale: float,
     dropout_p: float,
     config: BwdConfig | None,
-) -> None:
-    """Write dQ, dK and dV for ``p`` with ``config`` (None: the tuned tiles)."""
-    if p.batch * p.kv_heads == 0 or p.seq_k == 0:
-        return
+) -> BackwardPlan:
+    """The plan of ``p``'s backward with ``config`` (None: the tuned tiles; tuning launches on
+    these tensors and scratch gradients)."""
+    if p.seq_k == 0 or p.seq_q == 0:
+        return BackwardPlan(None, None, False, zero=True)
+    if p.batch * p.kv_heads == 0:
+        return BackwardPlan(None, None, False)
     meta = common_meta(p, q.device)
     delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dummy = q
     mask_arg = mask if mask is not None else dummy
     cu = (cu_q if cu_q is not None else dummy, cu_k if cu_k is not None else dummy)
@@ -404,37 +442,46 @@ def launch_backward(
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
     vl = p.varlen
     consts = (p.heads, p.group, p.seq_q, p.seq_k, scale, scale * LOG2E, p.left, p.right, dropout_p)
+    dq32 = torch.empty(dq.shape, dtype=torch.float32, device=dq.device)
+    dq_args = (
+        q, k, v, o, do, lse, delta, dq, mask_arg, *cu, rng_arg,
+        *head_strides(q, vl), *head_strides(k, vl), *head_strides(v, vl),
+        *head_strides(o, vl), *head_strides(do, vl), *head_strides(dq, vl),
+        *lse_strides(lse, vl), *mask_strides, *consts,
+    )  # fmt: skip
 
-    def run_dq(t: Tile, delta_only: bool = False) -> None:
+    def bind_dq(t: Tile, delta_only: bool = False) -> Bound | None:
         if p.seq_q == 0:
-            return
-        _attn_bwd_dq_kernel[(cdiv(p.seq_q, t.BLOCK_M), p.batch * p.heads)](
-            q, k, v, o, do, lse, delta, dq, mask_arg, *cu, rng_arg,
-            *head_strides(q, vl), *head_strides(k, vl), *head_strides(v, vl),
-            *head_strides(o, vl), *head_strides(do, vl), *head_strides(dq, vl),
-            *lse_strides(lse, vl), *mask_strides, *consts,
+            return None
+        return _attn_bwd_dq_kernel.bind(
+            (cdiv(p.seq_q, t.BLOCK_M), p.batch * p.heads), *dq_args,
             BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, DELTA_ONLY=delta_only,
             num_warps=t.num_warps, num_stages=t.num_stages, **meta,
         )  # fmt: skip
 
-    def run_dkdv(t: Tile, dq32: torch.Tensor | None = None) -> None:
-        _attn_bwd_dkdv_kernel[(cdiv(p.seq_k, t.BLOCK_N), p.batch * p.kv_heads)](
-            q, k, v, do, lse, delta, dk, dv, dq32 if dq32 is not None else dummy, mask_arg,
+    def bind_dkdv(t: Tile, atomic: bool = False) -> Bound:
+        scratch = dq32 if atomic else None
+        return _attn_bwd_dkdv_kernel.bind(
+            (cdiv(p.seq_k, t.BLOCK_N), p.batch * p.kv_heads),
+            q, k, v, do, lse, delta, dk, dv, scratch if atomic else dummy, mask_arg,
             *cu, rng_arg,
             *head_strides(q, vl), *head_strides(k, vl), *head_strides(v, vl),
             *head_strides(do, vl), *head_strides(dk, vl), *head_strides(dv, vl),
-            *head_strides(dq32, vl), *lse_strides(lse, vl), *mask_strides, *consts,
-            BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, ATOMIC_DQ=dq32 is not None,
+            *head_strides(scratch, vl), *lse_strides(lse, vl), *mask_strides, *consts,
+            BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, ATOMIC_DQ=atomic,
             num_warps=t.num_warps, num_stages=t.num_stages, **meta,
         )  # fmt: skip
+
+    def run_dq(t: Tile) -> None:  # tuning launches
+        bound = bind_dq(t)
+        if bound is not None:
+            bound(*dq_args[:12])
+
+    def run_dkdv(t: Tile) -> None:
+        bind_dkdv(t)(q, k, v, do, lse, delta, dk, dv, dummy, mask_arg, *cu, rng_arg)
 
     if config is None:
         config = backward_config(p, run_dkdv, run_dq)
     if not config.atomic_dq:
-        run_dq(config.dq)
-        run_dkdv(config.dkdv)
-        return
-    dq32 = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    run_dq(config.dq, delta_only=True)
-    run_dkdv(config.dkdv, dq32)
-    dq.copy_(dq32)  # the cast to dQ's dtype
+        return BackwardPlan(bind_dq(config.dq), bind_dkdv(config.dkdv), False)
+    return BackwardPlan(bind_dq(config.dq, delta_only=True), bind_dkdv(config.dkdv, True), True)

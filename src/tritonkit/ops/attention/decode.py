@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.launch import Bound, kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops.attention.config import DecodeGemmConfig, Problem, decode_config, decode_splits
 from tritonkit.ops.attention.forward import common_meta, head_strides, load_rows
@@ -140,7 +140,34 @@ def decode_rows(p: Problem) -> int:
     return max(16, min(64, next_power_of_2(p.group * p.seq_q)))
 
 
-def launch_decode(
+class DecodePlan:
+    """Split-KV decoding of one call key: the outputs' and the partials' layouts and both
+    kernels' launches bound once (``launch.Bound``); a call allocates and launches."""
+
+    __slots__ = ("dtype", "lse_shape", "merge", "o_shape", "o_stride", "part_shape", "split")
+
+    def __init__(self, o, lse, part_shape, split: Bound, merge: Bound) -> None:
+        self.o_shape, self.o_stride, self.dtype = o.shape, o.stride(), o.dtype
+        self.lse_shape, self.part_shape = lse.shape, part_shape
+        self.split, self.merge = split, merge
+
+    def __call__(self, q, k, v, mask, cu_q, cu_k, rng) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = q.device
+        o = torch.empty_strided(self.o_shape, self.o_stride, dtype=self.dtype, device=dev)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
+        self.launch(q, k, v, mask, o, lse)
+        return o, lse
+
+    def launch(self, q, k, v, mask, o, lse) -> None:
+        """Write O and lse (of this plan's layouts) through the fp32 partials."""
+        shape = self.part_shape
+        lse_part = torch.empty(shape[:-1], device=q.device, dtype=torch.float32)
+        o_part = torch.empty(shape, device=q.device, dtype=torch.float32)
+        self.split(q, k, v, o_part, lse_part, q if mask is None else mask)
+        self.merge(o_part, lse_part, o, lse)
+
+
+def decode_plan(
     p: Problem,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -150,15 +177,18 @@ def launch_decode(
     mask: torch.Tensor | None,
     scale: float,
     config: DecodeGemmConfig | None,
-) -> None:
-    """Write O and lse for a dense, dropout-free ``p`` with few queries, split over the keys."""
+) -> DecodePlan:
+    """The plan of a dense, dropout-free ``p`` with few queries, split over the keys
+    (``config`` None: tuned, launching on these tensors)."""
     meta = common_meta(p, q.device)
     for flag in ("BOTTOM_RIGHT", "IS_VARLEN", "HAS_DROPOUT"):
         del meta[flag]
     block_m = decode_rows(p)
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
+    mask_arg = mask if mask is not None else q
 
-    def run(cfg: DecodeGemmConfig) -> None:
+    def bind(cfg: DecodeGemmConfig) -> tuple[tuple, Bound, Bound]:
+        """(the partials' shape, the split launch, the merge launch) of ``cfg``."""
         splits = cfg.splits or decode_splits(p, q.device, block_m)
         split_len = cdiv(cdiv(p.seq_k, splits), cfg.BLOCK_N) * cfg.BLOCK_N
         splits = cdiv(p.seq_k, split_len)
@@ -166,18 +196,33 @@ def launch_decode(
         lse_part = torch.empty(shape, device=q.device, dtype=torch.float32)
         o_part = torch.empty((*shape, p.head_dim), device=q.device, dtype=torch.float32)
         grid = (splits, cdiv(p.group * p.seq_q, block_m), p.batch * p.kv_heads)
-        _attn_decode_kernel[grid](
-            q, k, v, o_part, lse_part, mask if mask is not None else q,
+        split = _attn_decode_kernel.bind(
+            grid, q, k, v, o_part, lse_part, mask_arg,
             *head_strides(q, False), *head_strides(k, False), *head_strides(v, False),
             *lse_part.stride(), *mask_strides,
             p.heads, p.group, p.seq_q, p.seq_k, split_len, scale * LOG2E, p.left, p.right,
             BLOCK_M=block_m, BLOCK_N=cfg.BLOCK_N, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **meta,
         )  # fmt: skip
-        _attn_merge_kernel[(p.batch * p.heads * p.seq_q,)](
+        merge = _attn_merge_kernel.bind(
+            (p.batch * p.heads * p.seq_q,),
             o_part, lse_part, o, lse, *head_strides(o, False), *lse.stride(),
             p.heads, p.seq_q, splits, HEAD_DIM=p.head_dim, BLOCK_D=p.block_d,
             BLOCK_S=max(2, next_power_of_2(splits)), num_warps=4,
         )  # fmt: skip
+        return o_part.shape, split, merge
 
-    run(config if config is not None else decode_config(p, run))
+    def run(cfg: DecodeGemmConfig) -> None:  # a tuning launch
+        shape, split, merge = bind(cfg)
+        lse_part = torch.empty(shape[:-1], device=q.device, dtype=torch.float32)
+        o_part = torch.empty(shape, device=q.device, dtype=torch.float32)
+        split(q, k, v, o_part, lse_part, mask_arg)
+        merge(o_part, lse_part, o, lse)
+
+    shape, split, merge = bind(config if config is not None else decode_config(p, run))
+    return DecodePlan(o, lse, shape, split, merge)
+
+
+def launch_decode(p, q, k, v, o, lse, mask, scale, config) -> None:
+    """Write O and lse for ``p`` with ``config`` (None: tuned), planned for this call alone."""
+    decode_plan(p, q, k, v, o, lse, mask, scale, config).launch(q, k, v, mask, o, lse)

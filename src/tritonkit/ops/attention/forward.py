@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from tritonkit.ops._core.device import interpreter_enabled
-from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.launch import Bound, kernel
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops._core.plan import current_env
 from tritonkit.ops.attention.config import Problem, Tile, forward_config
@@ -295,7 +295,32 @@ def common_meta(p: Problem, device: torch.device) -> dict:
     }
 
 
-def launch_forward(
+class ForwardPlan:
+    """The flash forward of one call key (shapes, strides, dtypes, the scalars, the tile):
+    its outputs' layout and its launch, bound once (``launch.Bound``: the binder's
+    specialization of 40-odd arguments is not redone). A call allocates O and lse and
+    launches; ``run`` None: nothing to launch (no query or no head)."""
+
+    __slots__ = ("dtype", "lse_shape", "o_shape", "o_stride", "run")
+
+    def __init__(self, o: torch.Tensor, lse: torch.Tensor, run: Bound | None) -> None:
+        self.o_shape, self.o_stride, self.dtype = o.shape, o.stride(), o.dtype
+        self.lse_shape, self.run = lse.shape, run
+
+    def __call__(self, q, k, v, mask, cu_q, cu_k, rng) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = q.device
+        o = torch.empty_strided(self.o_shape, self.o_stride, dtype=self.dtype, device=dev)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
+        run = self.run
+        if run is not None:  # absent pointers stand in as q (never read: their flags are off)
+            run(
+                q, k, v, o, lse, q if mask is None else mask, q if cu_q is None else cu_q,
+                q if cu_k is None else cu_k, q if rng is None else rng,
+            )  # fmt: skip
+        return o, lse
+
+
+def forward_plan(
     p: Problem,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -309,10 +334,11 @@ def launch_forward(
     scale: float,
     dropout_p: float,
     tile: Tile | None,
-) -> None:
-    """Write O and lse for ``p`` with ``tile`` (None: the tuned tile)."""
+) -> ForwardPlan:
+    """The plan of ``p`` with ``tile`` (None: the tuned tile; tuning launches on these
+    tensors, which are the call's own: O and lse are its outputs)."""
     if p.seq_q == 0 or p.batch * p.heads == 0:
-        return
+        return ForwardPlan(o, lse, None)
     meta = common_meta(p, q.device)
     dummy = q  # stands in for absent pointers (never read: their flags are off)
     mask_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
@@ -333,11 +359,14 @@ def launch_forward(
         # on the host before the launch (function.check_cu_values).
         meta.update(debug=True, sanitize_overflow=False)
 
-    def run(t: Tile) -> None:
+    def bound(t: Tile) -> Bound:
         grid = (cdiv(p.seq_q, t.BLOCK_M), p.batch * p.heads)
-        _attn_fwd_kernel[grid](
-            *args, BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, num_warps=t.num_warps,
+        return _attn_fwd_kernel.bind(
+            grid, *args, BLOCK_M=t.BLOCK_M, BLOCK_N=t.BLOCK_N, num_warps=t.num_warps,
             num_stages=t.num_stages, **meta,
         )  # fmt: skip
 
-    run(tile if tile is not None else forward_config(p, run))
+    def run(t: Tile) -> None:  # a tuning launch
+        bound(t)(*args[:9])
+
+    return ForwardPlan(o, lse, bound(tile if tile is not None else forward_config(p, run)))

@@ -9,23 +9,25 @@ import inspect
 import torch
 
 from tritonkit._autocast import LOWER, autocast_dtype, cast, policy
-from tritonkit.ops._core.registry import apply, define_op, eager_direct
+from tritonkit.ops._core.plan import cached, validated
+from tritonkit.ops._core.registry import apply, define_op, direct_call_allowed
 from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
-from tritonkit.ops.attention.backward import launch_backward
+from tritonkit.ops.attention.backward import BackwardPlan, backward_plan
 from tritonkit.ops.attention.config import (
     DECODE_MAX_QUERIES,
     UNPIPELINED_FWD,
     BwdConfig,
     Problem,
 )
-from tritonkit.ops.attention.decode import launch_decode
-from tritonkit.ops.attention.forward import launch_forward
+from tritonkit.ops.attention.decode import DecodePlan, decode_plan
+from tritonkit.ops.attention.forward import ForwardPlan, forward_plan
 from tritonkit.ops.attention.naive import launch_naive
 from tritonkit.ops.attention.tiles import ADDITIVE_MASK, BOOL_MASK, NO_MASK
 from tritonkit.ops.attention.validate import (
     DTYPES,
     MAX_HEAD_DIM,
     UnsupportedAttention,
+    as_4d,
     check_cu,
     check_cu_values,
     check_dense,
@@ -83,8 +85,41 @@ def _outputs(q: torch.Tensor, varlen: bool) -> tuple[torch.Tensor, torch.Tensor]
         o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         return o, torch.empty((heads, total), device=q.device, dtype=torch.float32)
     b, h, n, d = q.shape
-    o = torch.empty((b, n, h, d), device=q.device, dtype=q.dtype).transpose(1, 2)
+    # (B, L, H, D) memory read as (B, H, L, D): one allocation, no view op
+    o = torch.empty_strided((b, h, n, d), (n * h * d, d, h * d, 1), device=q.device, dtype=q.dtype)
     return o, torch.empty((b, h, n), device=q.device, dtype=torch.float32)
+
+
+def _mask_key(mask: torch.Tensor | None) -> tuple | None:
+    return None if mask is None else (mask.shape, mask.stride(), mask.dtype)
+
+
+class _Naive:
+    """The workbench's naive path of one call key: its launcher runs at each call."""
+
+    __slots__ = ("p", "scale")
+
+    def __init__(self, p: Problem, scale: float) -> None:
+        self.p, self.scale = p, scale
+
+    def __call__(self, q, k, v, mask, cu_q, cu_k, rng):
+        o, _ = _outputs(q, self.p.varlen)
+        launch_naive(self.p, q, k, v, o, mask, self.scale)
+        return o, None
+
+
+def _forward_plan(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left,
+                  right, path, config) -> ForwardPlan | DecodePlan | _Naive:  # fmt: skip
+    p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
+    if path == "auto":
+        decode = not p.varlen and not p.dropout and 0 < p.seq_q <= DECODE_MAX_QUERIES < p.seq_k
+        path = "decode" if decode else "flash"
+    if path == "naive":
+        return _Naive(p, scale)
+    o, lse = _outputs(q, p.varlen)
+    if path == "decode" and p.seq_k > 0 and p.seq_q * p.batch * p.heads > 0:
+        return decode_plan(p, q, k, v, o, lse, mask, scale, config)
+    return forward_plan(p, q, k, v, o, lse, mask, cu_q, cu_k, rng, scale, dropout_p, config)
 
 
 def attention_forward(
@@ -108,24 +143,28 @@ def attention_forward(
     """(O, base-2 lse) along ``path``: "auto" (split-KV decoding for at most
     DECODE_MAX_QUERIES queries without dropout, else the flash kernel), "flash", "decode", or
     "naive" (three kernels, no lse: returned as None). ``config``: the path's Tile or
-    DecodeGemmConfig (None: tuned). Inputs are validated by the public functions."""
-    p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
-    if p.varlen and not q.is_cuda:
+    DecodeGemmConfig (None: tuned). Inputs are validated by the public functions.
+
+    What a call decides (problem, path, tile, grid, the kernel's specialization) depends on
+    its shapes, strides, dtypes, device, scalars and Env only: planned once per key in the
+    one plan cache, then a call allocates and launches (``forward.ForwardPlan``)."""
+    if cu_q is not None and not q.is_cuda:
         # Here rather than in the public function: the values are known only to the real
         # implementation (torch.compile traces the public function on fake tensors).
         check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
-    o, lse = _outputs(q, p.varlen)
-    if path == "auto":
-        decode = not p.varlen and not p.dropout and 0 < p.seq_q <= DECODE_MAX_QUERIES < p.seq_k
-        path = "decode" if decode else "flash"
-    if path == "naive":
-        launch_naive(p, q, k, v, o, mask, scale)
-        return o, None
-    if path == "decode" and p.seq_k > 0 and p.seq_q * p.batch * p.heads > 0:
-        launch_decode(p, q, k, v, o, lse, mask, scale, config)
-    else:
-        launch_forward(p, q, k, v, o, lse, mask, cu_q, cu_k, rng, scale, dropout_p, config)
-    return o, lse
+    key = (
+        q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.shape, v.stride(),
+        _mask_key(mask), None if cu_q is None else cu_q.shape, max_q, max_k, rng is None,
+        dropout_p, scale, causal, left, right, path, config,
+    )  # fmt: skip
+
+    def build() -> ForwardPlan | DecodePlan | _Naive:
+        return _forward_plan(
+            q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right,
+            path, config,
+        )  # fmt: skip
+
+    return cached("attention.forward", key, build)(q, k, v, mask, cu_q, cu_k, rng)
 
 
 def attention_backward(
@@ -148,15 +187,22 @@ def attention_backward(
     right: int,
     config: BwdConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) in the layouts of q, k and v (``config``: None for the tuned tiles)."""
-    p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if p.seq_k == 0 or p.seq_q == 0:  # nothing attends: every gradient is 0
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    launch_backward(
-        p, do, q, k, v, o, lse, dq, dk, dv, mask, cu_q, cu_k, rng, scale, dropout_p, config
-    )
-    return dq, dk, dv
+    """(dQ, dK, dV) in the layouts of q, k and v (``config``: None for the tuned tiles),
+    planned once per key as the forward is (``backward.BackwardPlan``)."""
+    key = (
+        do.shape, do.stride(), q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(),
+        v.shape, v.stride(), o.stride(), lse.shape, lse.stride(), _mask_key(mask),
+        None if cu_q is None else cu_q.shape, max_q, max_k, rng is None, dropout_p, scale,
+        causal, left, right, config,
+    )  # fmt: skip
+
+    def build() -> BackwardPlan:
+        p = problem(q, k, mask, cu_q, max_q, max_k, dropout_p, causal, left, right)
+        return backward_plan(
+            p, do, q, k, v, o, lse, mask, cu_q, cu_k, rng, scale, dropout_p, config
+        )
+
+    return cached("attention.backward", key, build)(do, q, k, v, o, lse, mask, cu_q, cu_k, rng)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,8 +239,28 @@ def _(do, q, k, v, *rest):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-call_attention_fwd = eager_direct(_attention_fwd_op)
-call_attention_bwd = eager_direct(_attention_bwd_op)
+def call_attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal,
+                       left, right):  # fmt: skip
+    """The forward op's launcher, run directly where ``registry.direct_call_allowed`` allows it
+    (as ``registry.eager_direct`` does, checking the tensor arguments only: the rule reads
+    nothing else), else the op."""
+    if direct_call_allowed((q, k, v, mask, cu_q, cu_k, rng)):
+        return attention_forward(
+            q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+        )
+    return _attention_fwd_op.overload(
+        q, k, v, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal, left, right
+    )
+
+
+def call_attention_bwd(do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p,
+                       scale, causal, left, right):  # fmt: skip
+    """The backward op's launcher, run directly where allowed (as ``call_attention_fwd``)."""
+    args = (do, q, k, v, o, lse, mask, cu_q, cu_k, max_q, max_k, rng, dropout_p, scale, causal,
+            left, right)  # fmt: skip
+    if direct_call_allowed((do, q, k, v, o, lse, mask, cu_q, cu_k, rng)):
+        return attention_backward(*args)
+    return _attention_bwd_op.overload(*args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,19 +376,74 @@ def attention(
     """
     op = "tritonkit.attention"
     dt = autocast_dtype("attention", query)
-    query, key, value = cast(dt, query, key, value)
-    if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
-        (attn_mask,) = cast(dt, attn_mask)
-    q, k, v, mask, three_d = check_dense(op, query, key, value, attn_mask, enable_gqa)
-    left, right = window_band(op, window)
-    scale = scalars(op, dropout_p, scale, q.shape[-1])
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
+    if dt is not None:
+        query, key, value = cast(dt, query, key, value)
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
+            (attn_mask,) = cast(dt, attn_mask)
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window)
+    views, mask_view, three_d, left, right, scale = validated(
+        op, _dense_facts(*args), lambda: _check_attention(op, *args)
+    )
+    q, k, v, mask = query, key, value, attn_mask
+    if views is not None:  # 3-d or broadcast operands: 4-d views (check_dense's)
+        q, k, v = (as_4d(t, 3 if three_d else 4, shape) for t, shape in zip((q, k, v), views))
+    if mask is not None:
+        mask = mask.expand(mask_view)
+        if three_d:
+            mask = mask.unsqueeze(1)
     o = apply(
         AttentionFunction, q, k, v, mask, None, None, q.shape[2], k.shape[2],
         float(dropout_p), scale, is_causal, left, right,
     )  # fmt: skip
     return o.squeeze(1) if three_d else o
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _dense_facts(query, key, value, attn_mask, *scalars) -> tuple | None:
+    """What ``_check_attention`` reads of a call (``plan.arg_facts``' key, with what the mask
+    check reads besides: whether the mask needs a gradient under grad mode), or None: validate
+    this call (while torch.compile traces, tensor subclasses, nested tensors, a list)."""
+    if torch.compiler.is_compiling():
+        return None
+    facts = []
+    for t in (query, key, value):
+        if type(t) not in _PLAIN or t.is_nested:
+            return None
+        facts.append((t.shape, t.dtype, t.device))
+    if attn_mask is not None:
+        if type(attn_mask) not in _PLAIN or attn_mask.is_nested:
+            return None
+        grad = attn_mask.requires_grad and torch.is_grad_enabled()
+        facts.append((attn_mask.shape, attn_mask.dtype, attn_mask.device, grad))
+    for a in scalars:
+        facts.append((type(a), a, tuple(map(type, a))) if type(a) is tuple else (type(a), a))
+    key = tuple(facts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _check_attention(op, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                     window) -> tuple:  # fmt: skip
+    """The verdict on a valid call (its checks raise on an invalid one): the 4-d shapes of
+    q, k, v (None: they are 4-d as given), the mask's expanded shape, whether the call is 3-d,
+    the band, the scale."""
+    q, k, v, mask, three_d = check_dense(op, query, key, value, attn_mask, enable_gqa)
+    left, right = window_band(op, window)
+    scale = scalars(op, dropout_p, scale, q.shape[-1])
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"{op}: is_causal must be a bool, got {type(is_causal).__name__}")
+    pairs = ((query, q), (key, k), (value, v))
+    same = all(a.dim() == 4 and a.shape == b.shape for a, b in pairs)
+    views = None if same else (q.shape, k.shape, v.shape)
+    mask_view = None
+    if mask is not None:
+        mask_view = mask.shape[:1] + mask.shape[2:] if three_d else mask.shape
+    return views, mask_view, three_d, left, right, scale
 
 
 def attention_varlen(

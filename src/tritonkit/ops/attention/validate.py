@@ -186,9 +186,9 @@ def check_dense(op, query, key, value, attn_mask, enable_gqa):
         )
     # Broadcast operands are read through stride-0 views, never copied; autograd sums their
     # gradients over the broadcast dims (expand's backward), as it does for SDPA's.
-    query = _as(query, nd, (b, h, n_q, d))
-    key = _as(key, nd, (b, h_kv, n_k, d))
-    value = _as(value, nd, (b, h_kv, n_k, value.shape[-1]))
+    query = as_4d(query, nd, (b, h, n_q, d))
+    key = as_4d(key, nd, (b, h_kv, n_k, d))
+    value = as_4d(value, nd, (b, h_kv, n_k, value.shape[-1]))
     mask = None
     if attn_mask is not None:
         if nd == 3:
@@ -210,7 +210,7 @@ def _broadcast(op: str, what: str, sizes: tuple[int, ...], tensors: tuple) -> in
     return grown.pop() if grown else 1
 
 
-def _as(t: torch.Tensor, nd: int, shape: tuple[int, ...]) -> torch.Tensor:
+def as_4d(t: torch.Tensor, nd: int, shape: tuple[int, ...]) -> torch.Tensor:
     """t as a 4-d (batch, heads, rows, dim) view of ``shape``, broadcast dims at stride 0."""
     if t.dim() == 3:
         t = t.unsqueeze(1) if nd == 3 else t.unsqueeze(0)
