@@ -69,6 +69,7 @@ _NOT_PLAN_CACHES = {
     ("ops/collectives/plan.py", "_WORKSPACES"),  # symmetric-memory buffers per (group, size)
     ("harness/bench_cases.py", "_TIMED"),  # the calls a bench case timed, for its energy pass
     ("harness/energy.py", "_NVML"),  # the NVML library handle per device, opened once
+    ("harness/kernel_stats.py", "_STATIC_CACHE"),  # a case's sm_90 figures, compiled once
 }
 
 

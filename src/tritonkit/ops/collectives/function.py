@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.collectives import plan
 from tritonkit.ops.collectives.config import CompressConfig, SymmConfig, symm_crossover
@@ -421,10 +422,11 @@ def _fallback(op: str, why: str, instead: str = "all_reduce") -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-# (group, numel, dtype, device, op) -> the resolved all-reduce (plan.SymmAllReduce): every
-# later call of that key is a dict lookup, two checks and one C launch. Validated on the first
-# call (a key holds only a CUDA float tensor's dtype and device); filled only outside debug mode.
-_SYMM_PLANS: dict[tuple, "plan.SymmAllReduce"] = {}
+# ("collectives.symm", group, numel, dtype, device, op) -> the resolved all-reduce
+# (plan.SymmAllReduce), in the one plan cache under the current Env (a changed setting, e.g.
+# TRITONKIT_DIST_SYMM=0, is another key): every later call of that key is a lookup, two checks
+# and one C launch. Validated on the first call (a key holds only a CUDA float tensor's dtype
+# and device); kept only outside debug mode.
 
 
 def symm_all_reduce(
@@ -449,7 +451,8 @@ def symm_all_reduce(
         timeout: bounds the NCCL fallback's wait; the kernel's barrier waits for every peer.
     """
     if isinstance(tensor, torch.Tensor) and not _debug[0]:
-        run = _SYMM_PLANS.get((group, tensor.numel(), tensor.dtype, tensor.device, op))
+        key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
+        run = PLANS.peek(key, current_env())
         if (
             run is not None
             and tensor.is_contiguous()
@@ -483,8 +486,9 @@ def symm_all_reduce(
 
 def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
     """The cached all-reduce of ``tensor``'s key (made, and cached outside debug mode)."""
-    key = (group, tensor.numel(), tensor.dtype, tensor.device, op)
-    run = _SYMM_PLANS.get(key)
+    key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
+    env = current_env()
+    run = PLANS.peek(key, env)
     if run is None or run.ws is not ws:  # a grown workspace: the plan moves to it
         measured = symm_crossover(ws.world, tensor.dtype)
         one_max = measured[1] if measured else SymmConfig.default_one_shot_max_bytes(ws.world)
@@ -492,7 +496,7 @@ def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
         alpha = 1.0 / ws.world if op == ReduceOp.AVG else 1.0
         run = plan.SymmAllReduce(ws, tensor.numel(), cfg, alpha)
         if not _debug[0]:
-            _SYMM_PLANS[key] = run
+            PLANS.put(key, env, run)
     return run
 
 

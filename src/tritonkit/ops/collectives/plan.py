@@ -16,6 +16,7 @@ import torch.distributed as dist
 from tritonkit.ops._core import launch as _L
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
+from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops.collectives import kernels as K
 from tritonkit.ops.collectives.config import (
     CompressConfig,
@@ -511,22 +512,17 @@ class SymmAllReduce:
         self.launch((x, out), epoch, off // 16)  # the kernels take the offset in 16s
 
 
-_FORCED: dict[tuple, SymmAllReduce] = {}
-
-
 def symm_launch(
     x: torch.Tensor, out: torch.Tensor, ws: SymmWorkspace, cfg: SymmConfig, alpha: float
 ) -> None:
     """One-shot or two-shot (``cfg``) all-reduce of ``x`` (flat, contiguous) into ``out``: the
     benchmarks' forced variants (the public function caches its own ``SymmAllReduce``)."""
-    key = (id(ws), x.numel(), x.dtype, cfg, alpha)
-    run = _FORCED.get(key)
+    key, env = ("collectives.forced", id(ws), x.numel(), x.dtype, cfg, alpha), current_env()
+    run = PLANS.peek(key, env)
     if run is None or run.ws is not ws:
-        run = _FORCED[key] = SymmAllReduce(ws, x.numel(), cfg, alpha)
+        run = SymmAllReduce(ws, x.numel(), cfg, alpha)
+        PLANS.put(key, env, run)
     run(x, out)
-
-
-_FUSED: dict[tuple, CachedLaunch] = {}
 
 
 def fused_norm_launch(
@@ -540,8 +536,9 @@ def fused_norm_launch(
     per (workspace, shape, dtype, weight or not, eps)."""
     out = torch.empty_like(x)
     res_out = torch.empty_like(residual)
-    key = (id(ws), tuple(x.shape), x.dtype, weight is None, eps)
-    launch = _FUSED.get(key)
+    key = ("collectives.fused", id(ws), tuple(x.shape), x.dtype, weight is None, eps)
+    env = current_env()
+    launch = PLANS.peek(key, env)
     if launch is None:
         rows = math.prod(x.shape[:-1])
         hidden = x.shape[-1]
@@ -556,7 +553,7 @@ def fused_norm_launch(
                 "BLOCK_H": next_power_of_2(hidden), "HAS_WEIGHT": weight is not None,
                 "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
         launch = CachedLaunch(K._all_reduce_add_rms_norm_kernel, (programs,), args, names, meta)
-        _FUSED[key] = launch
+        PLANS.put(key, env, launch)
     tensors = (x, residual, out, res_out) + (() if weight is None else (weight,))
     epoch, off = ws.advance(1)
     launch(tensors, epoch, off // 16)
