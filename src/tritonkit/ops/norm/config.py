@@ -149,14 +149,13 @@ class LoopedRowsConfig:
 @dataclass(frozen=True)
 class RowForwardConfig:
     """One program per row with the row width a compile-time constant (``forward_row.py``):
-    rows without a residual of ``min_cols`` to ``ROW_MAX_COLS`` contiguous columns
-    (``enabled``). The compiler unrolls both sweeps at a constant width, at the cost of one
-    compilation per width; narrower rows do better several to a tile. ``chunk``: a fixed
-    BLOCK_N instead of the one by the row's bytes (``ROW_*`` above); ``thread_elems``: a fixed
-    share per thread of LayerNorm's first sweep for every row instead of per-lane sums below
-    ``ROW_THREAD_SUMS_MIN_COLS``."""
+    rows without a residual of ``min_cols`` to ``ROW_MAX_COLS`` contiguous columns (none where
+    ``min_cols`` is above ``ROW_MAX_COLS``). The compiler unrolls both sweeps at a constant
+    width, at the cost of one compilation per width; narrower rows do better several to a tile.
+    ``chunk``: a fixed BLOCK_N instead of the one by the row's bytes (``ROW_*`` above);
+    ``thread_elems``: a fixed share per thread of LayerNorm's first sweep for every row instead
+    of per-lane sums below ``ROW_THREAD_SUMS_MIN_COLS``."""
 
-    enabled: bool = True
     min_cols: int = 1536
     chunk: int | None = None
     thread_elems: int | None = None

@@ -137,8 +137,7 @@ def takes_row_forward(
     )
     max_bytes_ln = ROW_MAX_BYTES_LN_FP32 if dtype == torch.float32 else ROW_MAX_BYTES_LN
     return (
-        row.enabled
-        and not has_residual
+        not has_residual
         and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
         and stride_yn == 1
         and row.min_cols <= n_cols <= ROW_MAX_COLS
