@@ -237,6 +237,10 @@ def winners(rows: list[dict]) -> tuple[dict, dict]:
     return chunks, {shape: v["config"] for shape, v in ns.items()}
 
 
+def _ns_fields(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "group_m"}
+
+
 def ship(doc: dict) -> Path:
     """Write a run's winners as the shipped table of the GPU it ran on (``optim.json``)."""
     from tritonkit import _hardware, _tuning
@@ -252,7 +256,8 @@ def ship(doc: dict) -> Path:
         for dt, cfg in chunks.items()
     ]
     tunings += [
-        _tuning.Tuning(NS_KERNEL, ns_key(*shape), NSConfig(**cfg).tuning(), [], 0.0)
+        # a run recorded while the tile order was a field carries "group_m" (always 8)
+        _tuning.Tuning(NS_KERNEL, ns_key(*shape), NSConfig(**_ns_fields(cfg)).tuning(), [], 0.0)
         for shape, cfg in ns.items()
     ]
     # Entry keys hold the hardware profile's name, as on the GPU itself.

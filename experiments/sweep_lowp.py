@@ -205,18 +205,24 @@ def _fits(cfg) -> bool:
     return _tuning.fits_shared_memory(cfg.smem_bytes(1, 1, 2))
 
 
+def _flat(cfg) -> dict:
+    """A config's fields with its schedule's flat (``MatmulConfig.of`` builds it back)."""
+    fields = dataclasses.asdict(cfg)
+    return {**fields, **fields.pop("schedule")}
+
+
 def _stage1_configs(tiles=TILES, stage_counts=STAGES) -> list:
     """Every tile x stage count that fits, persistent TMA, fp32 promotion once per BLOCK_K."""
     from tritonkit.ops.matmul import MatmulConfig
 
     out = []
     for (bm, bn, bk), stages in ((t, s) for t in tiles for s in stage_counts):
-        cfg = MatmulConfig(
+        cfg = MatmulConfig.of(
             bm, bn, bk, GROUP_M=GROUP_M, num_warps=WARPS, num_stages=stages,
             persistent=True, tma=True,
         )  # fmt: skip
         if not _fits(cfg):
-            cfg = dataclasses.replace(cfg, subtile=True)  # half the output staging tile
+            cfg = cfg.replace(subtile=True)  # half the output staging tile
         if _fits(cfg):
             out.append(cfg)
     return out
@@ -233,23 +239,21 @@ def _stage2_configs(ranked: list) -> list:
     for cfg in ranked:
         per_tile.setdefault((cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K), cfg)
     best = list(per_tile.values())
-    out = [dataclasses.replace(c, promote_k=mm.NEVER_PROMOTE) for c in best]
-    out += [
-        dataclasses.replace(c, promote_k=p) for p in (128, 64, 32) for c in best if p < c.BLOCK_K
-    ]
+    out = [c.replace(promote_k=mm.NEVER_PROMOTE) for c in best]
+    out += [c.replace(promote_k=p) for p in (128, 64, 32) for c in best if p < c.BLOCK_K]
     # promotion by hand every 8-32 K blocks: two fp32 tiles per thread, which fit at 128 x 128
     # with 8 warps only (larger tiles spill)
     out += [
-        dataclasses.replace(c, promote_k=blocks * c.BLOCK_K)
+        c.replace(promote_k=blocks * c.BLOCK_K)
         for blocks in (8, 16, 32)
         for c in best
         if c.BLOCK_M * c.BLOCK_N <= 128 * 128 and c.num_warps == 8
     ]
-    out += [dataclasses.replace(c, persistent=False) for c in best]
+    out += [c.replace(persistent=False) for c in best]
     for cfg in best[:2]:
-        ws = dataclasses.replace(cfg, warp_specialize=True, subtile=False)
-        out.append(ws if _fits(ws) else dataclasses.replace(ws, subtile=True))
-    out += [dataclasses.replace(c, tma=False, subtile=False) for c in best[:1]]
+        ws = cfg.replace(warp_specialize=True, subtile=False)
+        out.append(ws if _fits(ws) else ws.replace(subtile=True))
+    out += [c.replace(tma=False, subtile=False) for c in best[:1]]
     return out
 
 
@@ -284,16 +288,16 @@ def _fp8_group(case: _Fp8Case, configs: list, budget_s: float, include_default: 
     for cfg in configs:
         name = _label(cfg)
         if _elapsed() > budget_s:
-            rows.append({"case": name, "config": dataclasses.asdict(cfg), "skipped": "budget"})
+            rows.append({"case": name, "config": _flat(cfg), "skipped": "budget"})
             continue
         try:
             out, secs = _first_call(partial(ours, cfg))
         except Exception as exc:  # out of resources, a compiler error: reported, not fatal
             why = f"{type(exc).__name__}: {exc}"[:300]
-            rows.append({"case": name, "config": dataclasses.asdict(cfg), "skipped": why})
+            rows.append({"case": name, "config": _flat(cfg), "skipped": why})
             continue
         fns[name] = partial(ours, cfg)
-        info[name] = {"config": dataclasses.asdict(cfg), "first_call_s": secs, **case.errors(out)}
+        info[name] = {"config": _flat(cfg), "first_call_s": secs, **case.errors(out)}
         del out
     ms = _time(fns)
     base = ms["torch._scaled_mm"]
@@ -313,7 +317,7 @@ def fp8_configs(budget_s: float, tiles=TILES, stage_counts=STAGES) -> dict:
     from tritonkit.ops.matmul import MatmulConfig
 
     ranked = sorted((r for r in stage1 if r.get("config") and "ms" in r), key=lambda r: r["ms"])
-    best = [MatmulConfig(**r["config"]) for r in ranked]
+    best = [MatmulConfig.of(**r["config"]) for r in ranked]
     # the stage-1 winner again, so that stage 2's ratios have it in the same run
     stage2 = _fp8_group(case, best[:1] + _stage2_configs(best), budget_s, include_default=False)
     return {"stage1": stage1, "stage2": stage2}

@@ -201,8 +201,7 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
     else:
         # Programs per SM 0: one row tile per program (Liger's launch), no prefetch.
         fwd_configs = [
-            {"forward.registers.elems_per_thread": e, "forward.registers.programs_per_sm_ln": p,
-             "forward.registers.programs_per_sm_rms": p, "forward.registers.prefetch": p > 0}
+            {"forward.registers.elems_per_thread": e, "forward.registers.programs_per_sm": p}
             for e, p in [(16, 0), (32, 0), (8, 0), (32, 8), (16, 8)]
         ]  # fmt: skip
     # The backward's register use (ptxas, sm_90a, 4096 columns: 164-217 at 8 warps, 91-126 at
@@ -212,13 +211,13 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
     # sums reduced per tile (reduce_rows 2) keep one row of accumulators.
     bwd_configs = _grid(
         elems_per_thread=[16] if shape[-1] <= 4096 else [16, 8],
-        programs_per_sm_rms=[1, 2],
+        programs_per_sm=[1, 2],
         tile_elems=[8192, 4096] if shape[-1] <= 4096 else [8192],
         reduce_rows_rms=[0, 2] if shape[-1] <= 4096 else [0],
     )
     wide = shape[-1] > NORM.tiles.max_fused_cols
     for i, c in enumerate(bwd_configs):  # each norm reads its own fields; sweep both alike
-        per_sm = c.pop("programs_per_sm_rms")
+        per_sm = c.pop("programs_per_sm")
         rows = c.pop("reduce_rows_rms")
         fields = {
             "backward.elems_per_thread": c["elems_per_thread"],
@@ -229,8 +228,7 @@ def sweep_norm(sw: Sweep, shape: tuple, use_compile: bool, bwd: bool = True) -> 
         if wide:
             fields["backward.wide.programs_per_sm"] = per_sm
         else:
-            fields["backward.registers.programs_per_sm_rms"] = per_sm
-            fields["backward.registers.programs_per_sm_ln"] = per_sm
+            fields["backward.registers.programs_per_sm"] = per_sm
         bwd_configs[i] = fields
     for rms in (True, False):
         _sweep_one_norm(sw, shape, rms, fwd_configs, bwd_configs if bwd else [], use_compile)

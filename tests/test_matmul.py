@@ -109,11 +109,11 @@ def test_every_float_dtype_is_correct_on_every_path(dtype, device):
     for path in ("best", *VARIANTS):
         assert _rel(matmul_fwd(a, w.t(), path=path), ref) < bound, path
     assert _rel(matmul(a, w.t()), ref) < bound
-    split = MatmulConfig(16, 32, 32, SPLIT_K=3)
+    split = MatmulConfig.of(16, 32, 32, SPLIT_K=3)
     assert _rel(matmul_fwd(a, w.t(), config=split), ref) < bound
     if INTERPRETED:
         opts = GemmOptions(interpreter_tma=True)
-        tma = MatmulConfig(32, 32, 16, persistent=True, tma=True)
+        tma = MatmulConfig.of(32, 32, 16, persistent=True, tma=True)
         assert matmul_plan(a, w.t(), config=tma, options=opts).gemm.use_tma
         assert _rel(matmul_fwd(a, w.t(), config=tma, options=opts), ref) < bound
     want = F.gelu(ref + bias.double())
@@ -370,9 +370,9 @@ def tma_in_interpreter(request):
 @pytest.mark.parametrize(
     "config",
     [
-        MatmulConfig(32, 32, 16, GROUP_M=2, persistent=True, tma=True),
-        MatmulConfig(32, 64, 16, tma=True, subtile=True),
-        MatmulConfig(16, 32, 32, persistent=True, tma=True, SPLIT_K=2),
+        MatmulConfig.of(32, 32, 16, GROUP_M=2, persistent=True, tma=True),
+        MatmulConfig.of(32, 64, 16, tma=True, subtile=True),
+        MatmulConfig.of(16, 32, 32, persistent=True, tma=True, SPLIT_K=2),
     ],
     ids=["persistent", "subtile", "split-k"],
 )
@@ -394,7 +394,7 @@ def test_tma_falls_back_where_it_cannot_read(tma_in_interpreter, device):
     b = torch.randn(65, 48, device=device).half()
     problem = lambda a, b, dtype: matmul_problem(a, b, dtype)[0]  # noqa: E731
     assert not P.tma_ok(problem(a, b, torch.float16), opts)
-    config = MatmulConfig(32, 32, 16, persistent=True, tma=True)
+    config = MatmulConfig.of(32, 32, 16, persistent=True, tma=True)
     assert not matmul_plan(a, b, config=config, options=opts).gemm.use_tma
     _close(matmul_fwd(a, b, config=config, options=opts), _ref(a, b))
     # 8-bit and fp32 operands must be K-major for wgmma: a transposed fp32 b goes through TMA,
@@ -567,7 +567,7 @@ def test_decode_can_be_turned_off(device):
     off = linear_plan(a, w, None, None, "none", False, options=GemmOptions(decode_max_m=0))
     assert isinstance(on.gemm.launch, DecodeGemmLaunch)
     assert isinstance(off.gemm.launch, P.GemmLaunch)
-    forced = linear_plan(a, w, None, None, "none", False, config=MatmulConfig(16, 32, 32))
+    forced = linear_plan(a, w, None, None, "none", False, config=MatmulConfig.of(16, 32, 32))
     assert isinstance(forced.gemm.launch, P.GemmLaunch)  # a forced config is the tiled kernel
     _close(off.run(a, w, None, None)[0], on.run(a, w, None, None)[0])
 
@@ -580,7 +580,7 @@ def test_sixty_four_bit_offsets(device):
     assert matmul_plan(a, b, options=opts).gemm.int64
     assert not matmul_plan(a, b).gemm.int64
     _close(matmul_fwd(a, b, options=opts), _ref(a, b))
-    cfg = MatmulConfig(16, 32, 32, SPLIT_K=3)
+    cfg = MatmulConfig.of(16, 32, 32, SPLIT_K=3)
     _close(matmul_fwd(a[0], b, config=cfg, options=opts), _ref(a[0], b))
 
 
@@ -743,7 +743,7 @@ def test_int8_matmul_is_exact_and_dequantises(device):
     assert out.dtype == torch.int32 and torch.equal(out, exact)
     assert torch.equal(int8_matmul(a, b.contiguous()), exact)  # any layout
     split = scaled_matmul_fwd(
-        a, b, None, None, None, torch.int32, MatmulConfig(16, 32, 32, SPLIT_K=3)
+        a, b, None, None, None, torch.int32, MatmulConfig.of(16, 32, 32, SPLIT_K=3)
     )
     assert torch.equal(split, exact)
     sa = torch.rand(33, 1, device=device) / 5000
@@ -852,7 +852,7 @@ def test_kmajor_copy_threshold_and_forcing(tma_in_interpreter, device):
     out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, kmajor=False, options=low)
     assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
     # A forced pointer-path config would not read a copy: none is made.
-    cfg = MatmulConfig(16, 32, 32, SPLIT_K=2)
+    cfg = MatmulConfig.of(16, 32, 32, SPLIT_K=2)
     out = scaled_matmul_fwd(a, b, None, None, None, torch.int32, config=cfg, options=low)
     assert torch.equal(out, exact) and LAYOUT_COPIES.reset() == 0
 
@@ -892,7 +892,7 @@ def test_fp8_promotion_policies_run(promote_k, split, device):
     a = torch.randn(33, 230, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(20, 230, device=device).to(torch.float8_e4m3fn).t()
     one = torch.tensor(1.0, device=device)
-    cfg = MatmulConfig(16, 32, 32, persistent=True, promote_k=promote_k, SPLIT_K=split)
+    cfg = MatmulConfig.of(16, 32, 32, persistent=True, promote_k=promote_k, SPLIT_K=split)
     assert MatmulConfig.from_tuning(cfg.tuning()) == cfg
     out = scaled_matmul_fwd(a, b, one, one, None, torch.float32, config=cfg)
     _close(out, a.double() @ b.double())
@@ -907,7 +907,7 @@ def test_fp8_promotion_must_be_a_whole_number_of_blocks(device):
         r"BLOCK_K, got 48",
     ):  # fmt: skip
         scaled_matmul_fwd(
-            a, b, one, one, None, torch.float32, config=MatmulConfig(16, 32, 32, promote_k=48)
+            a, b, one, one, None, torch.float32, config=MatmulConfig.of(16, 32, 32, promote_k=48)
         )
 
 

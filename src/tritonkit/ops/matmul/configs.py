@@ -18,11 +18,39 @@ from tritonkit.ops.matmul import splitk
 
 
 @dataclass(frozen=True)
-class MatmulConfig:
-    """One way to run a GEMM kernel: the tile, its order and pipeline, and the schedule.
+class ScheduleConfig:
+    """How a GEMM's output tiles are spread over programs and how its operands are read.
 
-    ``tma`` and ``subtile`` are requests: a launch whose operands TMA cannot read (strides not
-    16-byte aligned, a batch, no Hopper GPU) runs the same loop with pointer loads.
+    ``SPLIT_K``: programs sharing one output tile's K range (partial tiles summed by a second
+    kernel). ``persistent``: one program per SM looping over the tiles, else one per tile.
+    ``tma`` and ``subtile`` (a half-tile TMA store epilogue) are requests: a launch whose
+    operands TMA cannot read (strides not 16-byte aligned, a batch, no Hopper GPU) runs the
+    same loop with pointer loads. ``warp_specialize``: producer / consumer warp groups
+    (persistent only).
+    """
+
+    SPLIT_K: int = 1
+    persistent: bool = False
+    tma: bool = False
+    subtile: bool = False
+    warp_specialize: bool = False
+
+
+TILES = ScheduleConfig()  # one program per output tile, pointer loads, no split
+_SCHEDULE_FIELDS = tuple(f.name for f in dataclasses.fields(ScheduleConfig))
+
+
+def _split_kw(kw: dict) -> tuple[dict, dict]:
+    """Flat keyword arguments as (the tile's, the schedule's)."""
+    sched = {k: kw[k] for k in _SCHEDULE_FIELDS if k in kw}
+    return {k: v for k, v in kw.items() if k not in sched}, sched
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One way to run a GEMM kernel: the tile, its order and pipeline, the FP8 promotion, and
+    the schedule (``ScheduleConfig``; its fields read through as attributes, and ``of`` /
+    ``replace`` take them flat, as the tuning tables store them).
     """
 
     BLOCK_M: int
@@ -31,12 +59,41 @@ class MatmulConfig:
     GROUP_M: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    SPLIT_K: int = 1
-    persistent: bool = False
-    tma: bool = False
-    subtile: bool = False
-    warp_specialize: bool = False
     promote_k: int = 0  # FP8: K elements per fp32 promotion (see promotion); 0: BLOCK_K
+    schedule: ScheduleConfig = TILES
+
+    @staticmethod
+    def of(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, **kw) -> MatmulConfig:
+        """A config from flat keyword arguments: the tile's fields and the schedule's
+        (``SPLIT_K``, ``persistent``, ``tma``, ``subtile``, ``warp_specialize``)."""
+        tile_kw, sched = _split_kw(kw)
+        return MatmulConfig(BLOCK_M, BLOCK_N, BLOCK_K, **tile_kw, schedule=ScheduleConfig(**sched))
+
+    def replace(self, **kw) -> MatmulConfig:
+        """``dataclasses.replace`` taking the schedule's fields flat as well."""
+        tile_kw, sched = _split_kw(kw)
+        schedule = dataclasses.replace(self.schedule, **sched) if sched else self.schedule
+        return dataclasses.replace(self, **tile_kw, schedule=schedule)
+
+    @property
+    def SPLIT_K(self) -> int:
+        return self.schedule.SPLIT_K
+
+    @property
+    def persistent(self) -> bool:
+        return self.schedule.persistent
+
+    @property
+    def tma(self) -> bool:
+        return self.schedule.tma
+
+    @property
+    def subtile(self) -> bool:
+        return self.schedule.subtile
+
+    @property
+    def warp_specialize(self) -> bool:
+        return self.schedule.warp_specialize
 
     @property
     def dot(self) -> bool:
@@ -45,23 +102,29 @@ class MatmulConfig:
         return self.BLOCK_K >= 16
 
     def tuning(self) -> _tuning.Config:
-        """As a ``_tuning.Config`` (JSON-friendly ints) for the autotune cache."""
+        """As a ``_tuning.Config`` (JSON-friendly ints, the schedule's fields flat) for the
+        autotune cache and the shipped tables."""
         params = {
-            f.name: int(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name not in ("num_warps", "num_stages")
+            "BLOCK_M": self.BLOCK_M,
+            "BLOCK_N": self.BLOCK_N,
+            "BLOCK_K": self.BLOCK_K,
+            "GROUP_M": self.GROUP_M,
+            **{name: int(getattr(self.schedule, name)) for name in _SCHEDULE_FIELDS},
+            "promote_k": self.promote_k,
         }
         return _tuning.Config(params, self.num_warps, self.num_stages)
 
     @staticmethod
     def from_tuning(cfg: _tuning.Config) -> MatmulConfig:
-        kinds = {f.name: f.type for f in dataclasses.fields(MatmulConfig)}
+        kinds = {f.name: f.type for f in dataclasses.fields(ScheduleConfig)}
+        kinds.update({f.name: f.type for f in dataclasses.fields(MatmulConfig)})
+        kinds.pop("schedule")
         params = {
             k: (bool(v) if kinds[k] in (bool, "bool") else int(v))
             for k, v in cfg.params.items()
             if k in kinds  # an entry written before a field became derived ("dot")
         }
-        return MatmulConfig(**params, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return MatmulConfig.of(**params, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def smem_bytes(self, elem_a: int, elem_b: int, elem_out: int) -> int:
         """Shared memory of the operand pipeline plus the output staging tile."""
@@ -74,7 +137,7 @@ class MatmulConfig:
 
 
 def tile(bm: int, bn: int, bk: int, warps: int, stages: int, **kw) -> MatmulConfig:
-    return MatmulConfig(bm, bn, bk, num_warps=warps, num_stages=stages, **kw)
+    return MatmulConfig.of(bm, bn, bk, num_warps=warps, num_stages=stages, **kw)
 
 
 # FP8 on Hopper: wgmma adds products into its accumulator keeping only ~14 bits of the partial
@@ -126,7 +189,7 @@ def fixed_config(name: str, elem: int) -> MatmulConfig:
     cfg = FIXED[name]
     if not cfg.dot:
         return cfg
-    return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K * 2 // elem)
+    return cfg.replace(BLOCK_K=cfg.BLOCK_K * 2 // elem)
 
 
 # Tiles per operand class, best first (the first is the heuristic default, used untimed under
@@ -257,15 +320,13 @@ def candidates(
             tile(bm, 64, bk, 4, 4, SPLIT_K=split),
             tile(bm, bn, 2 * bk, 4, 3, SPLIT_K=split),
         ]
-    tiles = [dataclasses.replace(c, GROUP_M=space.group_m) for c in space.tiles[cls]]
+    tiles = [c.replace(GROUP_M=space.group_m) for c in space.tiles[cls]]
     if kind == "autotuned" or cls == "ieee":
         # The CUDA-core loop ran slower persistent than one tile per program (see
         # docs/performance.md).
         return tiles
-    out = [dataclasses.replace(c, persistent=True, tma=tma) for c in tiles]
+    out = [c.replace(persistent=True, tma=tma) for c in tiles]
     if tma:
         extras = space.tma_extras.get(cls, ())
-        out[1:1] = [
-            dataclasses.replace(c, GROUP_M=space.group_m, persistent=True, tma=True) for c in extras
-        ]
+        out[1:1] = [c.replace(GROUP_M=space.group_m, persistent=True, tma=True) for c in extras]
     return out

@@ -92,9 +92,10 @@ class NormTiles:
 class RegistersForwardConfig:
     """Rows in registers (``forward_tiles.py``).
 
-    ``programs_per_sm_*`` 0: one row tile per program, launched without the grid-stride loop
-    and the outer-index division; > 0: programs walk row tiles, loading the weight and bias
-    once and issuing the next tile's loads before reducing the current one (``prefetch``).
+    ``programs_per_sm`` (LayerNorm's and RMSNorm's) 0: one row tile per program, launched
+    without the grid-stride loop and the outer-index division; > 0: programs walk row tiles,
+    loading the weight and bias once and issuing the next tile's loads before reducing the
+    current one (the hand prefetch, where no software pipeline runs).
     ``reread``: without a residual, the output pass re-reads the row from L1/L2 (the first
     read evict_last, the second evict_first) instead of keeping it live across the reductions,
     as torch.compile's kernels do (``REREAD_ELEMS_PER_THREAD``). ``even_n``: a row as long as
@@ -104,9 +105,7 @@ class RegistersForwardConfig:
     """
 
     elems_per_thread: int = 16
-    programs_per_sm_ln: int = 0
-    programs_per_sm_rms: int = 0
-    prefetch: bool = True
+    programs_per_sm: int = 0
     reread: bool = True
     even_n: bool = True
     pipeline_min_cols: int = 16384
@@ -150,14 +149,13 @@ class LoopedRowsConfig:
 @dataclass(frozen=True)
 class RowForwardConfig:
     """One program per row with the row width a compile-time constant (``forward_row.py``):
-    rows without a residual of ``min_cols`` to ``ROW_MAX_COLS`` contiguous columns
-    (``enabled``). The compiler unrolls both sweeps at a constant width, at the cost of one
-    compilation per width; narrower rows do better several to a tile. ``chunk``: a fixed
-    BLOCK_N instead of the one by the row's bytes (``ROW_*`` above); ``thread_elems``: a fixed
-    share per thread of LayerNorm's first sweep for every row instead of per-lane sums below
-    ``ROW_THREAD_SUMS_MIN_COLS``."""
+    rows without a residual of ``min_cols`` to ``ROW_MAX_COLS`` contiguous columns (none where
+    ``min_cols`` is above ``ROW_MAX_COLS``). The compiler unrolls both sweeps at a constant
+    width, at the cost of one compilation per width; narrower rows do better several to a tile.
+    ``chunk``: a fixed BLOCK_N instead of the one by the row's bytes (``ROW_*`` above);
+    ``thread_elems``: a fixed share per thread of LayerNorm's first sweep for every row instead
+    of per-lane sums below ``ROW_THREAD_SUMS_MIN_COLS``."""
 
-    enabled: bool = True
     min_cols: int = 1536
     chunk: int | None = None
     thread_elems: int | None = None
@@ -190,8 +188,7 @@ class RegistersBackwardConfig:
     tile_elems: int = 8192
     reduce_rows_rms: int = 0
     reduce_rows_ln: int = 2
-    programs_per_sm_rms: int = 1
-    programs_per_sm_ln: int = 1
+    programs_per_sm: int = 1  # LayerNorm's and RMSNorm's
     stages: int | None = 3
     stages_ln: int | None = 4
 

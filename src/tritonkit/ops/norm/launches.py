@@ -71,7 +71,6 @@ def row_tiles(
     layout: RowLayout,
     config: NormConfig,
     sms: int,
-    rms: bool = False,
     tile_elems: int | None = None,
     elems_per_thread: int | None = None,
     max_fused: int | None = None,
@@ -98,7 +97,7 @@ def row_tiles(
     )
     if not cfg.LOOPED:  # programs per SM 0: one row tile per program
         programs = cfg.n_tiles
-        per_sm = rc.programs_per_sm_rms if rms else rc.programs_per_sm_ln
+        per_sm = rc.programs_per_sm
         if per_sm > 0:
             programs = min(cfg.n_tiles, per_sm * sms)
         per_thread = elems_per_thread or rc.elems_per_thread
@@ -138,8 +137,7 @@ def takes_row_forward(
     )
     max_bytes_ln = ROW_MAX_BYTES_LN_FP32 if dtype == torch.float32 else ROW_MAX_BYTES_LN
     return (
-        row.enabled
-        and not has_residual
+        not has_residual
         and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
         and stride_yn == 1
         and row.min_cols <= n_cols <= ROW_MAX_COLS
@@ -280,13 +278,13 @@ def forward_launch(
     reread_per_thread = None  # the re-read forward's elements per thread, where it applies
     if rc.reread and not has_residual:
         reread_per_thread = lookup(REREAD_ELEMS_PER_THREAD, (rms, size))
-    cfg = row_tiles(layout, config, sms, rms, elems_per_thread=reread_per_thread)
+    cfg = row_tiles(layout, config, sms, elems_per_thread=reread_per_thread)
     stages = None
     if not rms and not has_residual and not cfg.LOOPED and rc.pipeline_min_cols <= cfg.BLOCK_N:
         stage_bytes = cfg.BLOCK_R * cfg.BLOCK_N * size
         stages = depth(PIPELINE_STAGES, stage_bytes, smem)
     if stages is not None:
-        cfg = row_tiles(layout, config, sms, rms, elems_per_thread=PIPELINE_ELEMS_PER_THREAD)
+        cfg = row_tiles(layout, config, sms, elems_per_thread=PIPELINE_ELEMS_PER_THREAD)
         cfg = dataclasses.replace(cfg, programs=min(cfg.n_tiles, sms))
     common = {
         "IS_RMS": rms,
@@ -313,7 +311,7 @@ def forward_launch(
     else:
         meta = {
             **common,
-            "PREFETCH": rc.prefetch and stages is None and cfg.programs < cfg.n_tiles,
+            "PREFETCH": stages is None and cfg.programs < cfg.n_tiles,
             "REREAD": reread_per_thread is not None and stages is None,
             "STAGES": stages,
             "EVEN_N": rc.even_n and layout.n_cols == cfg.BLOCK_N,
@@ -428,7 +426,7 @@ def backward_launches(
         target = wc.programs_per_sm * sms // col_blocks
     else:
         block_n, col_blocks = cfg.BLOCK_N, 1
-        target = (rc.programs_per_sm_rms if rms else rc.programs_per_sm_ln) * sms
+        target = rc.programs_per_sm * sms
     warps = row_warps(cfg.BLOCK_R * block_n, bc.elems_per_thread, max_warps)
     groups = max(1, min(cfg.n_tiles, target))
     reduce_rows = rc.reduce_rows_rms if rms else rc.reduce_rows_ln

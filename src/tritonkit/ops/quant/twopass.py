@@ -204,18 +204,21 @@ def _cast_kernel(
 
 @dataclass(frozen=True)
 class TwoPassConfig:
-    """Tiles of both passes; ``iters``: amax-pass tiles per program (fewer atomics)."""
+    """Tiles of both passes (the amax pass: ``AMAX_ITERS`` tiles per program)."""
 
     block_r: int = 16
     block_c: int = 256
-    iters: int = 8
     num_warps: int = 4
+
+
+# Amax-pass tiles per program: fewer atomics (the same for both tile shapes; no sweep varied it).
+AMAX_ITERS = 8
 
 
 ROW_MAJOR_TILES = TwoPassConfig()
 # Codes written transposed (a column-major copy) leave the tile through shared memory: square
 # tiles keep both the loads and the stores whole lines.
-TRANSPOSING_TILES = TwoPassConfig(block_r=64, block_c=64, iters=8, num_warps=4)
+TRANSPOSING_TILES = TwoPassConfig(block_r=64, block_c=64, num_warps=4)
 
 
 def _grid(mode: int, n_rows: int, n_cols: int, cfg: TwoPassConfig, iters: int) -> tuple:
@@ -236,9 +239,9 @@ def amax_pass(
     n_rows, n_cols = x2.shape
     if x2.numel() == 0:
         return
-    _amax_kernel[_grid(mode, n_rows, n_cols, cfg, cfg.iters)](
+    _amax_kernel[_grid(mode, n_rows, n_cols, cfg, AMAX_ITERS)](
         x2, hi, lo, n_rows, n_cols, *x2.stride(), cols_per_scale,
-        MODE=mode, ASYM=lo is not None, ITERS=cfg.iters,
+        MODE=mode, ASYM=lo is not None, ITERS=AMAX_ITERS,
         BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
     )  # fmt: skip
 

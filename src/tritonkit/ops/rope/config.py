@@ -2,13 +2,15 @@
 
 from dataclasses import dataclass
 
+# Warps per program: about 4K elements of x per program (see for_head_dim) at every head dim.
+ROPE_WARPS = 4
+
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """What a launch of the rope kernel can tune."""
+    """What a launch of the rope kernel can tune (at ``ROPE_WARPS`` warps)."""
 
     block_t: int = 16  # positions per program
-    num_warps: int = 4
 
     @classmethod
     def for_head_dim(cls, head_dim: int) -> "RopeConfig":

@@ -3,7 +3,7 @@
 import torch
 
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops.rope.config import RopeConfig
+from tritonkit.ops.rope.config import ROPE_WARPS, RopeConfig
 from tritonkit.ops.rope.kernels import rope_kernel
 
 
@@ -35,6 +35,6 @@ def rope_launch(
         -1.0 if backward else 1.0,
         BLOCK_T=cfg.block_t,
         BLOCK_D=next_power_of_2(half),
-        num_warps=cfg.num_warps,
+        num_warps=ROPE_WARPS,
     )  # fmt: skip
     return out

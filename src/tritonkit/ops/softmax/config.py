@@ -79,13 +79,12 @@ class LoopedSoftmaxConfig:
 @dataclass(frozen=True)
 class RowBackwardConfig:
     """The backward of one row per program with the width a compile-time constant
-    (``kernels_row_backward.py``; ``enabled``): 16-bit rows of contiguous columns, softmax's of
+    (``kernels_row_backward.py``): 16-bit rows of contiguous columns, softmax's of
     ``min_cols`` to ``ROW_BWD_MAX_COLS``, log_softmax's from ``min_cols_log``; fp32 softmax rows
     up to ``ROW_BWD_MAX_COLS_FP32``; warps and chunks by the row's bytes (``ROW_BWD_*``;
     ``chunk``: a fixed BLOCK_N instead). Narrower, wider and most fp32 rows do as well or better
     on the tile paths."""
 
-    enabled: bool = True
     min_cols: int = 4096
     min_cols_log: int = 16385
     chunk: int | None = None
@@ -94,12 +93,11 @@ class RowBackwardConfig:
 @dataclass(frozen=True)
 class AlignedConfig:
     """Rows that do not start on 16 bytes, or whose width is not a whole number of 16-byte
-    vectors, take the aligned walk (``kernels_aligned.py``; ``enabled``) where every tensor's
+    vectors, take the aligned walk (``kernels_aligned.py``) where every tensor's
     rows start at the same offset within 16 bytes: the forward for rows of ``min_cols_fwd`` or more
     (narrower odd rows in registers do well already), the backward from ``min_cols_bwd``; warps
     and chunks ``ALIGNED_*``; ``chunk``: a fixed BLOCK_N for both instead."""
 
-    enabled: bool = True
     min_cols_fwd: int = 16385
     min_cols_bwd: int = 4096
     chunk: int | None = None
@@ -176,9 +174,7 @@ def misaligned_rows(
     (or a width not a whole number of vectors); 0 otherwise."""
     size = tensors[0].element_size()
     vec = 16 // size
-    if not config.aligned.enabled or any(
-        t.element_size() != size or t.data_ptr() % 16 for t in tensors
-    ):
+    if any(t.element_size() != size or t.data_ptr() % 16 for t in tensors):
         return 0
     if any(strides[1] != 1 for strides in layout.strides):
         return 0
@@ -258,7 +254,7 @@ def takes_row_backward(
     softmax) elements within the widths of ``RowBackwardConfig``."""
     rb = config.row_backward
     (_, sgn, _), (_, syn, _), (_, sdn, _) = layout.strides
-    if not (rb.enabled and sgn == syn == sdn == 1):
+    if not sgn == syn == sdn == 1:
         return False
     if element_size == 4:
         return not log and rb.min_cols <= layout.n_cols <= ROW_BWD_MAX_COLS_FP32
