@@ -251,6 +251,61 @@ def test_fused_norm_cached_launch_alternates_halves():
     assert (ws.epoch, ws.calls) == (2, 2)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("world,rank", [(4, 2), (3, 0), (4, 0)])
+@pytest.mark.parametrize(
+    "rows,hidden,programs,dtype",
+    [(1, 64, 64, torch.float32), (3, 128, 2, torch.float32), (8, 64, 3, torch.float32),
+     (8, 128, 64, torch.bfloat16), (3, 64, 2, torch.bfloat16)],
+)  # fmt: skip
+def test_fused_norm_cached_launch_beyond_two_ranks(world, rank, rows, hidden, programs, dtype):
+    """The fused kernel at world sizes above 2, through the cached launch (barrier on, the
+    peers' signals preset), more rows than programs or not, two calls (both halves): h is the
+    sum over every rank plus the residual, y its RMSNorm, against float64; in bfloat16 h is
+    bit for bit the ranks' float32 sum in rank order rounded once (what gpu_dist checks on
+    GPUs: NCCL's bf16 ring rounds after every hop, so it differs from 3 ranks on). The peers'
+    buffers are read, never written; the own half holds x; every program signals every peer."""
+    from tritonkit.ops.collectives import plan
+
+    numel = 1024
+    ws, bufs, pads = _fake_workspace(world, rank, numel, dtype)
+    ws.max_programs = programs
+    g = torch.Generator(device=DEVICE).manual_seed(10 * world + rank + rows)
+    for p in range(world):
+        if p != rank:
+            bufs[p].copy_(torch.randn(2 * numel, generator=g, device=DEVICE).to(dtype))
+    peers_before = [b.clone() for b in bufs]
+    w = torch.randn(hidden, generator=g, device=DEVICE).to(dtype)
+    for call in range(2):
+        x = torch.randn(rows, hidden, generator=g, device=DEVICE).to(dtype)
+        res = torch.randn(rows, hidden, generator=g, device=DEVICE).to(dtype)
+        y, h = plan.fused_norm_launch(x, res, w, 1e-6, ws)
+        half = call * numel
+        parts = [x if p == rank else bufs[p][half : half + rows * hidden].view(rows, hidden)
+                 for p in range(world)]  # fmt: skip
+        h64 = sum(part.double() for part in parts) + res.double()
+        y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        if dtype == torch.float32:
+            torch.testing.assert_close(h.double(), h64, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(y.double(), y64, rtol=1e-4, atol=1e-4)
+        else:
+            acc = torch.zeros(rows, hidden, device=DEVICE)
+            for part in parts:
+                acc += part.float()
+            y_ref, h_ref = plan.add_rms_norm_reference(acc.to(dtype), res, w, 1e-6)
+            assert torch.equal(h, h_ref)
+            torch.testing.assert_close(y.float(), y_ref.float(), rtol=2**-7, atol=2**-7)
+            eps = torch.finfo(dtype).eps  # two roundings: the sum's and h's
+            assert ((h.double() - h64).abs() <= eps * (acc.abs().double() + h64.abs())).all()
+        assert torch.equal(bufs[rank][half : half + rows * hidden].view(rows, hidden), x)
+        for p in range(world):
+            if p != rank:
+                assert torch.equal(bufs[p], peers_before[p])
+                for b in range(min(rows, programs)):
+                    assert pads[p][b * world + rank] == call + 1
+    assert (ws.epoch, ws.calls) == (2, 2)
+
+
 def test_symm_workspace_epochs_wrap_as_int32():
     from tritonkit.ops.collectives import plan
 
@@ -345,7 +400,7 @@ SCALARS = {"buf_table": "i64", "pad_table": "i64", "n": "i32", "alpha": "fp32", 
 ALIGNED = ("n", "H", "blocks_per_shard", "chunk_bytes", "red_off")  # as launches specialize them
 out = {}
 for name, consts in json.loads(sys.argv[1]).items():
-    fn = getattr(K, name).fn
+    fn = getattr(K, name.split("@")[0]).fn  # "name@tag": one kernel compiled more ways
     sig, attrs = {}, {}
     for i, arg in enumerate(fn.arg_names):
         if arg in consts:
@@ -375,6 +430,23 @@ def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader(
         "_one_shot_kernel": {**base, "BLOCK": 1024},
         "_two_shot_kernel": {**base, "BLOCK": 1024},
         "_all_reduce_add_rms_norm_kernel": {**base, "BLOCK_H": 4096, "HAS_WEIGHT": True},
+        # beyond 2 ranks: 4, and 3 (a barrier wider than the world)
+        "_all_reduce_add_rms_norm_kernel@w4": {
+            **base,
+            "RANK": 2,
+            "WORLD": 4,
+            "WP2": 4,
+            "BLOCK_H": 8192,
+            "HAS_WEIGHT": True,
+        },
+        "_all_reduce_add_rms_norm_kernel@w3": {
+            **base,
+            "RANK": 1,
+            "WORLD": 3,
+            "WP2": 4,
+            "BLOCK_H": 4096,
+            "HAS_WEIGHT": False,
+        },
         "_symm_reduce_shard_kernel": {
             **base,
             "QMAX": 127,
