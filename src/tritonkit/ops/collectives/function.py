@@ -510,8 +510,11 @@ def fused_all_reduce_add_rms_norm(
     timeout: Timeout = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = all_reduce(x) + residual; (rms_norm(h) * weight, h)`` in one kernel over symmetric
-    memory: the tensor-parallel block's epilogue (TensorRT-LLM's fused all-reduce). Rounded as
-    ``all_reduce`` followed by :func:`tritonkit.add_rms_norm`.
+    memory: the tensor-parallel block's epilogue (TensorRT-LLM's fused all-reduce). The ranks'
+    terms are summed in float32 in rank order and rounded once to x's dtype, then rounded as
+    :func:`tritonkit.add_rms_norm`: the bits of NCCL's all-reduce followed by add_rms_norm at 2
+    ranks; from 3 ranks on NCCL's ring rounds each hop's partial sum (in half precision, an
+    ulp of the sum apart in places), this rounds once.
 
     Where symmetric memory is unavailable it says so once and runs NCCL's all-reduce then
     ``tritonkit.add_rms_norm`` (on CPU tensors: torch's all_reduce and the same formula in

@@ -334,8 +334,9 @@ def _all_reduce_add_rms_norm_kernel(
     HAS_WEIGHT: tl.constexpr,
     BARRIER: tl.constexpr,
 ):
-    # The tensor-parallel block's epilogue: rounded as NCCL's all-reduce followed by
-    # tritonkit.add_rms_norm round (the reduced sum once to x's dtype, then h in float32).
+    # The tensor-parallel block's epilogue, rounded as tritonkit.add_rms_norm after a sum over
+    # ranks in float32 rounded once to x's dtype (NCCL's ring rounds every hop: the same bits
+    # at 2 ranks only).
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
