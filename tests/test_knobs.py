@@ -105,6 +105,20 @@ class _Writer:
         )
 
 
+def _import_all() -> None:
+    """Every tritonkit module imported before any properties are patched: a module first
+    imported inside a patched case would bind the stub by name and keep it after the case
+    (its later cases, the interpreter's included, would plan for an H100)."""
+    import importlib
+    import pkgutil
+
+    import tritonkit
+
+    for info in pkgutil.walk_packages(tritonkit.__path__, "tritonkit."):
+        if info.name.split(".")[1] in ("ops", "optim", "quant", "sparse", "nn", "functional"):
+            importlib.import_module(info.name)
+
+
 @contextlib.contextmanager
 def _device_props(sms: int | None, smem: int | None):
     """``sm_count`` / ``shared_memory_per_block`` give ``sms`` / ``smem`` in every module that
@@ -342,6 +356,7 @@ PROPS = {"h100": (132, 232448), "interpreter": (None, None)}
 def record(family: str) -> dict[str, list]:
     """{case: its launches, or the error it raised} for one family, under each set of device
     properties."""
+    _import_all()
     out: dict[str, list] = {}
     for props, (sms, smem) in PROPS.items():
         for name, case in FAMILIES[family]():
