@@ -21,6 +21,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # float32 convolutions in IEEE float32, as PyTorch's own test suite runs them: its default
+    # (cudnn.allow_tf32) rounds the operands to TF32, and tritonkit.conv2d follows that flag as
+    # cuDNN does; the tests that mean TF32 turn it on themselves.
+    torch.backends.cudnn.allow_tf32 = False
 
 # tritonkit (and _checks, which imports it) only now that TRITON_INTERPRET is settled.
 import pytest

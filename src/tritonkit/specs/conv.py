@@ -30,15 +30,18 @@ from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
 FAMILY = "conv"
 
+# float32: PyTorch's default (torch.backends.cudnn.allow_tf32) runs convolutions on TF32
+# operands, and conv2d follows it as cuDNN does: an error within 4x PyTorch's own on the same
+# inputs passes where the IEEE bound cannot hold (torch_factor).
 TOLERANCE = {
-    torch.float32: Tolerance(atol=1e-4, rtol=1e-5),
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-5, torch_factor=4.0),
     torch.float16: Tolerance(atol=1e-3, rtol=2.0**-10),
     torch.bfloat16: Tolerance(atol=8e-3, rtol=2.0**-7),
 }
 # Gradients reduce over N * OH * OW (wgrad) and pass through a 16-bit dz: see the matmul
 # specs' MATMUL_GRAD_TOLERANCE for the reasoning.
 GRAD_TOLERANCE = {
-    torch.float32: Tolerance(atol=2e-4, rtol=1e-5),
+    torch.float32: Tolerance(atol=2e-4, rtol=1e-5, torch_factor=4.0),
     torch.float16: Tolerance(atol=1e-2, rtol=2.0**-9),
     torch.bfloat16: Tolerance(atol=8e-2, rtol=2.0**-6),
 }
