@@ -385,3 +385,18 @@ def test_planned_cases_is_what_check_spec_returns():
     for kw in ({}, {"backward": False}, {"special_values": False}):
         s = _toy_spec(torch.sin, **kw)
         assert planned_cases(s) == len(check_spec(s, seed=0)), kw
+
+
+@pytest.mark.parametrize("name", ["spmv", "bsr_mm"])
+def test_bench_shape_check_takes_the_case_dtype(name, device):
+    """bench checks each case at its own shape before timing it (and skips the timing when the
+    check fails): under the case dtype's tolerance, not the first input's (a sparse operator's
+    first input is its int32 indices, which have none: every sparse case went untimed)."""
+    import tritonkit.specs  # noqa: F401
+    from tritonkit.harness.bench_cases import _bench_correctness
+
+    s = spec.get_spec(name)
+    dtype = s.bench_dtypes[0]
+    inputs = s.make_inputs(s.shapes.test[0], dtype, device, 0)
+    assert s.tolerance_or_none(inputs[0].dtype) is None  # the indices
+    assert _bench_correctness(s, inputs, dict(s.params[0]), dtype)["passed"]

@@ -37,8 +37,12 @@ from tritonkit.ops._core.layout import LAYOUT_COPIES
 OURS = "tritonkit"
 
 
-def _bench_correctness(spec: OpSpec, inputs: tuple, params: dict) -> dict[str, Any]:
-    o = run_forward(spec, inputs, params, spec.tolerance_or_none(inputs[0].dtype), poison=False)
+def _bench_correctness(
+    spec: OpSpec, inputs: tuple, params: dict, dtype: torch.dtype
+) -> dict[str, Any]:
+    """The forward's check at the bench shape, under the case dtype's tolerance (the case's
+    dtype, not the first input's: a sparse operator's first input holds its indices)."""
+    o = run_forward(spec, inputs, params, spec.tolerance_or_none(dtype), poison=False)
     correct = {
         "passed": o.passed,
         "max_abs": o.max_abs,
@@ -105,7 +109,7 @@ def bench_local(
             if dtype not in spec.dtypes:
                 continue
             inputs = spec.make_inputs(shape, dtype, device, seed)
-            correct = _bench_correctness(spec, inputs, params)
+            correct = _bench_correctness(spec, inputs, params, dtype)
             if not correct["passed"]:  # a wrong answer's speed means nothing
                 why = (correct.get("detail") or "").splitlines()[:1]
                 for mode in modes:
