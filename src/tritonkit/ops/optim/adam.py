@@ -123,6 +123,11 @@ def _adam_kernel(
         if tl.load(flag_ptr) != 0:
             return
     step = tl.load(step_ptr + c) + 1.0
+    # Every warp loads the count, and a warp may run ahead and store step + 1 before a slower
+    # warp of the program has loaded it: that warp would take the next step's bias correction
+    # (seen on an H100 at 67M+ elements: runs of parameters updated as at step 2). All warps
+    # load before any stores.
+    tl.debug_barrier()
     tl.store(step_ptr + c, step)
     t = tl.load(chunk_tensor_ptr + c)
     start = tl.load(chunk_block_ptr + c).to(tl.int64) * BLOCK
