@@ -169,6 +169,7 @@ _BENCH = {
     "bytes": _NUMBER,
     "flops": _NUMBER,
 }
+_UNTIMED = {k: v for k, v in _BENCH.items() if k not in ("bytes", "flops")}
 _CEILINGS = {"copy_GBps": _NUMBER, "tflops": dict, "profile": dict, "source": str}
 
 
@@ -197,7 +198,10 @@ def validate(data: dict[str, Any], path: Path) -> None:
     for i, check in enumerate(data["checks"]):
         _require(check, _CHECK, f"checks[{i}]", path)
     for i, record in enumerate(data["bench"]):
-        _require(record, _BENCH, f"bench[{i}]", path)
+        # A case not timed because its check failed (bench_cases._untimed) has no bytes or
+        # FLOPs figure, and no candidates.
+        fields = _UNTIMED if record.get("untimed") else _BENCH
+        _require(record, fields, f"bench[{i}]", path)
         for name, candidate in record["candidates"].items():
             _require(candidate, {"kind": str}, f"bench[{i}].candidates[{name!r}]", path)
     if data["kind"] == "gpu" and data["bench"]:
