@@ -1,15 +1,18 @@
-# ruff: noqa: E501, E731, B023 (long table rows; lambdas timed where they are made)
+# ruff: noqa: E731, B023 (lambdas timed where they are made)
 """Where the symmetric-memory paths spend their time (issue 47), on 2 GPUs:
 
 1. NVLink bandwidth of a Triton kernel that reads a peer's symmetric buffer into local memory
    (pull) or writes local memory into the peer's buffer (push), 64 MB per rank, both ranks at
    once (as in an all-reduce), swept over programs, tile bytes, warps and the load's cache
    modifier; a local copy by the same kernel for reference.
-2. The barrier alone: one epoch barrier per call (1, 16, 64 programs), an empty kernel, and the
-   host time per call of the public ``symm_all_reduce`` at 1 KB against its GPU time.
-3. The compressed all-reduce at 256 MB bf16: GPU time of each of its three kernels (quantize,
-   reduce the shard, gather), with and without error feedback, for launch shapes that differ
-   in elements per program and warps.
+2. Small messages: the GPU duration of a barrier-only kernel (1, 64 programs) and of the
+   one-shot kernels (ours and PyTorch's) from the profiler; host and GPU time per call of the
+   public ``symm_all_reduce`` and of PyTorch's one-shot at 1, 16, 64 KB; an empty Triton
+   launch and a torch ``add_`` for the host's speed.
+3. The compressed all-reduce at 256 MB bf16, its kernel in one launch and in three (one
+   phase each), without error feedback and with a bfloat16 and a float32 residual, for launch
+   shapes that differ in elements per program, warps and programs; the public call; NCCL's
+   all-reduce of the same tensor.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
         torchrun --standalone --nproc-per-node 2 experiments/gpu_symm_probe.py --out $OUT
@@ -147,14 +150,47 @@ def sec_bandwidth(rank, world, device, ws, out):
             print("bw", r, flush=True)
 
 
+def kernel_us(fn, calls=60):
+    """Mean GPU duration (us) of each CUDA kernel ``fn`` launches, by name, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if total and e.count:
+            out[e.key[:60]] = total / e.count
+    return out
+
+
+def host_us(fn, calls=2000):
+    """Host microseconds per call, ``calls`` queued without a sync (the GPU runs behind)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def sec_barrier(rank, world, device, ws, out):
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
 
     from tritonkit import dist as td
 
     wp2 = 1 << (world - 1).bit_length()
     res = {}
-    for programs in (1, 16, 64):
+    for programs in (1, 64):
         programs = min(programs, ws.max_programs)
 
         def fn():
@@ -163,126 +199,124 @@ def sec_barrier(rank, world, device, ws, out):
                 ws.pad_table, epoch, RANK=rank, WORLD=world, WP2=wp2, num_warps=4
             )
 
-        res[f"barrier_{programs}_us"] = gpu_time(fn, reps=9, inner=50) * 1e6
+        res[f"barrier_{programs}_kernel_us"] = kernel_us(fn)
     x = torch.empty(1, device=device)
-    res["empty_kernel_us"] = gpu_time(lambda: _empty[(1,)](x), reps=9, inner=50) * 1e6
+    res["empty_kernel_launch_gpu_us"] = gpu_time(lambda: _empty[(1,)](x), reps=9, inner=50) * 1e6
+    res["torch_add_host_us"] = host_us(lambda: x.add_(1))
+    group_name = dist.group.WORLD.group_name
     for nbytes in (1 << 10, 16 << 10, 64 << 10):
         y = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
-        res[f"public_{nbytes >> 10}KB_gpu_us"] = (
-            gpu_time(lambda: td.symm_all_reduce(y), reps=9, inner=50) * 1e6
-        )
-        # Host time per call: 2,000 calls queued without a sync (the GPU runs behind).
-        dist.barrier()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(2000):
-            td.symm_all_reduce(y)
-        host = time.perf_counter() - t
-        torch.cuda.synchronize()
-        res[f"public_{nbytes >> 10}KB_host_us"] = host / 2000 * 1e6
-        res[f"public_{nbytes >> 10}KB_wall_us"] = (time.perf_counter() - t) / 2000 * 1e6
+        k = f"{nbytes >> 10}KB"
+        res[f"public_{k}_gpu_us"] = gpu_time(lambda: td.symm_all_reduce(y), reps=9, inner=50) * 1e6
+        res[f"public_{k}_host_us"] = host_us(lambda: td.symm_all_reduce(y))
+        res[f"public_{k}_kernels_us"] = kernel_us(lambda: td.symm_all_reduce(y))
+        buf = symm_mem.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+        symm_mem.rendezvous(buf, group_name)
+        buf.fill_(1)
+        fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)
+        res[f"torch_one_shot_{k}_gpu_us"] = gpu_time(fn, reps=9, inner=50) * 1e6
+        res[f"torch_one_shot_{k}_host_us"] = host_us(fn)
+        res[f"torch_one_shot_{k}_kernels_us"] = kernel_us(fn)
     out["barrier"] = res
     if rank == 0:
         print("barrier", json.dumps(res, indent=1), flush=True)
 
 
 def sec_compressed(rank, world, device, out):
+    import torch.distributed as dist
+
+    from tritonkit import dist as td
     from tritonkit.ops._core.device import interpreter_enabled
     from tritonkit.ops._core.layout import cdiv, next_power_of_2
     from tritonkit.ops.collectives import kernels as K
     from tritonkit.ops.collectives import plan
     from tritonkit.ops.collectives.config import CompressConfig
-    from tritonkit.ops.quant.formats import get_format
 
     nbytes = 256 << 20
     n = nbytes // 2
     x = torch.randn(n, dtype=torch.bfloat16, device=device)
-    rows = []
-    for block_elems, warps in ((4096, 4), (8192, 8), (16384, 8), (4096, 8)):
+    t_nccl = gpu_time(lambda: dist.all_reduce(x), reps=5, inner=3)
+    rows = [{"nccl_us": t_nccl * 1e6, "nccl_algbw_GBs": nbytes / t_nccl / 1e9}]
+    em = interpreter_enabled()
+    for block_elems, warps, per_sm in ((4096, 4, 4), (4096, 4, 2), (8192, 8, 2), (2048, 4, 4)):
         cfg = CompressConfig(block=256, block_elems=block_elems, num_warps=warps)
         lay = plan.CompressedLayout.of(n, world, cfg, align=16)
-        nb, red_off = plan.symm_compress_layout(lay)
+        nb, _ = plan.symm_compress_layout(lay)
         ws = plan.workspace(None, device, torch.uint8, nb)
-        for ef in (False, True):
-            wres = torch.zeros(lay.padded, device=device) if ef else None
-            sres = torch.zeros(lay.shard, device=device) if ef else None
-            qmax = get_format(torch.int8).qmax
-            bpp = cfg.blocks_per_program
-            programs = max(1, min(cdiv(lay.blocks_per_shard, bpp), ws.max_programs))
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            ts = []
-            for it in range(6):
-                import torch.distributed as dist
-
-                dist.barrier()
-                torch.cuda.synchronize()
-                epoch, half = ws.advance(2)
-                region = ws.buffer[half : half + world * lay.chunk_bytes].view(
-                    world, lay.chunk_bytes
-                )
-                ev[0].record()
-                plan.quantize_chunks(x, wres, region, lay, cfg)
-                ev[1].record()
-                K._symm_reduce_shard_kernel[(programs,)](
-                    ws.buf_table,
-                    ws.pad_table,
-                    sres,
-                    lay.blocks_per_shard,
-                    lay.chunk_bytes,
-                    red_off,
-                    1.0,
-                    epoch,
-                    half // 16,
-                    RANK=rank,
-                    WORLD=world,
-                    WP2=next_power_of_2(world),
-                    QMAX=qmax,
-                    B=lay.block,
-                    BLOCK_G=bpp,
-                    HAS_RES=ef,
-                    EMULATE=interpreter_enabled(),
-                    BARRIER=True,
-                    num_warps=warps,
-                )
-                ev[2].record()
-                K._symm_gather_dequant_kernel[(programs,)](
-                    x,
-                    ws.buf_table,
-                    ws.pad_table,
-                    n,
-                    lay.blocks_per_shard,
-                    red_off,
-                    plan._next_epoch(epoch),
-                    half // 16,
-                    RANK=rank,
-                    WORLD=world,
-                    WP2=next_power_of_2(world),
-                    B=lay.block,
-                    BLOCK_G=bpp,
-                    BARRIER=True,
-                    num_warps=warps,
-                )
-                ev[3].record()
-                ev[3].synchronize()
-                if it:
-                    ts.append([ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(3)])
-            med = [statistics.median(t[i] for t in ts) for i in range(3)]
-            rows.append(
-                {
-                    "block_elems": block_elems,
-                    "warps": warps,
-                    "programs": programs,
-                    "ef": ef,
-                    "quantize_us": med[0],
-                    "reduce_us": med[1],
-                    "gather_us": med[2],
-                    "total_us": sum(med),
-                    "effective_algbw_GBs": nbytes / sum(med) / 1e3,
-                }
+        bpp = cfg.blocks_per_program
+        tiles = cdiv(lay.blocks_per_shard, bpp)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        programs = max(1, min(tiles, ws.max_programs, per_sm * sms))
+        for res_dtype in (None, torch.bfloat16, torch.float32):
+            wres = (
+                None
+                if res_dtype is None
+                else torch.zeros(lay.padded, device=device, dtype=res_dtype)
             )
+            sres = (
+                None
+                if res_dtype is None
+                else torch.zeros(lay.shard, device=device, dtype=res_dtype)
+            )
+            row = {
+                "block_elems": block_elems,
+                "warps": warps,
+                "programs": programs,
+                "residual": str(res_dtype),
+            }
+            for mode, phases in (("one_launch", (7,)), ("apart", (1, 2, 4))):
+
+                def call():
+                    epoch, half = ws.advance(2)
+                    for ph in phases:
+                        K._symm_compressed_kernel[(programs,)](
+                            x,
+                            x,
+                            wres,
+                            sres,
+                            ws.buf_table,
+                            ws.pad_table,
+                            n,
+                            lay.blocks_per_shard,
+                            lay.chunk_bytes,
+                            1.0,
+                            epoch,
+                            half // 16,
+                            RANK=rank,
+                            WORLD=world,
+                            WP2=next_power_of_2(world),
+                            QMAX=127,
+                            B=lay.block,
+                            BLOCK_G=bpp,
+                            HAS_RES=wres is not None,
+                            EMULATE=em,
+                            BARRIER=True,
+                            PHASES=ph,
+                            num_warps=warps,
+                        )
+
+                t = gpu_time(call, reps=5, inner=3)
+                row[f"{mode}_us"] = t * 1e6
+                row[f"{mode}_vs_nccl"] = t_nccl / t
             if rank == 0:
-                print("compressed", rows[-1], flush=True)
-    out["compressed"] = {"max_programs": ws.max_programs, "rows": rows}
+                print("compressed", row, flush=True)
+            rows.append(row)
+    for res_dtype in (None, torch.bfloat16, torch.float32):
+        r = (
+            None
+            if res_dtype is None
+            else torch.zeros(td.residual_size(n, world), device=device, dtype=res_dtype)
+        )
+        t = gpu_time(lambda: td.compressed_all_reduce(x, residual=r), reps=5, inner=3)
+        rows.append(
+            {"public": True, "residual": str(res_dtype), "us": t * 1e6, "vs_nccl": t_nccl / t}
+        )
+        if rank == 0:
+            print("compressed", rows[-1], flush=True)
+    out["compressed"] = {
+        "formula": "vs_nccl = NCCL all-reduce time / ours, 256 MB bf16",
+        "rows": rows,
+    }
 
 
 def smoke() -> None:

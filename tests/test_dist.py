@@ -181,6 +181,7 @@ def _fake_workspace(world, rank, numel, dtype):
     pads[rank].fill_(100)  # every peer already past barrier 100
     ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
     ws.numel, ws.rank, ws.world, ws.max_programs = numel, rank, world, 64
+    ws.resident_programs = 4 * 4  # the interpreter's stand-in SMs, 4 programs each
     ws.buf_table, ws.pad_table = _tables(bufs), _tables(pads)
     ws.epoch = ws.calls = 0
     return ws, bufs, pads
@@ -322,9 +323,9 @@ def test_symm_workspace_epochs_wrap_as_int32():
 )
 def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     """The compressed all-reduce on symmetric memory, its ranks simulated in turn on local
-    buffers (barriers off): the reduced chunk, the requantization residual and the output of
-    every rank equal the all-to-all / all-gather path's kernels on the same chunks, bit for
-    bit, and every rank gets the same output."""
+    buffers (barriers off), phase by phase: the chunks each rank pushes, the reduced shard
+    and the requantization residual, and the output of every rank equal the all-to-all /
+    all-gather path's kernels on the same data, bit for bit; every rank gets the same output."""
     from tritonkit.ops.collectives import kernels as K
     from tritonkit.ops.collectives import plan
     from tritonkit.ops.collectives.config import CompressConfig
@@ -341,49 +342,161 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     bufs = [f[half:] for f in fulls]
     table = _tables(fulls)
     xs = [torch.randn(n, generator=g, device=DEVICE) * (1 + r) for r in range(world)]
-    wres = [(torch.randn(lay.padded, generator=g, device=DEVICE) * 0.01).to(res_dtype)
-            for _ in range(world)]  # fmt: skip
-    sres = [(torch.randn(lay.shard, generator=g, device=DEVICE) * 0.01).to(res_dtype)
-            for _ in range(world)]  # fmt: skip
+    # One error-feedback state per rank, as the public function takes it: the quantization's
+    # residual, then the requantization's.
+    res = [(torch.randn(lay.padded + lay.shard, generator=g, device=DEVICE) * 0.01).to(res_dtype)
+           for _ in range(world)]  # fmt: skip
+    wres = [r[: lay.padded] for r in res]
+    sres = [r[lay.padded :] for r in res]
+    wres_ref = [r.clone() for r in wres]
     sres_ref = [r.clone() for r in sres]
     exact = (sum(xs) + sum(w[:n].float() for w in wres)) / world  # before the updates
-    for r in range(world):
-        region = bufs[r][: world * lay.chunk_bytes].view(world, lay.chunk_bytes)
-        plan.quantize_chunks(xs[r], wres[r], region, lay, cfg)
-    bpp, alpha = cfg.blocks_per_program, 1.0 / world
-    qmax = 127
-    for r in range(world):
-        K._symm_reduce_shard_kernel[(2,)](
-            table, table, sres[r], lay.blocks_per_shard, lay.chunk_bytes, red_off, alpha, 1,
-            half // 16, RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block, BLOCK_G=bpp,
-            HAS_RES=True, EMULATE=True, BARRIER=False,
+    bpp, alpha, qmax = cfg.blocks_per_program, 1.0 / world, 127
+    tiles = cdiv(lay.blocks_per_shard, bpp)
+    sent = []
+
+    def phase(r, bit, x=None, out=None):  # one phase of rank r's kernel (the barriers off)
+        K._symm_compressed_kernel[(2,)](
+            x, out, res[r], table, table, n, lay.blocks_per_shard, lay.chunk_bytes,
+            alpha, 1, half // 16, RANK=r, WORLD=world, WP2=4, QMAX=qmax, B=lay.block,
+            BLOCK_G=bpp, HAS_RES=True, EMULATE=True, BARRIER=False, PHASES=bit,
         )  # fmt: skip
+
+    for r in range(world):
+        phase(r, 1, x=xs[r])
+        wire = torch.full((world, lay.chunk_bytes), 0x55, dtype=torch.uint8, device=DEVICE)
+        plan.quantize_chunks(xs[r], wres_ref[r], wire, lay, cfg)
+        assert torch.equal(wres[r], wres_ref[r])
+        sent.append(wire)
+    pay = lay.payload_bytes  # the padding is neither written nor read
+    for c in range(world):  # rank c's incoming slot r holds rank r's chunk c
+        for r in range(world):
+            got = bufs[c][r * lay.chunk_bytes : r * lay.chunk_bytes + pay]
+            assert torch.equal(got, sent[r][c, :pay]), (c, r)
+    for r in range(world):
+        phase(r, 2)
         # the exchange path: rank r receives chunk r of every rank
-        recv = torch.stack([b[r * lay.chunk_bytes : (r + 1) * lay.chunk_bytes] for b in bufs])
+        recv = torch.stack([sent[s][r] for s in range(world)])
         mine = torch.full((lay.chunk_bytes,), 0x55, dtype=torch.uint8, device=DEVICE)
         rq, rs = plan._views(recv, lay, torch.int8)
         mq, ms = plan._views(mine, lay, torch.int8)
-        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+        K._dequant_acc_requant_kernel[(tiles,)](
             rq, rs, mq, ms, sres_ref[r], lay.blocks_per_shard, rq.stride(0), rs.stride(0), alpha,
             WORLD=world, QMAX=qmax, IS_FLOAT=False, MANT=0, EMIN=0, B=lay.block, BLOCK_G=bpp,
             HAS_RES=True, EMULATE=True,
         )  # fmt: skip
-        pay = lay.payload_bytes  # the padding is neither written nor read
-        assert torch.equal(bufs[r][red_off : red_off + pay], mine[:pay])
+        slot = red_off + r * lay.chunk_bytes
+        for c in range(world):  # pushed into every rank's reduced slot r
+            assert torch.equal(bufs[c][slot : slot + pay], mine[:pay]), (r, c)
         assert torch.equal(sres[r], sres_ref[r])
-    gathered = torch.stack([b[red_off:] for b in bufs])
+    gathered = bufs[0][red_off:].view(world, lay.chunk_bytes)
     gq, gs = plan._views(gathered, lay, torch.int8)
     ref = torch.empty((world, lay.shard), device=DEVICE)
     dequantize_2d(gq, gs, None, ref, 1, lay.block, False, stride_sr=gs.stride(0))
     for r in range(world):
         out = torch.full((n,), float("nan"), device=DEVICE)
-        K._symm_gather_dequant_kernel[(3,)](
-            out, table, table, n, lay.blocks_per_shard, red_off, 2, half // 16, RANK=r, WORLD=world,
-            WP2=4, B=lay.block, BLOCK_G=bpp, BARRIER=False,
-        )  # fmt: skip
+        phase(r, 4, out=out)
         assert torch.equal(out, ref.view(-1)[:n])
     assert (ref.view(-1)[:n] - exact).abs().max() < 0.1
     assert all(not f[:half].any() for f in fulls)
+
+
+@pytest.mark.parametrize("has_res", [False, True])
+def test_symm_compressed_one_launch_in_place(has_res):
+    """All three phases in one launch (one rank: its barriers have no peer to wait for), the
+    output written over the input, two calls in a row through the cached plan: the second
+    uses the other half of the buffer, and both equal the exchange path's arithmetic (at one
+    rank: quantize, dequantize-requantize, dequantize)."""
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+
+    n, cfg = 700, CompressConfig(block=64, block_elems=128)
+    lay = plan.CompressedLayout.of(n, 1, cfg, align=16)
+    nbytes, _ = plan.symm_compress_layout(lay)
+    half = cdiv(nbytes, 16) * 16
+    ws, _, pads = _fake_workspace(1, 0, half, torch.uint8)
+    pads[0].zero_()
+    run = plan.CompressedSymm(ws, n, cfg, has_res, average=False)
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    for call in range(2):
+        x = torch.randn(n, generator=g, device=DEVICE).to(torch.bfloat16)
+        res = torch.randn(lay.padded + lay.shard, generator=g, device=DEVICE) * 0.01
+        res = res if has_res else None
+        # the reference: the exchange path's kernels on one rank
+        wire = torch.empty((1, lay.chunk_bytes), dtype=torch.uint8, device=DEVICE)
+        wres_ref = None if res is None else res[: lay.padded].clone()
+        sres_ref = None if res is None else res[lay.padded :].clone()
+        plan.quantize_chunks(x, wres_ref, wire, lay, cfg)
+        expect = _exchange_reference(wire, lay, cfg, sres_ref, n)
+        sent = run(x, x, res)
+        assert sent == lay.wire_bytes()
+        assert torch.equal(x, expect.to(torch.bfloat16)), call
+        if has_res:
+            assert torch.equal(res, torch.cat([wres_ref, sres_ref]))
+        assert ws.calls == call + 1
+
+
+def test_compressed_all_reduce_cached_path_runs_one_launch_without_the_setup():
+    """The public function's cached path for the compressed all-reduce: a call whose key
+    (shape, dtypes, op, codes, block, algorithm, residual's dtype and size) has a plan runs its
+    one launch with no check of availability or arguments, and updates the residual."""
+    from tritonkit import dist as td
+    from tritonkit.ops._core.plan import PLANS, current_env
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+
+    n, cfg = 300, CompressConfig(block=64, block_elems=128)
+    lay = plan.CompressedLayout.of(n, 1, cfg, align=16)
+    nbytes, _ = plan.symm_compress_layout(lay)
+    ws, _, pads = _fake_workspace(1, 0, cdiv(nbytes, 16) * 16, torch.uint8)
+    pads[0].zero_()
+    run = plan.CompressedSymm(ws, n, cfg, True, average=False)
+    res = torch.zeros(lay.padded + lay.shard, device=DEVICE)
+    key = ("collectives.compressed", None, n, torch.float32, torch.device(DEVICE),
+           td.ReduceOp.SUM, torch.int8, None, "auto", (res.dtype, res.numel()))  # fmt: skip
+    PLANS.put(key, current_env(), run)
+
+    def no_setup(*a, **k):
+        raise AssertionError("the cached path ran the setup")
+
+    orig = plan.symm_unavailable, plan.CompressedLayout.of
+    plan.symm_unavailable = plan.CompressedLayout.of = no_setup
+    try:
+        g = torch.Generator(device=DEVICE).manual_seed(9)
+        for call in range(2):
+            x = torch.randn(n, generator=g, device=DEVICE)
+            wire = torch.empty((1, lay.chunk_bytes), dtype=torch.uint8, device=DEVICE)
+            ref_res = res.clone()
+            plan.quantize_chunks(x, ref_res[: lay.padded], wire, lay, cfg)
+            expect = _exchange_reference(wire, lay, cfg, ref_res[lay.padded :], n)
+            sent = td.compressed_all_reduce(x, residual=res)
+            assert sent == lay.wire_bytes() and torch.equal(x, expect), call
+            assert torch.equal(res, ref_res) and res.abs().max() > 0
+        assert (ws.epoch, ws.calls) == (4, 2)
+    finally:
+        plan.symm_unavailable, plan.CompressedLayout.of = orig
+        PLANS.discard(key, current_env())
+
+
+def _exchange_reference(wire, lay, cfg, sres, n):
+    """One rank's exchange path after its quantization: dequantize-accumulate-requantize the
+    chunk, dequantize the result (float32)."""
+    from tritonkit.ops.collectives import kernels as K
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.quant.dequant import dequantize_2d
+
+    rq, rs = plan._views(wire, lay, torch.int8)
+    mine = torch.empty((1, lay.chunk_bytes), dtype=torch.uint8, device=DEVICE)
+    mq, ms = plan._views(mine, lay, torch.int8)
+    bpp = cfg.blocks_per_program
+    K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+        rq, rs, mq, ms, sres, lay.blocks_per_shard, rq.stride(0), rs.stride(0), 1.0, WORLD=1,
+        QMAX=127, IS_FLOAT=False, MANT=0, EMIN=0, B=lay.block, BLOCK_G=bpp,
+        HAS_RES=sres is not None, EMULATE=True,
+    )  # fmt: skip
+    out = torch.empty((1, lay.shard), device=DEVICE)
+    dequantize_2d(mq, ms, None, out, 1, lay.block, False, stride_sr=ms.stride(0))
+    return out.view(-1)[:n]
 
 
 _COMPILE_SM90 = r"""
@@ -447,15 +560,15 @@ def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader(
             "BLOCK_H": 4096,
             "HAS_WEIGHT": False,
         },
-        "_symm_reduce_shard_kernel": {
+        "_symm_compressed_kernel@push": {
             **base,
             "QMAX": 127,
             "B": 256,
             "BLOCK_G": 16,
             "HAS_RES": True,
             "EMULATE": False,
+            "PHASES": 7,
         },
-        "_symm_gather_dequant_kernel": {**base, "B": 256, "BLOCK_G": 16},
     }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.path.join(ROOT, "src")
@@ -470,9 +583,12 @@ def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader(
     for name, text in ptx.items():
         scalar = [ln for ln in text.splitlines() if "ld.global.b16" in ln or "ld.global.b8" in ln]
         assert not scalar, (name, scalar[:3])
-        assert "ld.global.v4.b32" in text, name
-        assert "atom.global.sys.release.exch.b32" in text, name
-        assert "ld.global.sys.acquire.b32" in text, name
+        assert "ld.global.v4.b32" in text or "ld.global.cg.v4.b32" in text, name
+        if "push" in name:  # its stores into the peers' buffers: 16-byte vectors too
+            assert "st.global.v4.b32" in text, name
+        if kernels[name].get("BARRIER"):
+            assert "atom.global.sys.release.exch.b32" in text, name
+            assert "ld.global.sys.acquire.b32" in text, name
 
 
 def test_quant_eps_agrees_with_core():

@@ -43,10 +43,18 @@ class CompressConfig:
         return max(1, self.block_elems // self.block)
 
     @classmethod
-    def heuristic(cls, numel: int, dtype: torch.dtype = torch.int8) -> CompressConfig:
+    def heuristic(
+        cls, numel: int, dtype: torch.dtype = torch.int8, residual: torch.dtype | None = None
+    ) -> CompressConfig:
         # 256 elements a scale keeps the scales at 1.6% of the int8 bytes (3.9x fewer bytes
-        # than float32); a tiny message still gets whole 4K programs (one or two).
-        return cls(dtype=dtype, block=256 if numel >= 256 else 64)
+        # than float32); a tiny message still gets whole 4K programs (one or two). A float32
+        # error-feedback residual: 2K-element tiles (H200, 256 MB: the one-launch kernel took
+        # 1.3x longer with 4K ones; 2K ones cost the other residuals 1.0-1.1x).
+        return cls(
+            dtype=dtype,
+            block=256 if numel >= 256 else 64,
+            block_elems=2048 if residual == torch.float32 else 4096,
+        )
 
     def bytes_per_element(self) -> float:
         """Wire bytes per element: one code plus a share of a float32 scale."""

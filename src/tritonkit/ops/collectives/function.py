@@ -15,6 +15,7 @@ symmetric memory: torch.distributed's collectives instead.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import warnings
@@ -289,7 +290,7 @@ def compressed_all_reduce(
     sums them in float32 and requantizes, all-gather of the compressed shards, dequantize.
 
     On CUDA tensors of an NCCL group with int8 codes (``algorithm="auto"`` or ``"symm"``) the
-    exchanges are reads of the peers' symmetric buffers instead (no collective call: three
+    exchanges are stores into the peers' symmetric buffers instead (no collective call: three
     kernels, two barriers; the same arithmetic). Bytes per rank, either way: ``2 (world - 1)
     shard (1 + 4 / block)`` with ``shard = numel / world`` rounded up to whole blocks, against
     ``2 (world - 1) / world * numel * element_size`` for NCCL's ring all-reduce.
@@ -320,8 +321,23 @@ def compressed_all_reduce(
             or "nccl" (torch.distributed's exchanges: NCCL or gloo).
 
     Returns:
-        The bytes this rank sent (on symmetric memory: read from the peers).
+        The bytes this rank sent (on symmetric memory: stored into the peers' buffers).
     """
+    key = None
+    if isinstance(tensor, torch.Tensor) and not _debug[0]:
+        # A call like an earlier one (the same key: everything its validation and its kernel
+        # depend on) reuses that call's plan: one launch, no setup.
+        res_key = (residual.dtype, residual.numel()) if isinstance(residual, torch.Tensor) else 0
+        key = ("collectives.compressed", group, tensor.numel(), tensor.dtype, tensor.device, op,
+               dtype, block, algorithm, res_key)  # fmt: skip
+        run = PLANS.peek(key, current_env())
+        if (
+            run is not None
+            and tensor.is_contiguous()
+            and (residual is None or residual.is_contiguous())
+            and not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):
+            return run(tensor, tensor, residual)
     check_tensor("compressed_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"compressed_all_reduce: op must be SUM or AVG, got {op}")
@@ -332,13 +348,14 @@ def compressed_all_reduce(
         )
     if dtype not in CODE_DTYPES:
         raise TypeError(f"compressed_all_reduce: dtype must be int8 or float8_e4m3fn, got {dtype}")
-    cfg = CompressConfig.heuristic(tensor.numel(), dtype)
+    res_dtype = residual.dtype if isinstance(residual, torch.Tensor) else None
+    cfg = CompressConfig.heuristic(tensor.numel(), dtype, res_dtype)
     if block is not None:
         if block < 16 or block & (block - 1):
             raise ValueError(
                 f"compressed_all_reduce: block must be a power of 2 >= 16, got {block}"
             )
-        cfg = CompressConfig(dtype=dtype, block=block)
+        cfg = dataclasses.replace(cfg, block=block)
     if _debug[0]:
         check_same_arguments("compressed_all_reduce", group, timeout, _signature(tensor, op=op))
     world = dist.get_world_size(group)
@@ -362,9 +379,13 @@ def compressed_all_reduce(
     flat = _flat_work(tensor)
     ws = _compress_workspace(tensor, group, cfg, lay, algorithm)
     if ws is not None:
-        sent = plan.compressed_all_reduce_symm(
-            flat, flat, cfg, worker_res, server_res, op == ReduceOp.AVG, ws
-        )
+        run = PLANS.peek(key, current_env()) if key is not None else None
+        if run is None or run.ws is not ws:  # new, or its workspace grew: the plan moves to it
+            run = plan.CompressedSymm(ws, tensor.numel(), cfg, res_dtype is not None,
+                                      op == ReduceOp.AVG)  # fmt: skip
+            if key is not None:
+                PLANS.put(key, current_env(), run)
+        sent = run(flat, flat, residual)
     else:
         sent = plan.compressed_all_reduce_flat(
             flat, flat, group, cfg, worker_res, server_res, op == ReduceOp.AVG,

@@ -363,21 +363,119 @@ def _all_reduce_add_rms_norm_kernel(
 
 
 # ---- the compressed all-reduce on symmetric memory --------------------------------------------
-# Each rank's buffer (bytes): WORLD chunks of its quantized input (chunk c: shard codes, then
-# blocks_per_shard float32 scales; ``chunk_bytes`` apart), then at ``red_off`` one chunk: its
-# reduced, requantized shard. Only codes and scales cross NVLink.
+# Each rank's buffer (bytes, in the call's half): WORLD incoming slots, ``chunk_bytes`` apart
+# (slot s: rank s's quantized chunk of this rank's shard, codes then float32 scales), then
+# WORLD reduced slots (slot s: rank s's reduced, requantized shard). Every transfer is a push: a
+# rank stores into its peers' buffers (NVLink writes are posted; a peer read waits a round
+# trip), and every load is of local memory. Only codes and scales cross NVLink.
+#
+# The work is cut into tiles of BLOCK_G blocks of the shard, the same on every rank, in three
+# phases: quantize tile t of every chunk c and push it to rank c; reduce tile t of this rank's
+# shard and push it to every rank; dequantize tile t of every reduced shard. The fused kernel
+# runs all three in one launch: program b takes tiles b, b + P, ... in every phase and meets
+# the peers' program b at a barrier between phases, which covers exactly the tiles it reads
+# next (the peers' program b pushed them). Programs in different phases overlap NVLink pushes
+# with local work.
 
 
-@kernel(do_not_specialize=["epoch", "buf_off"])
-def _symm_reduce_shard_kernel(
+@triton.jit
+def _quantize_push_tile(
+    x_ptr, res_ptr, buf_table, buf_off, n, blocks_per_shard, chunk_bytes, c, t,
+    RANK: tl.constexpr, QMAX: tl.constexpr, B: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_RES: tl.constexpr, EMULATE: tl.constexpr,
+):  # fmt: skip
+    """Tile ``t`` of chunk ``c``: quantized (error feedback) into incoming slot RANK of rank
+    ``c``'s buffer (``buf_off`` in bytes)."""
+    g = (t * BLOCK_G + tl.arange(0, BLOCK_G)).to(tl.int64)  # blocks: int32 is enough
+    j = tl.arange(0, B)
+    g_ok = g < blocks_per_shard
+    local = g[:, None] * B + j[None, :]
+    offs = (c * blocks_per_shard + g)[:, None] * B + j[None, :]  # int64, as g is
+    x = tl.load(x_ptr + offs, mask=g_ok[:, None] & (offs < n), other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    codes, deq, scale = _quantize_blocks(x, QMAX, False, 0, 0, EMULATE)
+    if HAS_RES:
+        tl.store(res_ptr + offs, x - deq, mask=g_ok[:, None])
+    dst = _peer_base(buf_table, c, tl.int8) + buf_off + RANK * chunk_bytes
+    tl.store(dst + local, codes.to(tl.int8), mask=g_ok[:, None])
+    scales = (dst + blocks_per_shard * B).to(tl.pointer_type(tl.float32))
+    tl.store(scales + g, scale, mask=g_ok)
+
+
+@triton.jit
+def _reduce_push_tile(
+    buf_table, res_ptr, buf_off, blocks_per_shard, chunk_bytes, alpha, t,
+    RANK: tl.constexpr, WORLD: tl.constexpr, QMAX: tl.constexpr, B: tl.constexpr,
+    BLOCK_G: tl.constexpr, HAS_RES: tl.constexpr, EMULATE: tl.constexpr,
+):  # fmt: skip
+    """Tile ``t`` of this rank's shard: its incoming slots dequantized, summed in float32 (ranks
+    in order 0..WORLD-1), requantized (error feedback), pushed into reduced slot RANK of every
+    rank's buffer with the scales times ``alpha``."""
+    shard = blocks_per_shard * B
+    g = (t * BLOCK_G + tl.arange(0, BLOCK_G)).to(tl.int64)  # blocks: int32 is enough
+    j = tl.arange(0, B)
+    g_ok = g < blocks_per_shard
+    offs = g[:, None] * B + j[None, :]
+    own = _peer_base(buf_table, RANK, tl.int8) + buf_off
+    acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
+    for s in tl.static_range(WORLD):
+        # .cg: the peers' stores arrived in this GPU's L2; its L1 may hold an older call's
+        base = own + s * chunk_bytes
+        code = tl.load(base + offs, mask=g_ok[:, None], other=0, cache_modifier=".cg")
+        scales = (base + shard).to(tl.pointer_type(tl.float32))
+        scale = tl.load(scales + g, mask=g_ok, other=0.0, cache_modifier=".cg")
+        acc += code.to(tl.float32) * scale[:, None]
+    if HAS_RES:
+        acc += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    codes, deq, scale = _quantize_blocks(acc, QMAX, False, 0, 0, EMULATE)
+    if HAS_RES:
+        tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
+    codes = codes.to(tl.int8)
+    scale = scale * alpha
+    for p in tl.static_range(WORLD):
+        dst = _peer_base(buf_table, (RANK + 1 + p) % WORLD, tl.int8) + buf_off
+        dst += (WORLD + RANK) * chunk_bytes
+        tl.store(dst + offs, codes, mask=g_ok[:, None])
+        tl.store((dst + shard).to(tl.pointer_type(tl.float32)) + g, scale, mask=g_ok)
+
+
+@triton.jit
+def _dequant_tile(
+    out_ptr, buf_table, buf_off, n, blocks_per_shard, chunk_bytes, c, t,
+    RANK: tl.constexpr, WORLD: tl.constexpr, B: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """Tile ``t`` of reduced slot ``c`` (rank c's reduced shard) dequantized into the output."""
+    shard = blocks_per_shard * B
+    g = (t * BLOCK_G + tl.arange(0, BLOCK_G)).to(tl.int64)  # blocks: int32 is enough
+    j = tl.arange(0, B)
+    g_ok = g < blocks_per_shard
+    offs = g[:, None] * B + j[None, :]
+    base = _peer_base(buf_table, RANK, tl.int8) + buf_off + (WORLD + c) * chunk_bytes
+    dst = (c * blocks_per_shard + g)[:, None] * B + j[None, :]  # int64, as g is
+    m = g_ok[:, None] & (dst < n)
+    code = tl.load(base + offs, mask=m, other=0, cache_modifier=".cg")
+    scales = (base + shard).to(tl.pointer_type(tl.float32))
+    scale = tl.load(scales + g, mask=g_ok, other=0.0, cache_modifier=".cg")
+    y = code.to(tl.float32) * scale[:, None]
+    tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+# ``epoch`` and ``buf_off`` change every call: never specialized (nor ``blocks_per_shard``,
+# which the kernel widens to int64: a specialized 1 would be a constant).
+@kernel(do_not_specialize=["epoch", "buf_off", "blocks_per_shard"])
+def _symm_compressed_kernel(
+    x_ptr,  # (n,) input, contiguous
+    out_ptr,  # (n,) the reduced output (may be x: a tile of x is read before it is written)
+    res_ptr,  # error feedback (HAS_RES): (world * shard,) of the quantization, then (shard,) of
+    # the requantization of this rank's shard
     buf_table,
     pad_table,
-    res_ptr,  # (shard,) float32 requantization residual of this rank's shard (HAS_RES)
+    n,
     blocks_per_shard,
     chunk_bytes,
-    red_off,  # bytes: where the reduced chunk starts in the call's half of every buffer
-    alpha,  # 1, or 1 / world for an average: folded into the scales written
-    epoch,
+    alpha,  # 1, or 1 / world for an average
+    epoch,  # the first of its two barriers' epochs
     buf_off,  # the half of the buffers this call uses, in 16-byte units
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
@@ -388,79 +486,37 @@ def _symm_reduce_shard_kernel(
     HAS_RES: tl.constexpr,
     EMULATE: tl.constexpr,
     BARRIER: tl.constexpr,
+    PHASES: tl.constexpr = 7,  # bits 1, 2, 4: quantize and push, reduce and push, dequantize
 ):
-    # Every rank quantized its input into its buffer (the kernel before, on every stream): one
-    # barrier, then chunk RANK of every rank's buffer is dequantized, summed in float32 (ranks
-    # in order 0..WORLD-1), requantized with error feedback, and written into this rank's
-    # reduced chunk. (Int8 codes: the rounding of the quant family's encode.)
+    # One launch runs all three phases; launches of one phase each (the same grid, epochs and
+    # tiles) are the comparison's and the interpreter tests' (ranks in turn, barriers off).
+    # No opening barrier: the peers last read this half two calls ago, and each of them
+    # finished that call before any of its programs reached a barrier of the call between,
+    # which this rank's programs all passed. Output tiles are written in the third phase, after
+    # every rank's program b pushed tile t of chunk c: x's tile is no longer read by then.
     pid = tl.program_id(0)
-    if BARRIER:
-        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
-    shard = blocks_per_shard * B
-    j = tl.arange(0, B)
-    buf_off = buf_off * 16
-    own = _peer_base(buf_table, RANK, tl.int8) + buf_off + red_off
-    for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        g_ok = g < blocks_per_shard
-        offs = g[:, None] * B + j[None, :]
-        acc = tl.zeros((BLOCK_G, B), dtype=tl.float32)
-        for c in tl.static_range(WORLD):
-            base = _peer_base(buf_table, c, tl.int8) + buf_off + RANK * chunk_bytes
-            code = tl.load(base + offs, mask=g_ok[:, None], other=0, cache_modifier=".cv")
-            scale = tl.load(
-                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
-                cache_modifier=".cv",
-            )  # fmt: skip
-            acc += code.to(tl.float32) * scale[:, None]
-        if HAS_RES:
-            acc += tl.load(res_ptr + offs, mask=g_ok[:, None], other=0.0)
-        codes, deq, scale = _quantize_blocks(acc, QMAX, False, 0, 0, EMULATE)
-        if HAS_RES:
-            tl.store(res_ptr + offs, acc - deq, mask=g_ok[:, None])
-        tl.store(own + offs, codes.to(tl.int8), mask=g_ok[:, None])
-        tl.store((own + shard).to(tl.pointer_type(tl.float32)) + g, scale * alpha, mask=g_ok)
-
-
-@kernel(do_not_specialize=["epoch", "buf_off"])
-def _symm_gather_dequant_kernel(
-    out_ptr,  # (n,) the reduced output
-    buf_table,
-    pad_table,
-    n,
-    blocks_per_shard,
-    red_off,
-    epoch,
-    buf_off,  # 16-byte units
-    RANK: tl.constexpr,
-    WORLD: tl.constexpr,
-    WP2: tl.constexpr,
-    B: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BARRIER: tl.constexpr,
-):
-    # Every rank wrote its reduced chunk: one barrier, then every rank's chunk is read and
-    # dequantized into its part of the output. No closing barrier: calls alternate between the
-    # buffers' halves, and a rank rewrites a half (two calls on) only after the barrier of the
-    # call between, which every peer reaches only once this kernel (the last reader) is done.
-    pid = tl.program_id(0)
-    if BARRIER:
-        epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
-    shard = blocks_per_shard * B
-    j = tl.arange(0, B)
-    buf_off = buf_off * 16
-    for c in tl.static_range(WORLD):
-        base = _peer_base(buf_table, c, tl.int8) + buf_off + red_off
-        for g0 in range(pid * BLOCK_G, blocks_per_shard, tl.num_programs(0) * BLOCK_G):
-            g = g0 + tl.arange(0, BLOCK_G)
-            g_ok = g < blocks_per_shard
-            offs = g[:, None] * B + j[None, :]
-            dst = c * shard + offs.to(tl.int64)
-            m = g_ok[:, None] & (dst < n)
-            code = tl.load(base + offs, mask=m, other=0, cache_modifier=".cv")
-            scale = tl.load(
-                (base + shard).to(tl.pointer_type(tl.float32)) + g, mask=g_ok, other=0.0,
-                cache_modifier=".cv",
-            )  # fmt: skip
-            y = code.to(tl.float32) * scale[:, None]
-            tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=m)
+    progs = tl.num_programs(0)
+    tiles = tl.cdiv(blocks_per_shard, BLOCK_G)
+    off = buf_off * 16
+    sres_ptr = res_ptr
+    if HAS_RES:
+        sres_ptr += WORLD * B * blocks_per_shard.to(tl.int64)
+    if PHASES & 1:
+        for t in range(pid, tiles, progs):
+            for k in tl.static_range(WORLD):  # the peers first: their pushes take longest
+                _quantize_push_tile(x_ptr, res_ptr, buf_table, off, n, blocks_per_shard,
+                                    chunk_bytes, (RANK + 1 + k) % WORLD, t, RANK, QMAX, B,
+                                    BLOCK_G, HAS_RES, EMULATE)  # fmt: skip
+    if PHASES & 2:
+        if BARRIER:
+            epoch_barrier(pad_table, pid, epoch, RANK, WORLD, WP2)
+        for t in range(pid, tiles, progs):
+            _reduce_push_tile(buf_table, sres_ptr, off, blocks_per_shard, chunk_bytes, alpha, t,
+                              RANK, WORLD, QMAX, B, BLOCK_G, HAS_RES, EMULATE)  # fmt: skip
+    if PHASES & 4:
+        if BARRIER:
+            epoch_barrier(pad_table, pid, epoch + 1, RANK, WORLD, WP2)
+        for t in range(pid, tiles, progs):
+            for c in tl.static_range(WORLD):
+                _dequant_tile(out_ptr, buf_table, off, n, blocks_per_shard, chunk_bytes, c, t,
+                              RANK, WORLD, B, BLOCK_G)  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from tritonkit.ops._core import launch as _L
-from tritonkit.ops._core.device import interpreter_enabled
+from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops.collectives import kernels as K
@@ -312,9 +312,10 @@ def compressed_all_reduce_flat(
 
 
 def symm_compress_layout(lay: CompressedLayout) -> tuple[int, int]:
-    """(bytes of a rank's symmetric buffer, offset of its reduced chunk) for the compressed
-    all-reduce on symmetric memory: ``world`` quantized chunks, then the reduced one."""
-    return (lay.world + 1) * lay.chunk_bytes, lay.world * lay.chunk_bytes
+    """(bytes of a rank's symmetric buffer half, offset of its reduced slots) for the compressed
+    all-reduce on symmetric memory: ``world`` incoming slots (one per rank's chunk of this
+    rank's shard), then ``world`` reduced slots (one per rank's reduced shard)."""
+    return 2 * lay.world * lay.chunk_bytes, lay.world * lay.chunk_bytes
 
 
 def _next_epoch(epoch: int) -> int:
@@ -322,49 +323,49 @@ def _next_epoch(epoch: int) -> int:
     return -(1 << 31) if epoch == (1 << 31) - 1 else epoch + 1
 
 
-def compressed_all_reduce_symm(
-    flat: torch.Tensor,
-    out: torch.Tensor,
-    cfg: CompressConfig,
-    worker_res: torch.Tensor | None,
-    server_res: torch.Tensor | None,
-    average: bool,
-    ws: SymmWorkspace,
-) -> int:
-    """``compressed_all_reduce_flat`` through symmetric memory (int8 codes): three kernels,
-    no collective call. Quantize (error feedback) into this rank's buffer; after a barrier read
-    this rank's shard from every buffer, dequantize, sum, requantize (error feedback) into its
-    reduced chunk; after a second barrier read every reduced chunk and dequantize into ``out``.
+class CompressedSymm:
+    """The compressed all-reduce on symmetric memory (int8 codes) of one (workspace, numel,
+    config, residuals' presence, op), resolved once: one kernel, ``_symm_compressed_kernel``,
+    no collective call, every transfer a store into a peer's buffer. Each rank quantizes
+    (error feedback) and pushes chunk c into rank c's buffer; after a barrier it dequantizes the
+    chunks received, sums, requantizes (error feedback) and pushes the reduced shard into every
+    rank's buffer; after a second barrier it dequantizes the reduced shards into the output. The
+    barriers are per program, so its programs overlap the phases.
 
-    Bytes over NVLink per rank (reads; the same count as the NCCL path's sends): ``2 (world -
+    Bytes over NVLink per rank (writes; the same count as the NCCL path's sends): ``2 (world -
     1) chunk_bytes`` with ``chunk_bytes = shard (1 + 4 / block)``, ``shard = ceil(numel /
     world)`` rounded up to whole blocks; NCCL's ring all-reduce of the uncompressed tensor
     sends ``2 (world - 1) / world * numel * element_size``."""
-    world = ws.world
-    lay = CompressedLayout.of(flat.numel(), world, cfg, align=16)
-    _, red_off = symm_compress_layout(lay)
-    emulate = interpreter_enabled()
-    qmax = get_format(torch.int8).qmax
-    bpp = cfg.blocks_per_program
-    # Calls alternate between the buffers' halves (see _symm_gather_dequant_kernel): the next
-    # call's quantize may then overwrite nothing a peer's last kernel of this call still reads.
-    epoch, half = ws.advance(2)
-    region = ws.buffer[half : half + world * lay.chunk_bytes].view(world, lay.chunk_bytes)
-    quantize_chunks(flat, worker_res, region, lay, cfg)
-    programs = max(1, min(cdiv(lay.blocks_per_shard, bpp), ws.max_programs))
-    wp2 = next_power_of_2(world)
-    K._symm_reduce_shard_kernel[(programs,)](
-        ws.buf_table, ws.pad_table, server_res, lay.blocks_per_shard, lay.chunk_bytes, red_off,
-        1.0 / world if average else 1.0, epoch, half // 16, RANK=ws.rank, WORLD=world,
-        WP2=wp2, QMAX=qmax, B=lay.block, BLOCK_G=bpp, HAS_RES=server_res is not None,
-        EMULATE=emulate, BARRIER=True, num_warps=cfg.num_warps,
-    )  # fmt: skip
-    K._symm_gather_dequant_kernel[(programs,)](
-        out, ws.buf_table, ws.pad_table, out.numel(), lay.blocks_per_shard, red_off,
-        _next_epoch(epoch), half // 16, RANK=ws.rank, WORLD=world, WP2=wp2, B=lay.block,
-        BLOCK_G=bpp, BARRIER=True, num_warps=cfg.num_warps,
-    )  # fmt: skip
-    return lay.wire_bytes()
+
+    __slots__ = ("launch", "sent", "ws")
+
+    def __init__(
+        self, ws: SymmWorkspace, numel: int, cfg: CompressConfig, has_res: bool, average: bool
+    ) -> None:
+        self.ws = ws
+        world = ws.world
+        lay = CompressedLayout.of(numel, world, cfg, align=16)
+        tiles = cdiv(lay.blocks_per_shard, cfg.blocks_per_program)
+        programs = max(1, min(tiles, ws.max_programs, ws.resident_programs))
+        args = {"x_ptr": None, "out_ptr": None, "res_ptr": None, "buf_table": ws.buf_table,
+                "pad_table": ws.pad_table, "n": numel,
+                "blocks_per_shard": lay.blocks_per_shard, "chunk_bytes": lay.chunk_bytes,
+                "alpha": 1.0 / world if average else 1.0, "epoch": 0, "buf_off": 0}  # fmt: skip
+        meta = {"RANK": ws.rank, "WORLD": world, "WP2": next_power_of_2(world),
+                "QMAX": get_format(torch.int8).qmax, "B": lay.block,
+                "BLOCK_G": cfg.blocks_per_program, "HAS_RES": has_res,
+                "EMULATE": interpreter_enabled(), "BARRIER": True,
+                "num_warps": cfg.num_warps}  # fmt: skip
+        names = ("x_ptr", "out_ptr") + (("res_ptr",) if has_res else ())
+        self.launch = CachedLaunch(K._symm_compressed_kernel, (programs,), args, names, meta)
+        self.sent = lay.wire_bytes()
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> int:
+        """Reduce ``x`` (contiguous) into ``out`` (may be ``x``) with the error-feedback state
+        ``residual`` (``residual_size`` elements, or None); returns the bytes pushed."""
+        epoch, half = self.ws.advance(2)
+        self.launch((x, out) if residual is None else (x, out, residual), epoch, half // 16)
+        return self.sent
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,6 +416,10 @@ class SymmWorkspace:
         # (get_signal_pad_size is newer than symmetric memory; its pads held 2 KB before.)
         pad_bytes = getattr(symm_mem, "get_signal_pad_size", lambda: 2048)()
         self.max_programs = max(1, pad_bytes // 4 // self.world)
+        # Programs that fit on the GPU at once (4 programs of 4 warps an SM, whatever their
+        # registers): a kernel whose programs wait on the peers' at barriers between phases
+        # needs all of them resident.
+        self.resident_programs = 4 * sm_count(device)
         self.epoch = 0  # barriers passed (modulo 2^32): the pads start at 0
         self.calls = 0
 
@@ -453,32 +458,42 @@ class CachedLaunch:
     ``Kernel.launch`` (always right)."""
 
     __slots__ = ("_aligned", "_device", "_entry", "_slots", "_values", "args", "grid")
-    __slots__ += ("kern", "meta", "tensor_names")
+    __slots__ += ("kern", "meta", "scalar_names", "tensor_names")
 
-    def __init__(self, kern, grid: tuple, args: dict, tensor_names: tuple, meta: dict) -> None:
+    def __init__(
+        self,
+        kern,
+        grid: tuple,
+        args: dict,
+        tensor_names: tuple,
+        meta: dict,
+        scalar_names: tuple = ("epoch", "buf_off"),
+    ) -> None:
         self.kern, self.grid, self.args, self.meta = kern, grid, args, meta
-        self.tensor_names = tensor_names
+        self.tensor_names, self.scalar_names = tensor_names, scalar_names
         names = list(kern.fn.arg_names) if hasattr(kern.fn, "arg_names") else list(args)
-        self._slots = tuple(names.index(k) for k in (*tensor_names, "epoch", "buf_off"))
+        self._slots = tuple(names.index(k) for k in (*tensor_names, *scalar_names))
         self._entry = None
         self._values: list | None = None
         self._device = -1
         self._aligned: tuple = ()
 
-    def __call__(self, tensors: tuple, epoch: int, buf_off: int) -> None:
+    def __call__(self, tensors: tuple, *scalars: int) -> None:
+        """Launch with ``tensors`` (as ``tensor_names``) and the per-call ``scalars`` (as
+        ``scalar_names``)."""
         entry = self._entry
         if entry is not None and _L.WARMUP.session is None and not _L.PIPE.pending:
             aligned = tuple([t.data_ptr() & 15 == 0 for t in tensors])
             device = torch.cuda.current_device()
             if aligned == self._aligned and device == self._device and not self.kern._hooked():
                 values = self._values.copy()
-                for i, v in zip(self._slots, (*tensors, epoch, buf_off)):
+                for i, v in zip(self._slots, (*tensors, *scalars)):
                     values[i] = v
                 _L._direct(entry, self.grid, device, values)
                 return
         args = dict(self.args)
         args.update(zip(self.tensor_names, tensors))
-        args["epoch"], args["buf_off"] = epoch, buf_off
+        args.update(zip(self.scalar_names, scalars))
         entry, values = self.kern._launch(self.grid, tuple(args.values()), self.meta)
         if entry is not None and self._entry is None:
             for i in self._slots[: len(tensors)]:
