@@ -189,6 +189,25 @@ def sec_correct(rank, world, device, smoke):
     same = outs["auto"].clone()
     dist.broadcast(same, 0)
     out["compressed/int8/ranks_agree"] = bool(torch.equal(same, outs["auto"]))
+    # with error feedback, averaged (the DDP hook's call), three calls in a row (the plan's fast
+    # path, both halves of the buffers): outputs and residuals equal the all-to-all path's
+    for m in (1000, 5003) if smoke else (1000, 262144, 1 << 22):
+        for rdt in (torch.float32, torch.bfloat16):
+            xs = torch.randn(m, generator=g).to(device, rdt)  # a residual of its dtype
+            state = {a: torch.zeros(td.residual_size(m, world), device=device, dtype=rdt)
+                     for a in ("auto", "nccl")}  # fmt: skip
+            ok = True
+            for _ in range(3):
+                ys = {}
+                for algo in ("auto", "nccl"):
+                    ys[algo] = xs.clone()
+                    td.compressed_all_reduce(ys[algo], dist.ReduceOp.AVG, residual=state[algo],
+                                             timeout=60, algorithm=algo)  # fmt: skip
+                ok &= bool(torch.equal(ys["auto"], ys["nccl"]))
+                ok &= bool(torch.equal(state["auto"], state["nccl"]))
+                ok &= bool(torch.isfinite(ys["auto"]).all())
+                xs = ys["nccl"]
+            out[f"compressed/int8/avg_ef/{m}/{str(rdt)[6:]}/auto_equals_nccl"] = ok
     # fused all-reduce + residual + RMSNorm
     fused_ok = SYMM["ok"] or device.type != "cuda"  # a failed probe: the kernel is not run
     for hidden in ((64,) if smoke else (4096, 8192)) if fused_ok else ():
@@ -480,8 +499,13 @@ def sec_bench_comm(rank, world, device, smoke):
 def sec_ddp(rank, world, device, smoke):
     steps = 6 if smoke else 60
     out = {}
-    for name, dtype in (("uncompressed", None), ("int8", torch.int8)):
-        loss, state = train_lm(device, steps, dtype, small=smoke)
+    for name, dtype in (("uncompressed", None), ("int8", torch.int8), ("int8_a2a", torch.int8)):
+        # int8_a2a: the same hook on torch.distributed's exchanges (symmetric memory off)
+        os.environ["TRITONKIT_DIST_SYMM"] = "0" if name == "int8_a2a" else "1"
+        try:
+            loss, state = train_lm(device, steps, dtype, small=smoke)
+        finally:
+            os.environ["TRITONKIT_DIST_SYMM"] = "1" if SYMM["ok"] else "0"
         out[name] = {"final_loss": loss, "bytes_sent": state.bytes_sent,
                      "bytes_uncompressed": state.bytes_uncompressed}  # fmt: skip
     out["loss_rel_diff"] = (
