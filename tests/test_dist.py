@@ -478,6 +478,31 @@ def test_compressed_all_reduce_cached_path_runs_one_launch_without_the_setup():
         PLANS.discard(key, current_env())
 
 
+def test_symm_compressed_half_offset_past_int32():
+    """A workspace half of 2 GB (a 1 GB message's compressed buffers): the call in the second
+    half adds 2^31 bytes to the buffer's address, which an int32 offset would wrap to a
+    negative one (found on 2 x H200 after a 1 GB benchmark: NaN in the next training run). The
+    table holds the address 2^31 bytes before a real buffer, so only a 64-bit offset lands."""
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import CompressConfig
+
+    n, cfg = 300, CompressConfig(block=64, block_elems=128)
+    lay = plan.CompressedLayout.of(n, 1, cfg, align=16)
+    nbytes, _ = plan.symm_compress_layout(lay)
+    ws, bufs, pads = _fake_workspace(1, 0, cdiv(nbytes, 16) * 16, torch.uint8)
+    pads[0].zero_()
+    ws.numel, ws.calls = 1 << 31, 1  # this call: the second half, 2^31 bytes in
+    ws.buf_table = _tables([bufs[0]]) - (1 << 31)
+    run = plan.CompressedSymm(ws, n, cfg, False, average=False)
+    x = torch.randn(n, generator=torch.Generator(device=DEVICE).manual_seed(2), device=DEVICE)
+    wire = torch.empty((1, lay.chunk_bytes), dtype=torch.uint8, device=DEVICE)
+    plan.quantize_chunks(x, None, wire, lay, cfg)
+    expect = _exchange_reference(wire, lay, cfg, None, n)
+    run(x, x, None)
+    assert torch.equal(x, expect)
+    assert bufs[0][: lay.payload_bytes].equal(wire[0, : lay.payload_bytes])  # slot 0, landed
+
+
 def _exchange_reference(wire, lay, cfg, sres, n):
     """One rank's exchange path after its quantization: dequantize-accumulate-requantize the
     chunk, dequantize the result (float32)."""

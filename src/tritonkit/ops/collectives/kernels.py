@@ -252,7 +252,9 @@ def _one_shot_kernel(
     # that half) has finished.
     pid = tl.program_id(0)
     step = tl.num_programs(0).to(tl.int64) * BLOCK
-    buf_off = buf_off * 16  # elements (passed in 16s: the loads and stores vectorize)
+    # elements (passed in 16s: the loads and stores vectorize); int64: a half of a byte
+    # buffer reaches 2^31 (a 1 GB compressed message's), which int32 would wrap
+    buf_off = buf_off.to(tl.int64) * 16
     local = _peer_base(buf_table, RANK, x_ptr.dtype.element_ty) + buf_off
     start = pid.to(tl.int64) * BLOCK
     for base in range(start, n, step):
@@ -289,7 +291,7 @@ def _two_shot_kernel(
     span = WORLD * BLOCK
     step = tl.num_programs(0).to(tl.int64) * span
     ty = x_ptr.dtype.element_ty
-    buf_off = buf_off * 16
+    buf_off = buf_off.to(tl.int64) * 16
     local = _peer_base(buf_table, RANK, ty) + buf_off
     start = pid.to(tl.int64) * span
     for base in range(start, n, step):
@@ -341,7 +343,7 @@ def _all_reduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
     ty = x_ptr.dtype.element_ty
-    buf_off = buf_off * 16
+    buf_off = buf_off.to(tl.int64) * 16
     local = _peer_base(buf_table, RANK, ty) + buf_off
     for row in range(pid.to(tl.int64), n_rows, tl.num_programs(0)):
         offs = row * H + cols
@@ -497,7 +499,7 @@ def _symm_compressed_kernel(
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     tiles = tl.cdiv(blocks_per_shard, BLOCK_G)
-    off = buf_off * 16
+    off = buf_off.to(tl.int64) * 16  # bytes: 2^31 and more in a large workspace
     sres_ptr = res_ptr
     if HAS_RES:
         sres_ptr += WORLD * B * blocks_per_shard.to(tl.int64)
