@@ -452,7 +452,7 @@ def test_compressed_all_reduce_cached_path_runs_one_launch_without_the_setup():
     pads[0].zero_()
     run = plan.CompressedSymm(ws, n, cfg, True, average=False)
     res = torch.zeros(lay.padded + lay.shard, device=DEVICE)
-    key = ("collectives.compressed", None, n, torch.float32, torch.device(DEVICE),
+    key = ("collectives.compressed", None, n, torch.float32, res.device,
            td.ReduceOp.SUM, torch.int8, None, "auto", (res.dtype, res.numel()))  # fmt: skip
     PLANS.put(key, current_env(), run)
 

@@ -476,6 +476,7 @@ def test_static_metrics_of_rms_norm_compiled_for_sm90_without_a_gpu():
     got = kernel_stats.static_metrics("rms_norm", (4096, 4096), "bfloat16", "fwd")
     assert "error" not in got, got.get("error")
     [k] = got["kernels"]
+    assert "registers" in k, k  # else its compile or ptxas error (a GPU machine gave one)
     assert k["name"].startswith("norm_fwd") and 0 < k["registers"] <= 255
     assert 0 < k["occupancy"] <= 1 and k["programs"] == 4096
     assert k["spill_stores"] == 0
