@@ -228,6 +228,7 @@ def _expected_params():
     """Each tuned kernel's parameter names, from its own configs."""
 
     from tritonkit.ops.attention.config import INTERPRETER_DECODE, INTERPRETER_FWD
+    from tritonkit.ops.collectives.config import SYMM_TABLE_KERNEL
     from tritonkit.ops.conv.config import DepthwiseConfig, GemmConfig, WgradConfig
     from tritonkit.ops.matmul.configs import MatmulConfig
     from tritonkit.ops.matmul.decode import DecodeGemmConfig
@@ -249,6 +250,8 @@ def _expected_params():
         "int8_weight_only": weight_only,
         "matmul_decode": set(DecodeGemmConfig().tuning().params),
         NS_KERNEL: set(DEFAULT_NS.tuning().params),
+        # the measured symmetric-memory crossover (collectives/config.py: symm_crossover)
+        SYMM_TABLE_KERNEL: {"max_bytes", "one_shot_max_bytes"},
         CHUNKS_KERNEL: set(CHUNK_CANDIDATES[0].tuning().params),
         **dict.fromkeys(("conv_fwd", "conv_1x1", "conv_rows", "conv_dgrad"), gemm),
         "conv_wgrad": set(WgradConfig().tuning().params),
