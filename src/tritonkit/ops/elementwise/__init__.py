@@ -2,11 +2,11 @@
 
 Launchers: ``bias_act_fwd`` / ``bias_act_bwd`` (the shared pointwise tiles of
 ``_core.pointwise``, configured by ``_core.pointwise_config.PointwiseConfig``) and
-``glu_fwd`` / ``glu_bwd``.
+``glu_fwd`` / ``glu_bwd`` (``plan.py``).
 """
 
 from tritonkit.ops._core.bias_act import bias_act_bwd, bias_act_fwd
-from tritonkit.ops.elementwise.api import (
+from tritonkit.ops.elementwise.function import (
     BiasActFunction,
     GLUFunction,
     add,
@@ -17,6 +17,6 @@ from tritonkit.ops.elementwise.api import (
     silu,
     swiglu,
 )
-from tritonkit.ops.elementwise.glu import glu_bwd, glu_fwd
+from tritonkit.ops.elementwise.plan import glu_bwd, glu_fwd
 
 __all__ = ["add", "bias_act", "geglu", "gelu", "relu", "silu", "swiglu"]

@@ -1,8 +1,9 @@
-"""The elementwise family's autograd Functions and public functions: activations (relu, gelu,
-silu), the broadcast ``bias_act``, ``add``, and the gated units (swiglu, geglu).
+"""The elementwise family's operators, autograd Functions and public functions: activations
+(relu, gelu, silu), the broadcast ``bias_act``, ``add``, and the gated units (swiglu, geglu).
 
 ``act(x + bias)`` runs on the shared pointwise tiles (``_core.pointwise``: its kernels also serve
-memory's copy and linear's backward); the gated units on ``glu.py``'s.
+memory's copy and linear's backward); the gated units on this family's kernels (``plan.py``),
+registered as ``tritonkit::glu`` and ``tritonkit::glu_backward``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,42 @@ import math
 import torch
 
 from tritonkit.ops._core.bias_act import call_bias_act, call_bias_act_backward
-from tritonkit.ops._core.registry import apply
+from tritonkit.ops._core.layout import elementwise_output
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
 from tritonkit.ops._core.validate import check_choice, check_operand, check_same_shape, check_tensor
-from tritonkit.ops.elementwise.glu import call_glu, call_glu_backward
+from tritonkit.ops.elementwise.plan import glu_bwd, glu_fwd
+
+# ---- the gated units' operators ---------------------------------------------------------------
+
+
+@define_op("tritonkit::glu")
+def _glu_op(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    return glu_fwd(gate, up, activation)
+
+
+@_glu_op.register_fake
+def _(gate, up, activation):
+    return elementwise_output([gate, up])
+
+
+@define_op("tritonkit::glu_backward")
+def _glu_backward_op(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return glu_bwd(grad, gate, up, activation)
+
+
+@_glu_backward_op.register_fake
+def _(grad, gate, up, activation):
+    return elementwise_output([grad, gate, up]), elementwise_output([grad, gate, up])
+
+
+# Eager calls on real tensors skip the ops' dispatch (see eager_direct).
+call_glu = eager_direct(_glu_op)
+call_glu_backward = eager_direct(_glu_backward_op)
+
+
+# ---- autograd and the public functions ------------------------------------------------------
 
 
 class BiasActFunction(torch.autograd.Function):
