@@ -27,12 +27,12 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from tritonkit.harness.kernel_stats import ptxas_log, ptxas_stats  # noqa: F401  (re-exported)
-from tritonkit.ops.norm.backward import norm_bwd_kernel
-from tritonkit.ops.norm.backward_wide import norm_bwd_sums_kernel
 from tritonkit.ops.norm.config import NORM, WIDE_STAGES_RMS
-from tritonkit.ops.norm.forward_looped import norm_fwd_looped_kernel
-from tritonkit.ops.norm.forward_row import norm_fwd_row_kernel
-from tritonkit.ops.norm.forward_tiles import norm_fwd_tiles_kernel
+from tritonkit.ops.norm.kernels_backward import norm_bwd_kernel
+from tritonkit.ops.norm.kernels_backward_wide import norm_bwd_sums_kernel
+from tritonkit.ops.norm.kernels_forward_looped import norm_fwd_looped_kernel
+from tritonkit.ops.norm.kernels_forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.kernels_forward_tiles import norm_fwd_tiles_kernel
 from tritonkit.ops.softmax.kernels_aligned import (
     softmax_bwd_aligned_kernel,
     softmax_fwd_aligned_kernel,

@@ -1,4 +1,4 @@
-"""The norm family's launch configs, one frozen dataclass per kernel path; ``launches.py``
+"""The norm family's launch configs, one frozen dataclass per kernel path; ``plan.py``
 chooses the launches of one call from the layout, dtypes, the device and a ``NormConfig``.
 ``experiments/sweep_norms.py`` sweeps them (its grids are the tuning space).
 
@@ -90,7 +90,7 @@ class NormTiles:
 
 @dataclass(frozen=True)
 class RegistersForwardConfig:
-    """Rows in registers (``forward_tiles.py``).
+    """Rows in registers (``kernels_forward_tiles.py``).
 
     ``programs_per_sm`` (LayerNorm's and RMSNorm's) 0: one row tile per program, launched
     without the grid-stride loop and the outer-index division; > 0: programs walk row tiles,
@@ -113,7 +113,7 @@ class RegistersForwardConfig:
 
 @dataclass(frozen=True)
 class LoopedForwardConfig:
-    """Rows wider than ``NormTiles.max_fused_cols`` (``forward_looped.py``): read twice, the
+    """Rows wider than ``NormTiles.max_fused_cols`` (``kernels_forward_looped.py``): read twice, the
     second time from L2.
 
     Programs per SM (each keeps a row in flight between its two sweeps); the next chunk's loads
@@ -137,7 +137,7 @@ class LoopedForwardConfig:
 class LoopedRowsConfig:
     """Rows per tile of the looped forward (chunks ``loop_block_n / rows`` wide, so that each
     weight and bias chunk loaded serves several rows) and how its statistics are summed
-    (``stats`` 1: per lane, 0: per chunk with Chan's merge; see forward_looped.py). 16-bit
+    (``stats`` 1: per lane, 0: per chunk with Chan's merge; see kernels_forward_looped.py). 16-bit
     LayerNorm rows with a residual take ``LOOPED_*_LN_RES16``."""
 
     rows_ln: int = 2
@@ -148,7 +148,7 @@ class LoopedRowsConfig:
 
 @dataclass(frozen=True)
 class RowForwardConfig:
-    """One program per row with the row width a compile-time constant (``forward_row.py``):
+    """One program per row with the row width a compile-time constant (``kernels_forward_row.py``):
     rows without a residual of ``min_cols`` to ``ROW_MAX_COLS`` contiguous columns (none where
     ``min_cols`` is above ``ROW_MAX_COLS``). The compiler unrolls both sweeps at a constant
     width, at the cost of one compilation per width; narrower rows do better several to a tile.
@@ -196,7 +196,7 @@ class RegistersBackwardConfig:
 @dataclass(frozen=True)
 class WideBackwardConfig:
     """Rows wider than ``RegistersBackwardConfig.max_cols``: a looped pass takes each row's two
-    sums (sum(w * dy * xhat), sum(w * dy); ``backward_wide.py``), then a column-block pass
+    sums (sum(w * dy * xhat), sum(w * dy); ``kernels_backward_wide.py``), then a column-block pass
     computes dx and the partial sums.
 
     Rows the forward keeps in registers (``mid``) take chunks of ``mid_block_n``. The dx pass:

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.rows import col_ids, tile_rows
-from tritonkit.ops.norm.helpers import normalized, row_stats
+from tritonkit.ops.norm.kernels import normalized, row_stats
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.rows import col_ids, load_chunk, n_steps, reverse_start, tile_rows
-from tritonkit.ops.norm.helpers import load_sum, raw_sum, store_chunk
+from tritonkit.ops.norm.kernels import load_sum, raw_sum, store_chunk
 
 
 @triton.jit

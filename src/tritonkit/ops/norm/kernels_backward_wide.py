@@ -1,6 +1,6 @@
 """The first pass of the norm backward for rows that the dx pass cannot hold in registers
 (``RegistersBackwardConfig.max_cols``): the two row sums that dx needs, mean(w * dy * xhat)
-and (LayerNorm) mean(w * dy), over chunks. ``backward.py``'s kernel then takes them as given
+and (LayerNorm) mean(w * dy), over chunks. ``kernels_backward.py``'s kernel then takes them as given
 (SUMS_GIVEN) and walks the row in column blocks."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.rows import col_ids, tile_rows
-from tritonkit.ops.norm.helpers import normalized, row_stats
+from tritonkit.ops.norm.kernels import normalized, row_stats
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.rows import col_ids, n_steps, tile_rows
-from tritonkit.ops.norm.helpers import load_sum, store_chunk
+from tritonkit.ops.norm.kernels import load_sum, store_chunk
 
 
 @triton.jit
