@@ -33,11 +33,14 @@ skip alike once ``--budget-s`` is spent; results written after each), results in
    all_reduce then tritonkit.add_rms_norm.
 4. compressed: effective algbw (uncompressed bytes / time) of the int8 all-reduce vs NCCL's
    algbw at 256 MB (bf16 and fp32 inputs).
-5. kernels: GB/s of the compression kernels on one GPU (bytes each reads and writes / time)
+5. agmm: all_gather_matmul (the gather overlapped with the own rows' product) against NCCL's
+   all_gather_into_tensor then tritonkit.matmul, the matmul alone and PyTorch's
+   fused_all_gather_matmul, bf16.
+6. kernels: GB/s of the compression kernels on one GPU (bytes each reads and writes / time)
    against torch's clone (2 x bytes / time) of a tensor of the same size.
-6. bench_comm: `tritonkit bench-comm`'s table and plot, 1 KB - 1 GB (every other size
+7. bench_comm: `tritonkit bench-comm`'s table and plot, 1 KB - 1 GB (every other size
    when time is short).
-7. ddp: a small language model (embedding, 2 MLP blocks, vocab 512) trained 60 steps with the
+8. ddp: a small language model (embedding, 2 MLP blocks, vocab 512) trained 60 steps with the
    int8 hook (error feedback) and uncompressed: final loss and bytes counted by the hook.
 """
 
@@ -355,6 +358,68 @@ def sec_fused(rank, world, device, smoke):
     return {"rows": rows}
 
 
+def sec_agmm(rank, world, device, smoke):
+    """all_gather_matmul (the copy engines' gather overlapped with the own rows' product)
+    against NCCL's all_gather_into_tensor then tritonkit.matmul, the matmul of the gathered
+    rows alone (what full overlap would reach) and PyTorch's fused_all_gather_matmul."""
+    import tritonkit
+
+    shapes = (
+        [(4, 64, 32)] if smoke else [(1024, 8192, 8192), (2048, 8192, 8192), (4096, 4096, 16384)]
+    )
+    dt = torch.float32 if smoke else torch.bfloat16
+    rows = []
+    for m, k, n in shapes:
+        g = torch.Generator(device="cpu").manual_seed(rank)
+        a = torch.randn(m, k, generator=g).to(device, dt)
+        b = (torch.randn(k, n, generator=torch.Generator().manual_seed(3)) / k**0.5).to(device, dt)
+        gathered = torch.empty(world * m, k, device=device, dtype=dt)
+
+        def nccl_then_matmul():
+            dist.all_gather_into_tensor(gathered, a)
+            return tritonkit.matmul(gathered, b)
+
+        ref = nccl_then_matmul()
+        got = td.all_gather_matmul(a, b)
+        err = float((got.float() - ref.float()).norm() / ref.float().norm())
+        reps, inner = (2, 1) if smoke else (5, 3)
+        row = {"m_shard": m, "k": k, "n": n, "world": world, "rel_l2_vs_nccl_path": err}
+        row["ours_us"] = bc.time_call(lambda: td.all_gather_matmul(a, b), device, reps, inner) * 1e6
+        row["nccl_then_matmul_us"] = bc.time_call(nccl_then_matmul, device, reps, inner) * 1e6
+        row["matmul_alone_us"] = (
+            bc.time_call(lambda: tritonkit.matmul(gathered, b), device, reps, inner) * 1e6
+        )
+        row["all_gather_alone_us"] = (
+            bc.time_call(lambda: dist.all_gather_into_tensor(gathered, a), device, reps, inner)
+            * 1e6
+        )
+        if device.type == "cuda":
+            try:
+                import torch.distributed._symmetric_memory as symm_mem
+
+                name = dist.group.WORLD.group_name
+                sa = symm_mem.empty(m, k, dtype=dt, device=device)
+                symm_mem.rendezvous(sa, name)
+                sa.copy_(a)
+                fn = lambda: torch.ops.symm_mem.fused_all_gather_matmul(sa, [b], 0, name)  # noqa: E731
+                row["torch_fused_us"] = bc.time_call(fn, device, reps, inner) * 1e6
+            except Exception as exc:  # PyTorch's op may be missing or refuse
+                row["torch_fused_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        row["speedup_vs_nccl_then_matmul"] = row["nccl_then_matmul_us"] / row["ours_us"]
+        rows.append(row)
+        log(
+            rank,
+            "agmm "
+            + ", ".join(
+                f"{k_}={v:.3g}" if isinstance(v, float) else f"{k_}={v}" for k_, v in row.items()
+            ),
+        )
+    return {
+        "rows": rows,
+        "formula": "time per call; speedup = NCCL all_gather_into_tensor + tritonkit.matmul over ours",
+    }
+
+
 def sec_compressed(rank, world, device, smoke):
     """Effective algbw (uncompressed bytes / time) at 256 MB: the int8 all-reduce on symmetric
     memory (with and without error feedback) and on torch.distributed's all-to-all +
@@ -554,6 +619,7 @@ SECTIONS = [
     ("latency", sec_latency, 25),
     ("fused", sec_fused, 20),
     ("compressed", sec_compressed, 15),
+    ("agmm", sec_agmm, 15),
     ("kernels", sec_kernels, 10),
     ("bench_comm", sec_bench_comm, 20),
     ("ddp", sec_ddp, 10),

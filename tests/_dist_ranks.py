@@ -116,6 +116,17 @@ def _collectives_rank(rank, world, store, tmp):
     assert torch.equal(h, hd.float())
     torch.testing.assert_close(out.double(), yd, rtol=1e-6, atol=1e-6)
     _compressed_cases(rank, world, td, full)
+    # all_gather_matmul: the gathered shards (rank order) times b, within a float32 GEMM's
+    # rounding of float64 (on GPUs: the symmetric-memory overlap; here: all_gather, matmul)
+    a = torch.randn(3, 40, generator=torch.Generator().manual_seed(rank)).to(_dev())
+    bm = torch.randn(40, 6, generator=torch.Generator().manual_seed(77)).to(_dev())
+    shards = [torch.empty_like(a) for _ in range(world)]
+    dist.all_gather(shards, a)
+    exact = torch.cat(shards).double() @ bm.double()
+    for algo in ("auto", "nccl"):
+        got = td.all_gather_matmul(a, bm, algorithm=algo, timeout=30)
+        assert got.shape == (3 * world, 6)
+        torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-4)
     # Debug mode: the last rank passes another shape; every rank raises, naming it.
     shape = (3, 5) if rank == world - 1 else (3, 4)
     with td.debug(), pytest.raises(ValueError, match=f"rank {world - 1} passed shape \\(3, 5\\)"):

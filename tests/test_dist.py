@@ -632,6 +632,13 @@ def test_bad_input_names_the_argument():
         td.all_reduce(torch.zeros(3, device=DEVICE), algorithm="tree")
     with pytest.raises(ValueError, match="async_op=True needs algorithm='nccl'"):
         td.all_reduce(torch.zeros(3, device=DEVICE), async_op=True, algorithm="ring")
+    a = torch.zeros(4, 8, device=DEVICE)
+    with pytest.raises(TypeError, match="all_gather_matmul: b must be a tensor of a's dtype"):
+        td.all_gather_matmul(a, torch.zeros(8, 2, dtype=torch.float16, device=DEVICE))
+    with pytest.raises(ValueError, match=r"a must be \(m, k\) and b \(k, n\), got \(4, 8\)"):
+        td.all_gather_matmul(a, torch.zeros(7, 2, device=DEVICE))
+    with pytest.raises(TypeError, match="all_gather_matmul: a must be"):
+        td.all_gather_matmul(a.int(), a)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from tritonkit.ops.collectives.plan import (
 from tritonkit.ops.collectives.plan import (
     signature as _signature,
 )
+from tritonkit.ops.matmul.launchers import matmul_fwd
 
 Timeout = plan.Timeout
 ReduceOp = dist.ReduceOp
@@ -505,6 +506,67 @@ def symm_all_reduce(
     return None
 
 
+def all_gather_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group=None,
+    *,
+    timeout: Timeout = None,
+    algorithm: str = "auto",
+) -> torch.Tensor:
+    """``torch.cat(all_gather(a), dim=0) @ b``: the ranks' row shards of ``a`` gathered in rank
+    order, times ``b`` (a tensor-parallel column-parallel linear's input gather and product).
+
+    On CUDA tensors of an NCCL group (``algorithm`` "auto" or "symm") the gather overlaps the
+    product: the copy engines store ``a`` into every peer's symmetric buffer on a side stream
+    while this rank's own rows are multiplied (``tritonkit.matmul``'s kernels), then the peers'
+    rows are. Elsewhere (``"nccl"``, CPU tensors, gloo): torch.distributed's all-gather, then
+    ``tritonkit.matmul``; "symm" says so once when it falls back.
+
+    Args:
+        a: (m, k) float32, float16 or bfloat16: this rank's shard, the same shape on every rank.
+        b: (k, n), of ``a``'s dtype and device.
+        group: the process group (None: the default group).
+        timeout: bounds the all-gather's wait (the symmetric-memory path's barrier waits for
+            every peer).
+        algorithm: "auto", "symm" or "nccl".
+
+    Returns:
+        The (world * m, n) product.
+    """
+    op = "all_gather_matmul"
+    _check_float(op, "a", a)
+    if not isinstance(b, torch.Tensor) or b.dtype != a.dtype or b.device != a.device:
+        got = f"{b.dtype} on {b.device}" if isinstance(b, torch.Tensor) else type(b).__name__
+        raise TypeError(f"{op}: b must be a tensor of a's dtype and device, got {got}")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"{op}: a must be (m, k) and b (k, n), got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if algorithm not in COMPRESS_ALGORITHMS:
+        raise ValueError(
+            f"{op}: algorithm must be one of {list(COMPRESS_ALGORITHMS)}, got {algorithm!r}"
+        )
+    if _debug[0]:
+        check_same_arguments(op, group, timeout, _signature(a, b))
+    world = dist.get_world_size(group)
+    why = "algorithm='nccl'" if algorithm == "nccl" else plan.symm_unavailable(a, group)
+    if why is None and a.numel() == 0:
+        why = "an empty shard"
+    if why is None:
+        try:
+            ws = plan.workspace(group, a.device, a.dtype, world * a.numel())
+        except (RuntimeError, ImportError) as exc:
+            why = f"symmetric memory could not be allocated ({exc})"
+    if why is None:
+        return plan.all_gather_matmul_symm(a.contiguous(), b, ws)
+    if algorithm == "symm":
+        _fallback(op, why, "all_gather then matmul")
+    parts = [torch.empty(a.shape, dtype=a.dtype, device=a.device) for _ in range(world)]
+    all_gather(parts, a.contiguous(), group, timeout=timeout)
+    return matmul_fwd(torch.cat(parts), b)
+
+
 def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
     """The cached all-reduce of ``tensor``'s key (made, and cached outside debug mode)."""
     key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
@@ -679,6 +741,7 @@ __all__ = [
     "CompressionState",
     "ReduceOp",
     "all_gather",
+    "all_gather_matmul",
     "all_reduce",
     "broadcast",
     "compressed_all_reduce",

@@ -212,6 +212,13 @@ def epoch_barrier(
     tl.debug_barrier()  # no thread reads peers' data before the signals arrived
 
 
+@kernel(do_not_specialize=["epoch"])
+def _barrier_kernel(pad_table, epoch, RANK: tl.constexpr, WORLD: tl.constexpr, WP2: tl.constexpr):
+    # One program: what this rank's stream did before (copies into the peers' buffers) is
+    # visible to every peer after it, and theirs to this rank.
+    epoch_barrier(pad_table, 0, epoch, RANK, WORLD, WP2)
+
+
 @triton.jit
 def _sum_peers(x_ptr, buf_table, buf_off, offs, mask, RANK: tl.constexpr, WORLD: tl.constexpr):
     """float32 sum over ranks 0..WORLD-1, in that order on every rank (so every rank rounds

@@ -24,6 +24,7 @@ from tritonkit.ops.collectives.config import (
     RingConfig,
     SymmConfig,
 )
+from tritonkit.ops.matmul.launchers import matmul_into
 from tritonkit.ops.quant.dequant import dequantize_2d
 from tritonkit.ops.quant.formats import get_format
 
@@ -573,6 +574,44 @@ def fused_norm_launch(
     epoch, off = ws.advance(1)
     launch(tensors, epoch, off // 16)
     return out, res_out
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def all_gather_matmul_symm(a: torch.Tensor, b: torch.Tensor, ws: SymmWorkspace) -> torch.Tensor:
+    """``cat(all_gather(a)) @ b`` through symmetric memory: on a side stream the copy engines
+    store ``a`` (contiguous, (m, k)) into every peer's buffer and a one-program barrier meets the
+    peers; meanwhile this rank's own rows are multiplied on the current stream; then the peers'
+    rows, read from this rank's buffer. Calls alternate between the buffer's halves: a peer
+    stores into a half again two calls on, after the barrier of the call between, which this
+    rank's side stream reaches only after the products of this call (it waits for the current
+    stream first)."""
+    world, rank = ws.world, ws.rank
+    m, k = a.shape
+    epoch, half = ws.advance(1)
+    main = torch.cuda.current_stream(a.device)
+    side = _SIDE_STREAMS.get(a.device.index)
+    if side is None:
+        side = _SIDE_STREAMS[a.device.index] = torch.cuda.Stream(a.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        for j in range(1, world):
+            peer = (rank + j) % world
+            slot = ws.handle.get_buffer(peer, (m, k), a.dtype, storage_offset=half + rank * m * k)
+            slot.copy_(a)
+        K._barrier_kernel[(1,)](ws.pad_table, epoch, RANK=rank, WORLD=world,
+                                WP2=next_power_of_2(world))  # fmt: skip
+    a.record_stream(side)  # the allocator must not reuse a's memory before the copies ran
+    out = torch.empty((world * m, b.shape[1]), dtype=a.dtype, device=a.device)
+    matmul_into(a, b, out[rank * m : (rank + 1) * m])
+    main.wait_stream(side)
+    gathered = ws.buffer[half : half + world * m * k].view(world * m, k)
+    if rank > 0:
+        matmul_into(gathered[: rank * m], b, out[: rank * m])
+    if rank < world - 1:
+        matmul_into(gathered[(rank + 1) * m :], b, out[(rank + 1) * m :])
+    return out
 
 
 def add_rms_norm_reference(

@@ -186,6 +186,24 @@ def matmul_fwd(
     return matmul_plan(a, b, out_dtype, path, config, options).run(a, b, out_dtype)
 
 
+def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """``out[:] = a @ b`` for 2-D ``a`` (m, k) and ``b`` (k, n), ``out`` (m, n) of ``a``'s dtype:
+    the plan's GEMM launched into ``out`` (a block of rows of a larger output, no copy) when it
+    is contiguous and 16-byte aligned as the plan's own output is, else computed and copied."""
+    plan = matmul_plan(a, b, out.dtype)
+    gemm = plan.gemm
+    if (
+        gemm is None
+        or tuple(out.shape) != plan.c_shape
+        or not out.is_contiguous()
+        or out.data_ptr() % 16
+    ):
+        out.copy_(plan.run(a, b, out.dtype))
+        return
+    a2, b2 = gemm.operands(a, b)
+    gemm.launch(a2, b2, out, (None,) * 5)
+
+
 # ---- linear: act(x @ W^T + bias) + residual --------------------------------------------------
 
 
