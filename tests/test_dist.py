@@ -193,15 +193,16 @@ def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
     check availability nor look anything up, alternate the buffers' halves and advance the
     epoch (written into the peer's pad by the barrier)."""
     from tritonkit import dist as td
-    from tritonkit.ops._core.plan import PLANS, current_env
+    from tritonkit.ops._core.plan import PLANS
     from tritonkit.ops.collectives import plan
     from tritonkit.ops.collectives.config import SymmConfig
 
     world, rank, n = 2, 0, 100
     ws, bufs, pads = _fake_workspace(world, rank, 128, torch.float32)
     run = plan.SymmAllReduce(ws, n, SymmConfig(block=32, max_programs=2, num_warps=1), 1.0)
-    key = ("collectives.symm", None, n, torch.float32, torch.device(DEVICE), td.ReduceOp.SUM)
-    PLANS.put(key, current_env(), run)
+    key = ("collectives.symm", None, n, torch.float32, torch.empty(0, device=DEVICE).device,
+           td.ReduceOp.SUM)  # fmt: skip
+    PLANS.put(key, None, run)  # keyed without the Env snapshot
     try:
         g = torch.Generator(device=DEVICE).manual_seed(3)
         bufs[1].copy_(torch.randint(-8, 9, (256,), generator=g, device=DEVICE).float())
@@ -225,7 +226,7 @@ def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
             plan.symm_unavailable = orig
         assert (ws.epoch, ws.calls) == (3, 3)
     finally:
-        PLANS.discard(key, current_env())
+        PLANS.discard(key, None)
 
 
 @pytest.mark.interpreter

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tritonkit.ops._core import launch as _L
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.internals import cuda_device
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops.collectives import kernels as K
@@ -485,7 +486,7 @@ class CachedLaunch:
         entry = self._entry
         if entry is not None and _L.WARMUP.session is None and not _L.PIPE.pending:
             aligned = tuple([t.data_ptr() & 15 == 0 for t in tensors])
-            device = torch.cuda.current_device()
+            device = cuda_device()  # torch.cuda.current_device() without its Python around it
             if aligned == self._aligned and device == self._device and not self.kern._hooked():
                 values = self._values.copy()
                 for i, v in zip(self._slots, (*tensors, *scalars)):
