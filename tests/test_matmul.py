@@ -50,8 +50,9 @@ from tritonkit.ops.matmul import (
 )
 from tritonkit.ops.matmul import configs as C
 from tritonkit.ops.matmul import plan as P
-from tritonkit.ops.matmul.decode import DecodeGemmConfig, DecodeGemmLaunch, decode_launch
+from tritonkit.ops.matmul.decode import DecodeGemmConfig
 from tritonkit.ops.matmul.ieee import fma_copies_b
+from tritonkit.ops.matmul.plan import DecodeGemmLaunch, decode_launch
 from tritonkit.ops.matmul.splitk import MIN_CHUNK
 
 from _checks import assert_spec_passes, compile_backend, saved_tensors

@@ -569,7 +569,7 @@ def test_int8_weight_only_decode(dtype, device):
     """1 to 16 rows of x take the matmul family's decode kernel (17 the tiled one): against
     the float64 product with the dequantized weight, odd K and N, strided x, a bias, an
     (N, 1) scale (Int8Linear's buffer), through the layer too."""
-    from tritonkit.ops.matmul.decode import DecodeGemmLaunch
+    from tritonkit.ops.matmul.plan import DecodeGemmLaunch
     from tritonkit.ops.quant.weight_only import weight_only_fwd, weight_only_plan
 
     gen = torch.Generator(device=device).manual_seed(6)

@@ -31,7 +31,13 @@ from tritonkit.ops._core.validate import (
     check_tensor,
 )
 from tritonkit.ops.matmul.configs import VARIANTS, GemmOptions
-from tritonkit.ops.matmul.launchers import linear_fwd, matmul_fwd, matmul_shape
+from tritonkit.ops.matmul.launchers import (
+    linear_fwd,
+    linear_plan,
+    matmul_fwd,
+    matmul_plan,
+    matmul_shape,
+)
 from tritonkit.ops.matmul.lowp import scaled_matmul_fwd
 
 # ----------------------------------------------------------------------------------------------
@@ -39,9 +45,11 @@ from tritonkit.ops.matmul.lowp import scaled_matmul_fwd
 # ----------------------------------------------------------------------------------------------
 
 
+# The ops take their plan and run it here: the plan's run is the launch, one file down (the
+# public call reaches its kernels through api.py, registry.py, plan.py and launch.py).
 @define_op("tritonkit::matmul")
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    return matmul_fwd(a, b, out_dtype)
+    return matmul_plan(a, b, out_dtype).run(a, b, out_dtype)
 
 
 @_matmul_op.register_fake
@@ -58,7 +66,7 @@ def _linear_op(
     activation: str,
     save_z: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return linear_fwd(x, weight, bias, residual, activation, save_z)
+    return linear_plan(x, weight, bias, residual, activation, save_z).run(x, weight, bias, residual)
 
 
 @_linear_op.register_fake

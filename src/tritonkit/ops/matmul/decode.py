@@ -25,7 +25,8 @@ activation, the residual and the saved pre-activation are ``_core.gemm.epilogue`
 tiled GEMM.
 
 ``DecodeGemmConfig`` holds a launch: ``heuristic`` is the untimed default, ``space`` and
-``neighbours`` what tuning times on a GPU (``decode_config``).
+``neighbours`` what tuning times on a GPU (``plan.decode_config``); ``plan.DecodeGemmLaunch``
+binds the launches.
 """
 
 from __future__ import annotations
@@ -38,21 +39,14 @@ import triton
 import triton.language as tl
 
 from tritonkit import _tuning
-from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.gemm import (
     FP8_DTYPES,
-    Epilogue,
     Problem,
     epilogue,
-    layout_flags,
-    scale_mode,
     tf32_enabled,
 )
 from tritonkit.ops._core.launch import kernel
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops._core.math import ACTIVATIONS
-from tritonkit.ops._core.plan import cached
-from tritonkit.ops.matmul.splitk import splitk_reduce_kernel
 
 MAX_M = 16  # rows of A one program multiplies: one tensor-core tile of 16 rows
 
@@ -318,136 +312,3 @@ def input_precision(a_dtype: torch.dtype, b_dtype: torch.dtype) -> str | None:
     if a_dtype != torch.float32:
         return None
     return "tf32" if b_dtype == torch.float32 and tf32_enabled() else "ieee"
-
-
-def decode_config(p: Problem, epi: Epilogue, sms: int | None = None) -> DecodeGemmConfig:
-    """The config of ``p``'s decode launch: tuned per (M's power of 2, N, K, dtypes, B's
-    layout, precision) where tuning runs, the heuristic elsewhere; kept in the plan cache."""
-    a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
-    sms = sms or sm_count(c.device)
-    precision = input_precision(a.dtype, b.dtype)
-    b_bytes = b.element_size()
-    key = {
-        "m": next_power_of_2(p.m),
-        "n": p.n,
-        "k": p.k,
-        "a": _dtype_key(a.dtype),
-        "b": _dtype_key(b.dtype),
-        "out": _dtype_key(c.dtype),
-        "b_kmajor": p.b.strides[2] == 1,
-        "precision": precision,
-    }
-
-    def prune(cfg: _tuning.Config) -> bool:
-        cand = DecodeGemmConfig.from_tuning(cfg)
-        return _tuning.fits_shared_memory(cand.smem_bytes(a.element_size(), b_bytes))
-
-    launches: dict[DecodeGemmConfig, DecodeGemmLaunch] = {}
-
-    def run(cfg: _tuning.Config) -> None:
-        config = DecodeGemmConfig.from_tuning(cfg)
-        launch = launches.get(config)
-        if launch is None:
-            launch = launches[config] = DecodeGemmLaunch(p, epi, config)
-        launch(a, b, c, epi.tensors())
-
-    def neighbours(cfg: _tuning.Config) -> list[_tuning.Config]:
-        return [n.tuning() for n in DecodeGemmConfig.from_tuning(cfg).neighbours(p.k, b_bytes)]
-
-    def choose() -> DecodeGemmConfig:
-        # M's power of 2, as the key holds it: every M of the class gets the same candidates
-        m = next_power_of_2(p.m)
-        space = DecodeGemmConfig.space(m, p.n, p.k, a.element_size(), b_bytes, sms, key["b_kmajor"])
-        cands = [cfg.tuning() for cfg in space]
-        cands = [cfg for cfg in cands if prune(cfg)] or cands
-        best = _tuning.tune("matmul_decode", key, cands, run, neighbours=neighbours, prune=prune)
-        return DecodeGemmConfig.from_tuning(best)
-
-    return cached("matmul.decode_config", (tuple(key.items()), sms), choose)
-
-
-def _dtype_key(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-# ----------------------------------------------------------------------------------------------
-# The launch, bound
-# ----------------------------------------------------------------------------------------------
-
-
-class DecodeGemmLaunch:
-    """The decode kernel's launches for one problem signature and config (with SPLIT_K > 1,
-    the reduction too), each bound once; called as ``GemmLaunch`` is, with the operands, the
-    output and the epilogue's tensors."""
-
-    __slots__ = ("config", "int64", "layout", "main", "reduce", "use_tma", "ws")
-
-    def __init__(self, p: Problem, epi: Epilogue, cfg: DecodeGemmConfig) -> None:
-        a, b, c = p.a.tensor, p.b.tensor, p.c.tensor
-        mode = operands_mode(a.dtype, b.dtype)
-        if mode is None or not 0 < p.m <= MAX_M or p.n_batch != 1:
-            raise ValueError(
-                f"decode_gemm_kernel: A ({p.m} x {p.k}, {a.dtype}) and B ({b.dtype}) are not a "
-                f"decode product (at most {MAX_M} rows, one matrix, supported dtypes)"
-            )
-        self.config = cfg
-        self.use_tma, self.int64 = False, True
-        self.layout = layout_flags(p)
-        split = cfg.SPLIT_K
-        k_split = cdiv(cdiv(p.k, cfg.BLOCK_K), split) * cfg.BLOCK_K
-        acc_dtype = torch.int32 if mode == INT8.value else torch.float32
-        self.ws = ((split, p.m, p.n), acc_dtype, c.device) if split > 1 else None
-        ws = torch.empty(self.ws[0], dtype=acc_dtype, device=c.device) if split > 1 else None
-        precision = input_precision(a.dtype, b.dtype)
-        common = dict(
-            FLOAT_OUT=c.dtype.is_floating_point,
-            SCALE_A=scale_mode(epi.scale_a, epi.scale_a_rows),
-            SCALE_B=scale_mode(epi.scale_b, epi.scale_b_cols),
-            HAS_BIAS=epi.bias is not None,
-            ACT=ACTIVATIONS[epi.activation],
-            HAS_RES=epi.residual is not None,
-            STORE_Z=epi.z is not None,
-        )
-        epi_strides = epi.strides()
-        target = c if split == 1 else ws
-        self.main = decode_gemm_kernel.bind(
-            (cdiv(p.n, cfg.BLOCK_N), split), a, b, target, *epi.tensors(), p.m, p.n, p.k,
-            k_split, p.a.strides[2], p.a.strides[3], p.b.strides[2], p.b.strides[3],
-            p.c.strides[2], p.c.strides[3], *epi_strides,
-            OPERANDS=mode, INPUT_PRECISION=precision,
-            UPCAST=interpreter_enabled() and mode != INT8.value,
-            EVEN_K=p.k % cfg.BLOCK_K == 0, SPLIT_K=split, BLOCK_M=MAX_M,
-            BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
-        )  # fmt: skip
-        self.reduce = None
-        if split > 1:
-            block_m, block_n = MAX_M, 128
-            self.reduce = splitk_reduce_kernel.bind(
-                (cdiv(p.m, block_m) * cdiv(p.n, block_n),), ws, c, *epi.tensors(), p.m, p.n,
-                p.m * p.n, p.c.strides[2], p.c.strides[3], *epi_strides, SPLIT_K=split,
-                INT64=p.m * p.n * split >= 2**31, BLOCK_M=block_m, BLOCK_N=block_n,
-                num_warps=4, **common,
-            )  # fmt: skip
-
-    def __call__(self, a, b, c, epi_tensors) -> None:
-        """Launch on A, B, the output C and the epilogue's tensors (``Epilogue.tensors()``
-        order; None where the plan has none)."""
-        present = [t for t in epi_tensors if t is not None]
-        if self.ws is None:
-            self.main(a, b, c, *present)
-            return
-        shape, dtype, device = self.ws
-        ws = torch.empty(shape, dtype=dtype, device=device)
-        self.main(a, b, ws, *present)
-        self.reduce(ws, c, *present)
-
-
-def decode_launch(
-    p: Problem, epi: Epilogue, config: DecodeGemmConfig | None = None, sms: int | None = None
-) -> DecodeGemmLaunch:
-    """The bound decode launch of ``p`` (``decode_ok``) with ``epi``; its config is
-    ``decode_config``'s for ``sms`` SMs (None: the device's) unless given."""
-    if config is None:
-        config = decode_config(p, epi, sms)
-    return DecodeGemmLaunch(p, epi, config)

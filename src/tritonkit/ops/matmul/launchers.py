@@ -13,7 +13,15 @@ from tritonkit.ops._core.gemm import NO_EPILOGUE, Epilogue, Operand, Problem, co
 from tritonkit.ops._core.layout import LAYOUT_COPIES
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops.matmul.configs import GEMM_OPTIONS, GemmOptions, MatmulConfig
-from tritonkit.ops.matmul.plan import GemmPlan, Prep, as_is, build_plan, fp32_mode, signature
+from tritonkit.ops.matmul.plan import (
+    LinearPlan,
+    MatmulPlan,
+    Prep,
+    as_is,
+    build_plan,
+    fp32_mode,
+    signature,
+)
 
 # ---- matmul: torch.matmul's semantics --------------------------------------------------------
 
@@ -59,24 +67,6 @@ def _matrix2(t: torch.Tensor, vector_dim: int) -> torch.Tensor:
 def _batch_copy(shape: tuple[int, ...], vector_dim: int) -> Prep:
     """The operand expanded to the batch and copied contiguous (counted by the plan)."""
     return lambda t: _matrix2(t, vector_dim).expand(*shape).contiguous()
-
-
-class MatmulPlan:
-    """``matmul_fwd``'s plan: the output's shape and the GEMM (None when there is nothing to
-    compute)."""
-
-    __slots__ = ("c_shape", "gemm", "out_shape")
-
-    def __init__(self, c_shape, out_shape, gemm: GemmPlan | None) -> None:
-        self.c_shape, self.out_shape, self.gemm = c_shape, out_shape, gemm
-
-    def run(self, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        c = torch.empty(self.c_shape, dtype=out_dtype, device=a.device)
-        gemm = self.gemm
-        if gemm is not None:
-            a, b = gemm.operands(a, b)
-            gemm.launch(a, b, c, (None,) * 5)
-        return c.view(self.out_shape) if self.out_shape is not None else c
 
 
 def matmul_problem(
@@ -205,25 +195,6 @@ def matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
 
 
 # ---- linear: act(x @ W^T + bias) + residual --------------------------------------------------
-
-
-class LinearPlan:
-    """``linear_fwd``'s plan: output shapes and the GEMM (None when the output is empty)."""
-
-    __slots__ = ("gemm", "m", "n", "save_z")
-
-    def __init__(self, m: int, n: int, save_z: bool, gemm: GemmPlan | None) -> None:
-        self.m, self.n, self.save_z, self.gemm = m, n, save_z, gemm
-
-    def run(self, x, weight, bias, residual) -> tuple[torch.Tensor, torch.Tensor]:
-        m, n = self.m, self.n
-        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        z = torch.empty((m, n) if self.save_z else (0,), dtype=x.dtype, device=x.device)
-        gemm = self.gemm
-        if gemm is not None:
-            a, b = gemm.operands(x, weight)
-            gemm.launch(a, b, y, (None, None, bias, residual, z if self.save_z else None))
-        return y, z
 
 
 def linear_plan(

@@ -22,8 +22,7 @@ from tritonkit.ops._core.layout import cdiv, next_power_of_2
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.reduce import sum_partials
 from tritonkit.ops._core.registry import define_op, eager_direct
-from tritonkit.ops.matmul.decode import DecodeGemmLaunch, decode_launch
-from tritonkit.ops.matmul.plan import signature
+from tritonkit.ops.matmul.plan import DecodeGemmLaunch, decode_launch, signature
 
 
 @kernel
