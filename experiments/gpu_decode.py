@@ -49,7 +49,7 @@ from tritonkit.nn import Float8Linear  # noqa: E402
 from tritonkit.nn.quantized import Int8Linear  # noqa: E402
 from tritonkit.ops._core import replay  # noqa: E402
 from tritonkit.ops.matmul import linear_plan  # noqa: E402
-from tritonkit.ops.quant.weight_only import weight_only_plan  # noqa: E402
+from tritonkit.ops.quant.plan import weight_only_plan  # noqa: E402
 
 MS = (1, 2, 4, 8, 16)
 SHAPES = [(8192, 8192), (4096, 14336)]  # (out_features, in_features)

@@ -476,7 +476,7 @@ def sec_kernels(rank, world, device, smoke):
     from tritonkit.ops.collectives import kernels as K
     from tritonkit.ops.collectives import plan
     from tritonkit.ops.collectives.config import CompressConfig
-    from tritonkit.ops.quant.formats import get_format
+    from tritonkit.ops.quant.config import get_format
 
     if rank != 0:
         return {}

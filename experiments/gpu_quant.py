@@ -31,7 +31,7 @@ import triton.testing
 
 import tritonkit
 from tritonkit.nn import Float8Linear, Int8Linear
-from tritonkit.ops.quant.formats import get_format
+from tritonkit.ops.quant.config import get_format
 from tritonkit.quant import dequantize, quantize, sqnr_db
 from tritonkit.quant import reference as R
 

@@ -330,7 +330,7 @@ def test_symm_compressed_kernels_match_the_exchange_path(world, res_dtype):
     from tritonkit.ops.collectives import kernels as K
     from tritonkit.ops.collectives import plan
     from tritonkit.ops.collectives.config import CompressConfig
-    from tritonkit.ops.quant.dequant import dequantize_2d
+    from tritonkit.ops.quant.plan import dequantize_2d
 
     g = torch.Generator(device=DEVICE).manual_seed(world)
     n, cfg = 1000, CompressConfig(block=64, block_elems=128)
@@ -509,7 +509,7 @@ def _exchange_reference(wire, lay, cfg, sres, n):
     chunk, dequantize the result (float32)."""
     from tritonkit.ops.collectives import kernels as K
     from tritonkit.ops.collectives import plan
-    from tritonkit.ops.quant.dequant import dequantize_2d
+    from tritonkit.ops.quant.plan import dequantize_2d
 
     rq, rs = plan._views(wire, lay, torch.int8)
     mine = torch.empty((1, lay.chunk_bytes), dtype=torch.uint8, device=DEVICE)
@@ -619,7 +619,7 @@ def test_symm_kernels_compile_for_sm90_with_vector_loads_and_one_acquire_reader(
 
 def test_quant_eps_agrees_with_core():
     from tritonkit.ops._core.quant_codes import EPS
-    from tritonkit.ops.quant.formats import EPS as FORMAT_EPS
+    from tritonkit.ops.quant.config import EPS as FORMAT_EPS
 
     assert EPS == FORMAT_EPS
 

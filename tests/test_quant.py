@@ -20,8 +20,7 @@ import torch
 import tritonkit
 from tritonkit.nn import Float8Linear, Int8Linear
 from tritonkit.ops._core.device import interpreter_enabled
-from tritonkit.ops.quant.formats import get_format
-from tritonkit.ops.quant.quantize import FORMATS
+from tritonkit.ops.quant.config import FORMATS, get_format
 from tritonkit.quant import (
     DelayedScaling,
     EMAScaling,
@@ -554,7 +553,8 @@ def test_int8_linear(dtype, device):
 
 def test_int8_weight_only_split_k(device):
     """Decode-sized x with K splits summed in a fixed order."""
-    from tritonkit.ops.quant.weight_only import WeightOnlyConfig, weight_only_fwd
+    from tritonkit.ops.quant.config import WeightOnlyConfig
+    from tritonkit.ops.quant.plan import weight_only_fwd
 
     x = torch.randn(3, 512, device=device)
     w = torch.randint(-127, 128, (72, 512), dtype=torch.int8, device=device)
@@ -570,7 +570,7 @@ def test_int8_weight_only_decode(dtype, device):
     the float64 product with the dequantized weight, odd K and N, strided x, a bias, an
     (N, 1) scale (Int8Linear's buffer), through the layer too."""
     from tritonkit.ops.matmul.plan import DecodeGemmLaunch
-    from tritonkit.ops.quant.weight_only import weight_only_fwd, weight_only_plan
+    from tritonkit.ops.quant.plan import weight_only_fwd, weight_only_plan
 
     gen = torch.Generator(device=device).manual_seed(6)
     k, n = 333, 45
@@ -598,8 +598,11 @@ def test_int8_weight_only_decode(dtype, device):
 def test_small_tensor_quantize_in_one_pass_matches_two(device):
     """One scale for a small tensor: one launch whose programs each take the amax of the whole
     tensor, bit for bit the two passes' codes, scale and amax (here with many programs)."""
-    from tritonkit.ops.quant import twopass
-    from tritonkit.ops.quant.small import SMALL_TENSOR, SmallTensorConfig, quantize_tensor_small
+    from tritonkit.ops.quant import config as qconfig
+    from tritonkit.ops.quant import kernels_twopass as qk
+    from tritonkit.ops.quant import plan as qplan
+    from tritonkit.ops.quant.config import SMALL_TENSOR, SmallTensorConfig
+    from tritonkit.ops.quant.plan import quantize_tensor_small
 
     x = _randn((37, 96), torch.bfloat16, device, seed=21)
     x[3, 5], x[7, 1] = float("inf"), float("nan")
@@ -615,10 +618,10 @@ def test_small_tensor_quantize_in_one_pass_matches_two(device):
             q2 = torch.empty_like(q1)
             s2 = torch.empty((1,), device=device)
             hi = torch.zeros((1,), device=device)
-            twopass.amax_pass(x, hi, None, twopass.TENSOR, 1, twopass.ROW_MAJOR_TILES)
-            twopass.cast_pass(
-                x, q2, None, hi, None, s2, None, None, twopass.TENSOR, twopass.FROM_AMAX, 1, fmt,
-                pow2, emulate, twopass.ROW_MAJOR_TILES,
+            qplan.amax_pass(x, hi, None, qk.TENSOR, 1, qconfig.ROW_MAJOR_TILES)
+            qplan.cast_pass(
+                x, q2, None, hi, None, s2, None, None, qk.TENSOR, qk.FROM_AMAX, 1, fmt,
+                pow2, emulate, qconfig.ROW_MAJOR_TILES,
             )  # fmt: skip
             assert torch.equal(_bits(q1), _bits(q2)), (dtype, pow2)
             assert torch.equal(s1.reshape(1), s2) and torch.equal(a1.reshape(1), hi)

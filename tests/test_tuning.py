@@ -234,7 +234,7 @@ def _expected_params():
     from tritonkit.ops.matmul.decode import DecodeGemmConfig
     from tritonkit.ops.optim.newton_schulz import DEFAULT_NS, NS_KERNEL
     from tritonkit.ops.optim.tables import CHUNK_CANDIDATES, CHUNKS_KERNEL
-    from tritonkit.ops.quant.weight_only import WeightOnlyConfig
+    from tritonkit.ops.quant.config import WeightOnlyConfig
 
     tile = set(INTERPRETER_FWD.tuning().params)
     matmul = set(MatmulConfig(16, 16, 16).tuning().params)

@@ -10,7 +10,7 @@ from torch import nn
 
 from tritonkit.ops._core.plan import arg_facts, validated
 from tritonkit.ops._core.validate import check_choice, check_operand, check_tensor
-from tritonkit.ops.quant.linear import (
+from tritonkit.ops.quant.function import (
     SCALINGS,
     float8_linear,
     float8_linear_inference,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonkit.ops.quant.formats import QFormat
+from tritonkit.ops.quant.config import QFormat
 from tritonkit.quant import reference
 from tritonkit.quant.tensor import QuantizedTensor, dequantize
 

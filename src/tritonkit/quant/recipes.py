@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from tritonkit.ops.quant.formats import EPS, get_format
-from tritonkit.ops.quant.quantize import call_quantize_with_scale, plan
+from tritonkit.ops.quant.config import EPS, get_format
+from tritonkit.ops.quant.function import call_quantize_with_scale
+from tritonkit.ops.quant.plan import plan
 from tritonkit.quant.tensor import QuantizedTensor, granularity_block, quantize
 
 RECIPE_GRANULARITIES = ("tensor", "column", "channel_group")

@@ -1,5 +1,5 @@
 """The float64 reference of tritonkit's quantization: the same rounding as the kernels
-(tritonkit/ops/quant/formats.py), step by step, with every float32 operation computed in
+(tritonkit/ops/quant/config.py), step by step, with every float32 operation computed in
 float64 and rounded to float32 (exact: float64 holds a float32 product, and a float64
 quotient rounded to float32 is the correctly rounded float32 quotient). Tests and specs compare
 the kernels with it bit for bit."""
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from tritonkit.ops.quant.formats import EPS, QFormat
+from tritonkit.ops.quant.config import EPS, QFormat
 
 
 def f32(t: torch.Tensor) -> torch.Tensor:

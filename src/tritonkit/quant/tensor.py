@@ -10,16 +10,9 @@ from typing import NamedTuple
 import torch
 
 from tritonkit.ops._core.validate import check_choice, check_same_device, check_tensor
-from tritonkit.ops.quant.formats import FLOAT8, INT_BITS, QUANT_DTYPES, QFormat, get_format
-from tritonkit.ops.quant.quantize import (
-    LAYOUTS,
-    block_error,
-    call_dequantize,
-    call_quantize,
-    call_quantize_with_scale,
-    check_layout,
-    plan,
-)
+from tritonkit.ops.quant.config import FLOAT8, INT_BITS, LAYOUTS, QUANT_DTYPES, QFormat, get_format
+from tritonkit.ops.quant.function import call_dequantize, call_quantize, call_quantize_with_scale
+from tritonkit.ops.quant.plan import block_error, check_layout, plan
 
 GRANULARITIES = ("tensor", "row", "column", "group")
 
@@ -57,7 +50,7 @@ class QuantizedTensor(NamedTuple):
 
     @property
     def qformat(self) -> QFormat:
-        from tritonkit.ops.quant.quantize import FORMATS
+        from tritonkit.ops.quant.config import FORMATS
 
         return FORMATS[self.format]
 
@@ -131,7 +124,7 @@ def quantize(
     """Quantize ``x`` to int8 (symmetric or with a zero point; 4 to 8 bits) or float8, with a
     scale per tensor, row, column or group, computed from x (dynamic) or given (static).
 
-    Rounding (tritonkit/ops/quant/formats.py, repeated bit for bit by
+    Rounding (tritonkit/ops/quant/config.py, repeated bit for bit by
     ``tritonkit.quant.reference``): ``qscale = qmax / amax`` in float32, codes
     ``saturate(x * qscale)`` rounded to nearest even, ``scale = 1 / qscale``. The amax, the
     scale and the cast run in one pass over x when each scale's elements fit one program (per

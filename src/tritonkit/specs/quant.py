@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from tritonkit.harness.spec import Baseline, OpSpec, Shapes, Tolerance, Unavailable, register
-from tritonkit.ops.quant.formats import get_format
-from tritonkit.ops.quant.linear import float8_linear
-from tritonkit.ops.quant.weight_only import call_weight_only
+from tritonkit.ops.quant.config import get_format
+from tritonkit.ops.quant.function import call_weight_only, float8_linear
 from tritonkit.quant import reference as R
 from tritonkit.quant.tensor import dequantize, granularity_block, quantize
 from tritonkit.specs._common import generator, nbytes, randn, torch_baselines

@@ -1,4 +1,4 @@
-"""Device helpers every quantize kernel is built from: the quant family's (ops/quant/formats.py
+"""Device helpers every quantize kernel is built from: the quant family's (ops/quant/config.py
 describes the rounding they implement) and the compressed collectives' (ops/collectives)."""
 
 import triton
@@ -6,7 +6,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds |x| < 2**22, ties to even
-# Smallest amax a scale is computed from; ops/quant/formats.py's EPS (its float64 reference)
+# Smallest amax a scale is computed from; ops/quant/config.py's EPS (its float64 reference)
 # repeats it, and tests/test_dist.py checks that the two agree.
 EPS = 1e-12
 _EPS = tl.constexpr(EPS)

@@ -77,7 +77,7 @@ def _quantize_blocks(
     EMULATE: tl.constexpr,
 ):
     """(codes as float32, their dequantized values, scale per block): symmetric, one scale per
-    row of ``v``, rounded as the quant family rounds (ops/quant/formats.py)."""
+    row of ``v``, rounded as the quant family rounds (ops/quant/config.py)."""
     amax = tl.max(finite_abs(v), axis=1)
     qscale, scale = symmetric_scales(amax, QMAX, False)
     zp = tl.zeros_like(qscale)[:, None]

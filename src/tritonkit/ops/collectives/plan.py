@@ -26,8 +26,8 @@ from tritonkit.ops.collectives.config import (
     SymmConfig,
 )
 from tritonkit.ops.matmul.launchers import matmul_into
-from tritonkit.ops.quant.dequant import dequantize_2d
-from tritonkit.ops.quant.formats import get_format
+from tritonkit.ops.quant.config import get_format
+from tritonkit.ops.quant.plan import dequantize_2d
 
 Timeout = datetime.timedelta | float | None
 

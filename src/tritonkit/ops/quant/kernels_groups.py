@@ -3,15 +3,10 @@ G is the row's length), amax, scale and cast in the same program."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton.language as tl
 
-from tritonkit.ops._core.launch import Bound, kernel
-from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops._core.plan import PLANS
-from tritonkit.ops.quant._jit import (
+from tritonkit.ops._core.launch import kernel
+from tritonkit.ops._core.quant_codes import (
     asymmetric_scales,
     encode,
     finite_abs,
@@ -19,11 +14,6 @@ from tritonkit.ops.quant._jit import (
     pack_int4,
     symmetric_scales,
 )
-from tritonkit.ops.quant.formats import QFormat
-
-# A group fits one program's registers up to this many elements; longer rows take two passes
-# (twopass.py).
-MAX_GROUP = 16384
 
 
 @kernel
@@ -80,62 +70,3 @@ def _quant_groups_kernel(
     tl.store(scale_ptr + g, scale, mask=g_ok)
     if RETURN_AMAX:
         tl.store(amax_ptr + g, amax, mask=g_ok)
-
-
-@dataclass(frozen=True)
-class GroupsConfig:
-    """Launch config of the one-pass group kernel."""
-
-    block_elems: int = 4096  # elements per program (BLOCK_G * next_power_of_2(G))
-    num_warps: int = 4
-
-    def block_groups(self, g_p2: int) -> int:
-        return max(1, self.block_elems // g_p2)
-
-
-def default_groups_config(group: int) -> GroupsConfig:
-    g_p2 = next_power_of_2(group)
-    # A whole long row in one program: more warps hold it without spilling.
-    return GroupsConfig(block_elems=max(4096, g_p2), num_warps=8 if g_p2 >= 8192 else 4)
-
-
-def quantize_groups(
-    x2: torch.Tensor,
-    stride_xr: int,
-    q: torch.Tensor,
-    stride_qr: int,
-    scale: torch.Tensor,
-    zp: torch.Tensor | None,
-    amax: torch.Tensor | None,
-    group: int,
-    fmt: QFormat,
-    pow2: bool,
-    emulate: bool,
-    config: GroupsConfig | None = None,
-) -> None:
-    """Launch over ``x2``: (n_rows, n_cols) rows ``stride_xr`` apart, groups of ``group``."""
-    n_rows, n_cols = x2.shape
-    n_groups = n_rows * (n_cols // group)
-    if n_groups == 0:
-        return
-    cfg = config or default_groups_config(group)
-    key = (
-        x2.shape, stride_xr, x2.dtype, q.dtype, stride_qr, x2.device, zp is None, amax is None,
-        group, fmt, pow2, emulate, cfg,
-    )  # fmt: skip
-
-    def bind() -> Bound:
-        g_p2 = next_power_of_2(group)
-        block_g = cfg.block_groups(g_p2)
-        return _quant_groups_kernel.bind(
-            (cdiv(n_groups, block_g),), x2, q, scale, zp, amax, n_groups, n_cols // group,
-            stride_xr, stride_qr, QMIN=fmt.qmin, QMAX=fmt.qmax, MANT=fmt.mantissa,
-            EMIN=fmt.emin, G=group, G_P2=g_p2, BLOCK_G=block_g, IS_FLOAT=fmt.is_float,
-            ASYM=not fmt.symmetric, POW2=pow2, PACK=fmt.packed, RETURN_AMAX=amax is not None,
-            EMULATE=emulate, num_warps=cfg.num_warps,
-        )  # fmt: skip
-
-    # Bound once per signature: a repeated call (a decode step's activations) skips Triton's
-    # binder and passes only its tensors.
-    launch = PLANS.get(("quant.groups", key), None, bind)  # no setting of the Env changes it
-    launch(*(t for t in (x2, q, scale, zp, amax) if t is not None))

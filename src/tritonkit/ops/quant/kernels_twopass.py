@@ -5,20 +5,15 @@ of a row too long for one program.
 
 The cast pass alone also serves scales given by the caller (a recipe's state: static,
 delayed or EMA scaling): one pass that casts with the given scale and, with RECORD, returns
-the amax of what it cast (delayed scaling's history) through the same atomics.
-"""
+the amax of what it cast (delayed scaling's history) through the same atomics."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops._core.layout import cdiv
-from tritonkit.ops.quant._jit import (
+from tritonkit.ops._core.quant_codes import (
     asymmetric_scales,
     encode,
     finite_abs,
@@ -26,10 +21,11 @@ from tritonkit.ops.quant._jit import (
     pack_int4,
     symmetric_scales,
 )
-from tritonkit.ops.quant.formats import QFormat
 
 # Which elements share a scale (MODE), and where the cast pass's scale comes from (SOURCE).
 TENSOR, ROWS, COLS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
 FROM_AMAX, GIVEN_QSCALE, GIVEN_SCALE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
@@ -200,89 +196,3 @@ def _cast_kernel(
         tl.store(qt_ptr + r[:, None] * stride_qtr + c[None, :] * stride_qtc, codes, mask)
     if RECORD:
         _record(amax_ptr, finite_abs(x), r, c, r_ok, c_ok, cols_per_scale, MODE, True)
-
-
-@dataclass(frozen=True)
-class TwoPassConfig:
-    """Tiles of both passes (the amax pass: ``AMAX_ITERS`` tiles per program)."""
-
-    block_r: int = 16
-    block_c: int = 256
-    num_warps: int = 4
-
-
-# Amax-pass tiles per program: fewer atomics (the same for both tile shapes; no sweep varied it).
-AMAX_ITERS = 8
-
-
-ROW_MAJOR_TILES = TwoPassConfig()
-# Codes written transposed (a column-major copy) leave the tile through shared memory: square
-# tiles keep both the loads and the stores whole lines.
-TRANSPOSING_TILES = TwoPassConfig(block_r=64, block_c=64, num_warps=4)
-
-
-def _grid(mode: int, n_rows: int, n_cols: int, cfg: TwoPassConfig, iters: int) -> tuple:
-    if mode == ROWS:
-        return (cdiv(n_rows, cfg.block_r), cdiv(n_cols, cfg.block_c * iters))
-    return (cdiv(n_rows, cfg.block_r * iters), cdiv(n_cols, cfg.block_c))
-
-
-def amax_pass(
-    x2: torch.Tensor,
-    hi: torch.Tensor,
-    lo: torch.Tensor | None,
-    mode: int,
-    cols_per_scale: int,
-    cfg: TwoPassConfig,
-) -> None:
-    """Atomic amax (ASYM: max and min) of ``x2`` (n_rows, n_cols) into zeroed ``hi``/``lo``."""
-    n_rows, n_cols = x2.shape
-    if x2.numel() == 0:
-        return
-    _amax_kernel[_grid(mode, n_rows, n_cols, cfg, AMAX_ITERS)](
-        x2, hi, lo, n_rows, n_cols, *x2.stride(), cols_per_scale,
-        MODE=mode, ASYM=lo is not None, ITERS=AMAX_ITERS,
-        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-    )  # fmt: skip
-
-
-def cast_pass(
-    x2: torch.Tensor,
-    q2: torch.Tensor,
-    qt2: torch.Tensor | None,
-    src: torch.Tensor,
-    src_lo: torch.Tensor | None,
-    scale: torch.Tensor,
-    zp: torch.Tensor | None,
-    record: torch.Tensor | None,
-    mode: int,
-    source: int,
-    cols_per_scale: int,
-    fmt: QFormat,
-    pow2: bool,
-    emulate: bool,
-    cfg: TwoPassConfig,
-) -> None:
-    """Cast ``x2`` into ``q2`` (and ``qt2``: same logical shape, other strides) with scales
-    from ``src`` (see SOURCE); writes ``scale`` (and ``zp``); ``record``: amax of x, atomics."""
-    n_rows, n_cols = x2.shape
-    if x2.numel() == 0:
-        return
-    copy_t = None
-    if qt2 is not None and x2.dtype == torch.float32 and not emulate:
-        # On the H100 (Triton 3.6) the fused transposed store of float32 tiles left 12 of 48
-        # columns of a 40 x 48 transpose unwritten (test_quant's tensorwise Float8Linear,
-        # float32); 16-bit tiles store it right. There the transpose is torch's copy of the
-        # codes (one more read and write of 1-byte codes).
-        copy_t, qt2 = qt2, None
-    qt_strides = qt2.stride() if qt2 is not None else (0, 0)
-    _cast_kernel[_grid(mode, n_rows, n_cols, cfg, 1)](
-        x2, q2, qt2, src, src_lo, scale, zp, record, n_rows, n_cols,
-        *x2.stride(), *q2.stride(), *qt_strides, cols_per_scale,
-        QMIN=fmt.qmin, QMAX=fmt.qmax, MANT=fmt.mantissa, EMIN=fmt.emin,
-        MODE=mode, SOURCE=source, IS_FLOAT=fmt.is_float, ASYM=not fmt.symmetric, POW2=pow2,
-        RECORD=record is not None, HAS_QT=qt2 is not None, PACK=fmt.packed, EMULATE=emulate,
-        BLOCK_R=cfg.block_r, BLOCK_C=cfg.block_c, num_warps=cfg.num_warps,
-    )  # fmt: skip
-    if copy_t is not None:
-        copy_t.copy_(q2)

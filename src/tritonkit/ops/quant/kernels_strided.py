@@ -3,25 +3,16 @@ of a short matrix, or groups of K rows), amax, scale and cast in the same progra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops._core.layout import cdiv, next_power_of_2
-from tritonkit.ops.quant._jit import (
+from tritonkit.ops._core.quant_codes import (
     asymmetric_scales,
     encode,
     finite_abs,
     finite_or,
     symmetric_scales,
 )
-from tritonkit.ops.quant.formats import QFormat
-
-# A group of K rows times at least 16 columns fits one program up to this many elements.
-MAX_TILE = 8192
-MIN_BLOCK_I = 16
 
 
 @kernel
@@ -77,44 +68,3 @@ def _quant_strided_kernel(
     tl.store(scale_ptr + s_offs, scale, mask=i_ok)
     if RETURN_AMAX:
         tl.store(amax_ptr + s_offs, amax, mask=i_ok)
-
-
-@dataclass(frozen=True)
-class StridedConfig:
-    """Launch config of the one-pass strided kernel."""
-
-    block_elems: int = 4096
-    num_warps: int = 4
-
-
-def fits_one_pass(k: int) -> bool:
-    return next_power_of_2(k) * MIN_BLOCK_I <= MAX_TILE
-
-
-def quantize_strided(
-    x3: torch.Tensor,
-    q3: torch.Tensor,
-    scale: torch.Tensor,
-    zp: torch.Tensor | None,
-    amax: torch.Tensor | None,
-    k: int,
-    fmt: QFormat,
-    pow2: bool,
-    emulate: bool,
-    config: StridedConfig | None = None,
-) -> None:
-    """Launch over ``x3`` (n_outer, D, n_inner), groups of ``k`` along D; ``q3`` likewise."""
-    n_outer, dim, n_inner = x3.shape
-    if x3.numel() == 0:
-        return
-    cfg = config or StridedConfig()
-    k_p2 = next_power_of_2(k)
-    block_i = max(MIN_BLOCK_I, min(next_power_of_2(n_inner), cfg.block_elems // k_p2))
-    grid = (n_outer * (dim // k), cdiv(n_inner, block_i))
-    _quant_strided_kernel[grid](
-        x3, q3, scale, zp, amax, n_inner, dim // k, *x3.stride(), *q3.stride(),
-        QMIN=fmt.qmin, QMAX=fmt.qmax, MANT=fmt.mantissa, EMIN=fmt.emin,
-        K=k, K_P2=k_p2, BLOCK_I=block_i,
-        IS_FLOAT=fmt.is_float, ASYM=not fmt.symmetric, POW2=pow2,
-        RETURN_AMAX=amax is not None, EMULATE=emulate, num_warps=cfg.num_warps,
-    )  # fmt: skip

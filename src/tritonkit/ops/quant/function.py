@@ -1,32 +1,118 @@
-"""Quantized linear layers' compute: float8 training (forward and both backward GEMMs in FP8)
-and int8 inference (W8A8 and weight-only), on tritonkit's quantize kernels and its FP8/INT8
-GEMMs (``tritonkit.scaled_matmul``, ``tritonkit.int8_matmul``).
-
-Float8 training follows torchao's float8 recipes:
-
-- "tensorwise": one scale per tensor, e4m3 for x and W, e5m2 for the output gradient. Each
-  tensor is cast once, in both layouts its GEMMs read fastest (``layout="both"``: the codes and
-  their transpose from the same pass), so y = x W^T, dX = dY W and dW = dY^T x read K-major
-  operands without a copy.
-- "rowwise": all e4m3, one power-of-two scale per row of each GEMM operand along the GEMM's
-  reduction dimension (torchao's "rowwise" recipe): x and dY per row for y and dX, x and dY
-  per column for dW, W per row for y and per column for dX. The per-column casts write
-  column-major codes (the b operand's K-major layout).
-
-The weight stays in its own (high) precision; its gradient is returned in its dtype.
-"""
+"""The quant family's torch.library ops, autograd Functions and functions: quantize,
+quantize with a given scale, dequantize, the float8 and int8 linears. The public API is
+``tritonkit.quant``."""
 
 from __future__ import annotations
 
 import torch
 
-from tritonkit.ops._core.registry import apply
+from tritonkit.ops._core.registry import apply, define_op, eager_direct
 from tritonkit.ops.matmul import int8_matmul, scaled_matmul
 from tritonkit.ops.matmul.api import call_scaled_matmul
-from tritonkit.ops.quant.quantize import call_quantize
-from tritonkit.ops.quant.weight_only import call_weight_only
+from tritonkit.ops.quant.config import FORMATS, QFormat
+from tritonkit.ops.quant.plan import (
+    _codes_shape,
+    dequantize_fwd,
+    plan,
+    quantize_fwd,
+    quantize_with_scale_fwd,
+    weight_only_fwd,
+)
+
+
+@define_op("tritonkit::int8_weight_only_linear")
+def _weight_only_op(
+    x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return weight_only_fwd(x2, w, scale, bias)
+
+
+@_weight_only_op.register_fake
+def _(x2, w, scale, bias):
+    return x2.new_empty((x2.shape[0], w.shape[0]))
+
+
+call_weight_only = eager_direct(_weight_only_op)
+
+
+@define_op("tritonkit::quantize")
+def _quantize_op(
+    x: torch.Tensor, fmt_name: str, block: list[int], pow2: bool, return_amax: bool, layout: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return quantize_fwd(x, fmt_name, block, pow2, return_amax, layout)
+
+
+def _fake_outputs(x: torch.Tensor, fmt: QFormat, block: list[int], layout: str):
+    p = plan(tuple(x.shape), tuple(block))
+    shape = tuple(x.shape)
+    if layout == "col":
+        data = x.new_empty((p.n_cols, p.n_rows), dtype=fmt.storage).t()
+    else:
+        data = x.new_empty(_codes_shape(shape, fmt), dtype=fmt.storage)
+    rows_cols = (p.n_cols, p.n_rows) if layout == "both" else (0,)
+    return p, data, x.new_empty(rows_cols, dtype=fmt.storage)
+
+
+@_quantize_op.register_fake
+def _(x, fmt_name, block, pow2, return_amax, layout):
+    fmt = FORMATS[fmt_name]
+    p, data, data_t = _fake_outputs(x, fmt, block, layout)
+    scale = x.new_empty(p.scale_shape, dtype=torch.float32)
+    zp = x.new_empty(p.scale_shape if not fmt.symmetric else (0,), dtype=torch.int32)
+    amax = x.new_empty(p.scale_shape if return_amax else (0,), dtype=torch.float32)
+    return data, data_t, scale, zp, amax
+
+
+@define_op("tritonkit::quantize_with_scale")
+def _quantize_with_scale_op(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    fmt_name: str,
+    block: list[int],
+    given: str,
+    record_amax: bool,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return quantize_with_scale_fwd(x, scale, fmt_name, block, given, record_amax, layout)
+
+
+@_quantize_with_scale_op.register_fake
+def _(x, scale, fmt_name, block, given, record_amax, layout):
+    p, data, data_t = _fake_outputs(x, FORMATS[fmt_name], block, layout)
+    out_scale = x.new_empty(p.scale_shape, dtype=torch.float32)
+    amax = x.new_empty(p.scale_shape if record_amax else (0,), dtype=torch.float32)
+    return data, data_t, out_scale, amax
+
+
+@define_op("tritonkit::dequantize")
+def _dequantize_op(
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    shape: list[int],
+    block: list[int],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return dequantize_fwd(data, scale, zero_point, shape, block, out_dtype)
+
+
+@_dequantize_op.register_fake
+def _(data, scale, zero_point, shape, block, out_dtype):
+    return data.new_empty(shape, dtype=out_dtype)
+
+
+call_quantize = eager_direct(_quantize_op)
+
+
+call_quantize_with_scale = eager_direct(_quantize_with_scale_op)
+
+
+call_dequantize = eager_direct(_dequantize_op)
+
 
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+
+
 SCALINGS = ("tensorwise", "rowwise")
 
 
@@ -164,8 +250,6 @@ def int8_linear_w8a8(
     if x_scale is None:
         xd, _, xs = _q(x2, "int8", [1, k], False, "row")
     else:
-        from tritonkit.ops.quant.quantize import call_quantize_with_scale
-
         xd, _, xs, _ = call_quantize_with_scale(
             x2, x_scale.reshape(1, 1), "int8", [m, k], "scale", False, "row"
         )

@@ -3,14 +3,9 @@ every granularity (a scale per block of rows and columns of a 2-D view) and pack
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
-from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops._core.layout import cdiv, next_power_of_2
-
-_FP8_NAN = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7D}
 
 
 @kernel
@@ -54,33 +49,3 @@ def _dequant_kernel(
         code = code - tl.load(zp_ptr + s_offs, mask, other=0).to(tl.float32)
     out = code * tl.load(scale_ptr + s_offs, mask, other=1.0)
     tl.store(out_ptr + r[:, None] * stride_or + c[None, :] * stride_oc, out, mask)
-
-
-def dequantize_2d(
-    q2: torch.Tensor,
-    scale: torch.Tensor,
-    zp: torch.Tensor | None,
-    out2: torch.Tensor,
-    rows_per_scale: int,
-    cols_per_scale: int,
-    packed: bool,
-    stride_sr: int | None = None,
-) -> None:
-    """Launch over ``out2`` (n_rows, n_cols); ``q2`` holds its codes (packed: half the columns);
-    ``scale``'s rows are ``stride_sr`` apart (None: contiguous)."""
-    n_rows, n_cols = out2.shape
-    if out2.numel() == 0:
-        return
-    # 4096 elements a program; fewer rows than 16 (the collectives' (world, shard) views) take
-    # wider column tiles rather than masked rows.
-    block_r = min(16, next_power_of_2(n_rows))
-    block_c = 4096 // block_r
-    grid = (cdiv(n_rows, block_r), cdiv(n_cols, block_c))
-    _dequant_kernel[grid](
-        q2, scale, zp, out2, n_rows, n_cols, *q2.stride(), *out2.stride(),
-        rows_per_scale, cols_per_scale,
-        cdiv(n_cols, cols_per_scale) if stride_sr is None else stride_sr,
-        HAS_ZP=zp is not None, PACKED=packed,
-        FP8_NAN=_FP8_NAN.get(q2.dtype, 0) if interpreter_enabled() else 0,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
-    )  # fmt: skip
