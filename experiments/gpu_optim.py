@@ -258,7 +258,7 @@ def correctness():
     train([(ours, [o]), (ref, [r])], 20)
     check("Muon vs torch.optim.Muon, 20 steps", max(rel(p, q) for p, q in zip(mats, rmats)), 1e-2)
 
-    from tritonkit.ops.optim.newton_schulz import NSConfig, default_ns_config
+    from tritonkit.ops.optim.config import NSConfig, default_ns_config
 
     for shape in ((8, dim(1024), dim(4096)), (4, dim(4096), dim(1024)), (2, dim(2048), dim(2048))):
         g = torch.randn(shape, device=DEV)
@@ -353,7 +353,7 @@ def llama_1b_shapes():
 @section("adamw")
 def adamw(quick: bool):
     import tritonkit.optim as tko
-    from tritonkit.ops.optim.tables import ChunkConfig
+    from tritonkit.ops.optim.config import ChunkConfig
 
     bw = copy_gbps()
     RESULTS["copy_gbps"] = bw
@@ -448,7 +448,7 @@ def _adamw_case(name, shapes, chunks):
 @section("muon")
 def muon(quick: bool):
     import tritonkit.optim as tko
-    from tritonkit.ops.optim.newton_schulz import NSConfig
+    from tritonkit.ops.optim.config import NSConfig
 
     torch.manual_seed(0)
     params = [

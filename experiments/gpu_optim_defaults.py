@@ -114,8 +114,7 @@ MUON_SHAPE = (8, 4096, 4096)  # (matrices, rows, cols)
 
 def muon() -> None:
     import tritonkit.optim as tko
-    from tritonkit.ops.optim.newton_schulz import NS_CANDIDATES, choose_ns_config
-    from tritonkit.ops.optim.tables import ChunkConfig
+    from tritonkit.ops.optim.config import NS_CANDIDATES, ChunkConfig, choose_ns_config
 
     n, rows, cols = MUON_SHAPE
     params = params_of([(dim(rows), dim(cols))] * n)
@@ -170,7 +169,7 @@ def adamw() -> None:
 
 def adamw_case(group: str, params: list[torch.nn.Parameter], dtype: torch.dtype) -> None:
     import tritonkit.optim as tko
-    from tritonkit.ops.optim.tables import CHUNK_CANDIDATES, default_chunks
+    from tritonkit.ops.optim.config import CHUNK_CANDIDATES, default_chunks
 
     fused = DEV == "cuda"
     dt = str(dtype).removeprefix("torch.")
@@ -244,8 +243,7 @@ def _ns_fields(cfg: dict) -> dict:
 def ship(doc: dict) -> Path:
     """Write a run's winners as the shipped table of the GPU it ran on (``optim.json``)."""
     from tritonkit import _hardware, _tuning
-    from tritonkit.ops.optim.newton_schulz import NS_KERNEL, NSConfig, ns_key
-    from tritonkit.ops.optim.tables import CHUNKS_KERNEL, ChunkConfig
+    from tritonkit.ops.optim.config import CHUNKS_KERNEL, NS_KERNEL, ChunkConfig, NSConfig, ns_key
 
     fp = doc["fingerprint"]
     if not fp.get("gpu") or fp.get("tiny"):

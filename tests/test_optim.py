@@ -12,7 +12,7 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 
 import tritonkit.optim as tko
 from tritonkit.ops._core.layout import LAYOUT_COPIES
-from tritonkit.ops.optim.newton_schulz import NS_COEFFICIENTS
+from tritonkit.ops.optim.config import NS_COEFFICIENTS
 from tritonkit.optim.functional import adam_step, newton_schulz
 
 from _checks import assert_spec_passes
@@ -638,7 +638,7 @@ def test_newton_schulz_tma_path_matches_pointer_path(device, shape):
     what the pointer kernel does."""
     import dataclasses
 
-    from tritonkit.ops.optim.newton_schulz import default_ns_config
+    from tritonkit.ops.optim.config import default_ns_config
 
     g = torch.randn(shape, device=device)
     pointer = dataclasses.replace(default_ns_config(), tma=False)
@@ -648,7 +648,8 @@ def test_newton_schulz_tma_path_matches_pointer_path(device, shape):
 
 def test_newton_schulz_gram_is_symmetric(device):
     """The symmetric products store each tile and its mirror: A is exactly symmetric."""
-    from tritonkit.ops.optim.newton_schulz import NSWorkspace, default_ns_config, ns_gemm
+    from tritonkit.ops.optim.config import default_ns_config
+    from tritonkit.ops.optim.plan import NSWorkspace, ns_gemm
 
     ws = NSWorkspace(2, 70, 45, device)
     ws.x.copy_(torch.randn(2, 70, 45, device=device) / 20)
@@ -665,13 +666,16 @@ def test_default_configs_come_from_the_shipped_table():
     optimizers look up: Muon's best Newton-Schulz config at 8 x 4096 x 4096, 1024-element
     chunks for float32; what no table holds takes the heuristic."""
     from tritonkit import _hardware, _tuning
-    from tritonkit.ops.optim.newton_schulz import NS_CANDIDATES, NS_KERNEL, NSConfig, ns_key
-    from tritonkit.ops.optim.tables import (
+    from tritonkit.ops.optim.config import (
         CHUNK_CANDIDATES,
         CHUNKS_KERNEL,
+        NS_CANDIDATES,
+        NS_KERNEL,
         ChunkConfig,
+        NSConfig,
         chunks_key,
         heuristic_chunks,
+        ns_key,
     )
 
     machine = ("NVIDIA H200", "3.6.0")
@@ -697,7 +701,7 @@ def test_default_ns_config_on_this_gpu():
     one (the H200's, the H100's), else the heuristic's: the TMA kernel on Hopper, elsewhere
     the pointer kernel."""
     from tritonkit import _tuning
-    from tritonkit.ops.optim.newton_schulz import (
+    from tritonkit.ops.optim.config import (
         DEFAULT_NS,
         HOPPER_WIDE_NS,
         NS_CANDIDATES,

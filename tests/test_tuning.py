@@ -232,8 +232,7 @@ def _expected_params():
     from tritonkit.ops.conv.config import DepthwiseConfig, GemmConfig, WgradConfig
     from tritonkit.ops.matmul.configs import MatmulConfig
     from tritonkit.ops.matmul.decode import DecodeGemmConfig
-    from tritonkit.ops.optim.newton_schulz import DEFAULT_NS, NS_KERNEL
-    from tritonkit.ops.optim.tables import CHUNK_CANDIDATES, CHUNKS_KERNEL
+    from tritonkit.ops.optim.config import CHUNK_CANDIDATES, CHUNKS_KERNEL, DEFAULT_NS, NS_KERNEL
     from tritonkit.ops.quant.config import WeightOnlyConfig
 
     tile = set(INTERPRETER_FWD.tuning().params)

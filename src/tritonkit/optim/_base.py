@@ -13,9 +13,8 @@ from torch.optim import Optimizer
 from tritonkit.ops._core.device import interpreter_enabled
 from tritonkit.ops._core.launch import pipelined
 from tritonkit.ops._core.layout import LAYOUT_COPIES, is_dense
-from tritonkit.ops.optim.clip import launch_sum_squares
-from tritonkit.ops.optim.nonfinite import launch_nonfinite_check
-from tritonkit.ops.optim.tables import ChunkConfig, TensorTable, default_chunks, upload
+from tritonkit.ops.optim.config import ChunkConfig, default_chunks
+from tritonkit.ops.optim.plan import TensorTable, launch_nonfinite_check, launch_sum_squares, upload
 
 NONFINITE = ("skip", "raise", "propagate")  # the default first
 PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -6,7 +6,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from tritonkit.ops.optim.adam import (
+from tritonkit.ops.optim.config import ChunkConfig
+from tritonkit.ops.optim.kernels_adam import (
     N_ROWS,
     ROW_G,
     ROW_M,
@@ -18,10 +19,8 @@ from tritonkit.ops.optim.adam import (
     ROW_V_OUT,
     ROW_VMAX,
     ROW_VMAX_OUT,
-    AdamHyper,
-    launch_adam,
 )
-from tritonkit.ops.optim.tables import ChunkConfig, TensorTable
+from tritonkit.ops.optim.plan import AdamHyper, TensorTable, launch_adam
 from tritonkit.optim._base import (
     FusedOptimizer,
     GradRow,

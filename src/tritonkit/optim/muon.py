@@ -8,26 +8,23 @@ from typing import Any, ClassVar
 
 import torch
 
-from tritonkit.ops.optim.muon import (
-    N_ROWS,
-    ROW_BUF,
-    ROW_G,
-    ROW_O,
-    ROW_P,
-    ROW_X,
+from tritonkit.ops.optim.config import (
+    NS_COEFFICIENTS,
+    NS_STEPS,
+    ChunkConfig,
+    NSConfig,
+    choose_ns_config,
+)
+from tritonkit.ops.optim.kernels_muon import N_ROWS, ROW_BUF, ROW_G, ROW_O, ROW_P, ROW_X
+from tritonkit.ops.optim.plan import (
+    NSWorkspace,
+    TensorTable,
     launch_apply,
     launch_momentum,
     launch_normalize,
-)
-from tritonkit.ops.optim.newton_schulz import (
-    NS_COEFFICIENTS,
-    NS_STEPS,
-    NSConfig,
-    NSWorkspace,
-    choose_ns_config,
     newton_schulz_,
+    upload,
 )
-from tritonkit.ops.optim.tables import ChunkConfig, TensorTable, upload
 from tritonkit.optim._base import (
     FusedOptimizer,
     GradRow,

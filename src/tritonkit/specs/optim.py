@@ -11,7 +11,7 @@ import math
 import torch
 
 from tritonkit.harness.spec import OpSpec, Shapes, Tolerance, register
-from tritonkit.ops.optim.newton_schulz import NS_COEFFICIENTS, NS_STEPS
+from tritonkit.ops.optim.config import NS_COEFFICIENTS, NS_STEPS
 from tritonkit.optim.functional import adam_step, newton_schulz
 from tritonkit.specs._common import generator, nbytes, randn, read_write_bytes, torch_baselines
 

@@ -1,7 +1,9 @@
 """Optimizer family: the kernels and launchers behind ``tritonkit.optim``.
 
-``adam`` (the multi-tensor Adam/AdamW step), ``nonfinite`` (the gradient check that runs
-before a step), ``muon`` (Muon's momentum, normalization and update), ``newton_schulz`` (the
-batched Newton-Schulz GEMMs, symmetric products on one triangle), ``tables`` (the multi-tensor
-layout they share) and ``math`` (device helpers).
+``kernels_adam`` (the multi-tensor Adam/AdamW step), ``kernels_nonfinite`` (the gradient check
+that runs before a step), ``kernels_clip`` (the global norm), ``kernels_muon`` (Muon's momentum,
+normalization and update), ``kernels_newton_schulz`` (the batched Newton-Schulz GEMMs, symmetric
+products on one triangle) and ``kernels`` (device helpers); ``config`` (the chunks and tiles),
+``plan`` (the multi-tensor table and the launchers), ``function`` (the functional forms,
+public as ``tritonkit.optim.functional``).
 """

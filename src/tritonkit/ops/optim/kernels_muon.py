@@ -15,23 +15,28 @@ A Muon step is ``torch.optim.Muon``'s (torch/optim/_muon.py), per matrix paramet
 
 from __future__ import annotations
 
-import math
-import struct
-
-import torch
 import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import entry, load_f32, store_as, torch_lerp
-from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+from tritonkit.ops.optim.kernels import entry, load_f32, store_as, torch_lerp
 
 # Rows of a Muon table.
 ROW_P = tl.constexpr(0)
+
+
 ROW_G = tl.constexpr(1)
+
+
 ROW_BUF = tl.constexpr(2)  # the momentum buffer
+
+
 ROW_X = tl.constexpr(3)  # the matrix's slot in its Newton-Schulz batch (input)
+
+
 ROW_O = tl.constexpr(4)  # the slot holding the orthogonalized update (output)
+
+
 N_ROWS = 5
 
 
@@ -167,109 +172,3 @@ def _muon_apply_kernel(
     o = load_f32(entry(table_ptr, ROW_O, t, n_tensors, tl.bfloat16, ALIGNED), offs, mask, True)
     p = load_f32(p_ptr, offs, mask, True) * decay
     store_as(p_ptr, offs, p + alpha * o, mask, True)
-
-
-def launch_momentum(
-    table: TensorTable,
-    partials: torch.Tensor,
-    p_dtype: torch.dtype,
-    momentum: float,
-    nesterov: bool,
-    flag: torch.Tensor | None,
-    grad_scale: torch.Tensor | None,
-    config: ChunkConfig,
-) -> None:
-    dummy = partials
-    _muon_momentum_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        partials,
-        dummy if flag is None else flag,
-        dummy if grad_scale is None else grad_scale,
-        momentum,
-        1.0 - momentum,
-        P_DTYPE=TL_DTYPES[p_dtype],
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        NESTEROV=nesterov,
-        HAS_FLAG=flag is not None,
-        HAS_GRAD_SCALE=grad_scale is not None,
-        num_warps=config.num_warps,
-    )
-
-
-def _as_bfloat16(x: float) -> float:
-    """``x`` rounded as ``torch.tensor(x, dtype=torch.bfloat16)`` rounds it (to float32, then
-    to bfloat16, to nearest even), on the host without a tensor: it runs every step."""
-    try:
-        (bits,) = struct.unpack("<I", struct.pack("<f", x))
-    except OverflowError:  # beyond float32: infinity, as the conversion gives
-        return math.copysign(math.inf, x)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
-
-
-def launch_normalize(
-    table: TensorTable,
-    partials: torch.Tensor,
-    norms: torch.Tensor,
-    eps: float,
-    flag: torch.Tensor | None,
-    config: ChunkConfig,
-) -> None:
-    """Divide every matrix's bfloat16 update by its Frobenius norm (two launches: the norms
-    from the momentum pass's partial sums, then the division)."""
-    _muon_norm_kernel[(table.n_tensors,)](
-        partials,
-        table.first_chunk,
-        table.n_chunks_of,
-        norms,
-        _as_bfloat16(eps),
-        PARTIALS=1024,
-    )
-    _muon_normalize_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        norms,
-        norms if flag is None else flag,
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        HAS_FLAG=flag is not None,
-        num_warps=config.num_warps,
-    )
-
-
-def launch_apply(
-    table: TensorTable,
-    ratios: torch.Tensor,
-    p_dtype: torch.dtype,
-    lr: float | torch.Tensor,
-    weight_decay: float,
-    flag: torch.Tensor | None,
-    config: ChunkConfig,
-) -> None:
-    lr_on_device = isinstance(lr, torch.Tensor)
-    _muon_apply_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        ratios,
-        ratios if flag is None else flag,
-        lr if lr_on_device else ratios,
-        0.0 if lr_on_device else float(lr),
-        weight_decay,
-        P_DTYPE=TL_DTYPES[p_dtype],
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        HAS_FLAG=flag is not None,
-        LR_ON_DEVICE=lr_on_device,
-        num_warps=config.num_warps,
-    )

@@ -1,5 +1,5 @@
-"""Device code the optimizer kernels share: table lookups, block loads and stores, PyTorch's
-lerp, stochastic rounding."""
+"""@triton.jit helpers the optimizer kernels share: PyTorch's lerp, stochastic rounding, loads
+and stores in float32, the multi-tensor table's entries."""
 
 from __future__ import annotations
 

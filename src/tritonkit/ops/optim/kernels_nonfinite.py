@@ -16,13 +16,11 @@ graph), the counter never.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import load_chunk_f32
-from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+from tritonkit.ops.optim.kernels import load_chunk_f32
 
 
 @triton.jit
@@ -59,33 +57,3 @@ def _nonfinite_kernel(
         G_DTYPE, BLOCK, ALIGNED,
     )  # fmt: skip
     mark_nonfinite(g, t, flags_ptr, found_ptr, count_ptr, NAMES)
-
-
-def launch_nonfinite_check(
-    table: TensorTable,
-    grad_row: int,
-    g_dtype: torch.dtype,
-    flags: torch.Tensor | None,
-    found: torch.Tensor,
-    count: torch.Tensor,
-    config: ChunkConfig,
-) -> None:
-    """Set ``found`` to 1 (and ``flags[t]``, if given) where tensor t of ``grad_row`` has a
-    NaN or an infinity, and add 1 to ``count`` if ``found`` was 0 (``found`` and ``flags``
-    must be zeroed before a step's first check; nothing else is written)."""
-    _nonfinite_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        grad_row,
-        found if flags is None else flags,
-        found,
-        count,
-        G_DTYPE=TL_DTYPES[g_dtype],
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        NAMES=flags is not None,
-        num_warps=config.num_warps,
-    )

@@ -13,13 +13,11 @@ gradients twice, not three times.
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import load_chunk_f32
-from tritonkit.ops.optim.nonfinite import mark_nonfinite
-from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+from tritonkit.ops.optim.kernels import load_chunk_f32
+from tritonkit.ops.optim.kernels_nonfinite import mark_nonfinite
 
 
 @kernel(do_not_specialize=["n_tensors", "grad_row"])
@@ -47,35 +45,3 @@ def _sum_squares_kernel(
     tl.store(partial_ptr + tl.program_id(0), tl.sum(g * g, axis=0))
     if CHECK:
         mark_nonfinite(g, t, flags_ptr, found_ptr, count_ptr, NAMES)
-
-
-def launch_sum_squares(
-    table: TensorTable,
-    grad_row: int,
-    g_dtype: torch.dtype,
-    partials: torch.Tensor,
-    config: ChunkConfig,
-    check: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None,
-) -> None:
-    """``partials[c]`` = the sum of squares (float32) of program c's block of ``grad_row``;
-    ``partials`` holds ``table.n_chunks`` float32 values (every one is written). ``check``:
-    (flags or None, found, count) of ``launch_nonfinite_check``, checked on the same read."""
-    flags, found, count = check if check is not None else (None, partials, partials)
-    _sum_squares_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        grad_row,
-        partials,
-        found if flags is None else flags,
-        found,
-        count,
-        G_DTYPE=TL_DTYPES[g_dtype],
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        CHECK=check is not None,
-        NAMES=flags is not None,
-        num_warps=config.num_warps,
-    )

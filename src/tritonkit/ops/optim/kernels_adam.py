@@ -18,37 +18,46 @@ moments are then float32 too.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
 from tritonkit.ops._core.launch import kernel
-from tritonkit.ops.optim.math import entry, load_f32, round_stochastic, store_as, torch_lerp
-from tritonkit.ops.optim.tables import TL_DTYPES, ChunkConfig, TensorTable
+from tritonkit.ops.optim.kernels import entry, load_f32, round_stochastic, store_as, torch_lerp
 
 # Rows of an Adam table: where each program finds its tensor's addresses. The outputs have rows
 # of their own so that the functional form (``adam_step``) can write new tensors; an optimizer
 # points them at its inputs.
 ROW_P = tl.constexpr(0)
+
+
 ROW_G = tl.constexpr(1)
+
+
 ROW_M = tl.constexpr(2)
+
+
 ROW_V = tl.constexpr(3)
+
+
 ROW_VMAX = tl.constexpr(4)
+
+
 ROW_MASTER = tl.constexpr(5)
+
+
 ROW_P_OUT = tl.constexpr(6)
+
+
 ROW_M_OUT = tl.constexpr(7)
+
+
 ROW_V_OUT = tl.constexpr(8)
+
+
 ROW_VMAX_OUT = tl.constexpr(9)
+
+
 N_ROWS = 10
-
-# Weight decay modes (constexpr): none, L2 (Adam: added to the gradient), decoupled (AdamW).
-WD_NONE, WD_L2, WD_DECOUPLED = 0, 1, 2
-
-# Magnitudes from which round-to-nearest gives infinity (max + half a unit in the last place).
-_OVERFLOW = {torch.float16: 65520.0, torch.bfloat16: 3.3961775292304e38, torch.float32: math.inf}
 
 
 @triton.jit
@@ -162,81 +171,3 @@ def _adam_kernel(
             P_DTYPE, S_DTYPE, OVERFLOW, True, ALIGNED, AMSGRAD, MAXIMIZE, WEIGHT_DECAY,
             HAS_GRAD_SCALE, MASTER, STOCHASTIC,
         )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class AdamHyper:
-    """One param group's hyperparameters as the kernel takes them (see ``launch_adam``)."""
-
-    lr: float | torch.Tensor
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    decoupled: bool
-    amsgrad: bool
-    maximize: bool
-
-
-def _log(beta: float) -> float:
-    return math.log(beta) if beta > 0 else -math.inf
-
-
-def launch_adam(
-    table: TensorTable,
-    steps: torch.Tensor,
-    p_dtype: torch.dtype,
-    s_dtype: torch.dtype,
-    h: AdamHyper,
-    *,
-    master: bool = False,
-    stochastic: bool = False,
-    seed: int = 0,
-    flag: torch.Tensor | None = None,
-    grad_scale: torch.Tensor | None = None,
-    config: ChunkConfig,
-) -> None:
-    """One Adam step over every tensor of ``table`` (no validation: the optimizer did it).
-
-    ``steps`` holds each program's step count (``TensorTable.n_chunks`` float32 values);
-    ``flag``, when given, is read on the device and a nonzero value skips the whole step
-    (steps included); ``grad_scale`` divides the gradients (GradScaler), which are written
-    back unscaled. A tensor ``h.lr`` is read on the device (capturable schedules).
-    """
-    lr_on_device = isinstance(h.lr, torch.Tensor)
-    wd_mode = WD_NONE if h.weight_decay == 0 else (WD_DECOUPLED if h.decoupled else WD_L2)
-    dummy = steps
-    _adam_kernel[(table.n_chunks,)](
-        table.chunk_tensor,
-        table.chunk_block,
-        steps,
-        table.table,
-        table.numels,
-        table.n_tensors,
-        dummy if flag is None else flag,
-        dummy if grad_scale is None else grad_scale,
-        h.lr if lr_on_device else dummy,
-        0.0 if lr_on_device else float(h.lr),
-        1.0 - h.beta1,
-        h.beta2,
-        1.0 - h.beta2,
-        _log(h.beta1),
-        _log(h.beta2),
-        h.eps,
-        h.weight_decay,
-        seed,
-        P_DTYPE=TL_DTYPES[p_dtype],
-        S_DTYPE=TL_DTYPES[s_dtype],
-        OVERFLOW=_OVERFLOW[p_dtype],
-        BLOCK=table.block,
-        ALIGNED=table.aligned,
-        AMSGRAD=h.amsgrad,
-        MAXIMIZE=h.maximize,
-        WEIGHT_DECAY=wd_mode,
-        HAS_FLAG=flag is not None,
-        HAS_GRAD_SCALE=grad_scale is not None,
-        LR_ON_DEVICE=lr_on_device,
-        MASTER=master,
-        STOCHASTIC=stochastic and p_dtype != torch.float32,
-        num_warps=config.num_warps,
-    )
