@@ -29,7 +29,7 @@ def _sum_squares_kernel(
     n_tensors,
     grad_row,
     partial_ptr,  # float32 [n_chunks]: sum of squares of program c's block
-    flags_ptr,  # the non-finite check's (nonfinite.py), if CHECK: per-tensor flags (NAMES),
+    flags_ptr,  # the non-finite check's (kernels_nonfinite.py), if CHECK: per-tensor flags (NAMES),
     found_ptr,  # the step's flag
     count_ptr,  # and its count of steps that met a non-finite gradient
     G_DTYPE: tl.constexpr,

@@ -8,7 +8,7 @@ A Muon step is ``torch.optim.Muon``'s (torch/optim/_muon.py), per matrix paramet
 2. ``normalize``: one program per matrix sums its partial sums (a fixed order: the result
    does not depend on scheduling), rounds the norm to bfloat16 as PyTorch's bfloat16
    ``norm()`` does and clamps it to ``eps``; then every block is divided by its matrix's norm.
-3. Newton-Schulz (``newton_schulz.py``), batched per shape.
+3. Newton-Schulz (``kernels_newton_schulz.py``), batched per shape.
 4. ``apply``: ``p *= 1 - lr * wd``; ``p += -lr * ratio * O`` (``ratio`` from
    ``adjust_lr_fn``, per matrix).
 """

@@ -1,7 +1,7 @@
 """One pass for a small tensor with one scale: every program finds the amax of the whole tensor
 (small enough to sit in L2: each program reads it once), then casts its own block.
 
-For one scale per tensor the general route is two passes (``twopass.py``: a zeroed float32,
+For one scale per tensor the general route is two passes (``kernels_twopass.py``: a zeroed float32,
 an atomic amax pass, the cast pass): three launches, which cost more than the work for the
 activations of a decode step (a few rows of a hidden size). Here one launch does it, with no
 atomics and no zeroed buffer; every program computes the same amax (a maximum does not depend
