@@ -30,18 +30,16 @@ from tritonkit.ops.norm.config import (
     ROW_STORE,
     ROW_STORE_MIN_BYTES_RMS,
     WIDE_STAGES_RMS,
-    depth,
-)
-from tritonkit.ops.norm.kernels_forward_row import norm_fwd_row_kernel
-from tritonkit.ops.norm.plan import (
     backward_stages,
     backward_tile_elems,
-    forward_plan,
+    depth,
     row_forward_config,
     row_forward_store,
     row_forward_thread_elems,
     row_tiles,
 )
+from tritonkit.ops.norm.kernels_forward_row import norm_fwd_row_kernel
+from tritonkit.ops.norm.plan import forward_plan
 from tritonkit.specs.norm import NORM_GRAD_TOLERANCE, _rms_formula
 
 from _checks import DEVICE, assert_spec_passes, compile_backend

@@ -43,9 +43,9 @@ rounding less accurate); the backward reads the stored sum, not x and residual.
 A call's path: ``function.py`` (the public functions: validation, autocast,
 ``registry.apply``; the autograd Functions and the torch.library ops) -> ``plan.py`` (the plan
 of one layout: allocations and launches, kept in the plan cache) -> ``ops/_core/launch.py``.
-``config.py`` holds every tunable (``NormConfig``, one dataclass per kernel path) and
-``plan.py`` chooses the launches when a plan is built; ``kernels.py`` has the ``@triton.jit``
-helpers the ``kernels_<path>.py`` kernels share.
+``config.py`` holds every tunable (``NormConfig``, one dataclass per kernel path) and the
+choice of kernel path and tiles; ``plan.py`` builds the launches when a plan is built;
+``kernels.py`` has the ``@triton.jit`` helpers the ``kernels_<path>.py`` kernels share.
 """
 
 from tritonkit.ops.norm.config import (

@@ -18,223 +18,48 @@ import torch
 
 from tritonkit.ops._core.device import shared_memory_per_block, sm_count
 from tritonkit.ops._core.launch import Launch
-from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
+from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv
 from tritonkit.ops._core.plan import cached
 from tritonkit.ops._core.reduce import colsum_kernel
 from tritonkit.ops._core.rows import (
-    RowConfig,
     RowLayout,
     RowPlan,
     evict_kwargs,
     lookup,
     pow2_floor,
     row_plan,
-    row_program_config,
-    row_program_warps,
     row_warps,
 )
 from tritonkit.ops.norm.config import (
-    ADJACENT_ROWS,
-    BWD_DEEP_TILE_BYTES,
-    BWD_TILE_BYTES,
-    LOOPED_ROWS_LN_RES16,
     LOOPED_STATS_LN_RES16,
-    LOOPED_WIDE_ELEMS_LN,
-    LOOPED_WIDE_ELEMS_RMS,
     MAX_WARPS,
     NORM,
     PIPELINE_ELEMS_PER_THREAD,
     PIPELINE_STAGES,
     REREAD_ELEMS_PER_THREAD,
-    ROW_ELEMS_PER_THREAD_LN,
-    ROW_ELEMS_PER_THREAD_RMS,
-    ROW_MAX_BYTES_LN,
-    ROW_MAX_BYTES_LN_FP32,
-    ROW_MAX_COLS,
-    ROW_POW2_FP32,
-    ROW_POW2_FP32_WARPS,
-    ROW_STORE,
-    ROW_STORE_MIN_BYTES_RMS,
-    ROW_THREAD_SUMS_MIN_COLS,
-    ROW_WARPS_LN,
-    ROW_WARPS_RMS,
-    TILE_ELEMS_PER_THREAD,
     WIDE_MID_PROGRAMS_PER_SM,
     WIDE_MID_STAGES,
     WIDE_STAGES_RMS,
     WIDE_SUMS_ELEMS_PER_THREAD_FP32,
     WIDE_SUMS_PROGRAMS_PER_SM,
     NormConfig,
-    NormForwardConfig,
-    RegistersBackwardConfig,
+    _fit_chunk,
+    _looped_forward_tiles,
+    backward_stages,
+    backward_tile_elems,
     depth,
+    row_forward_config,
+    row_forward_store,
+    row_forward_thread_elems,
+    row_tiles,
     shifts,
+    takes_row_forward,
 )
 from tritonkit.ops.norm.kernels_backward import norm_bwd_kernel
 from tritonkit.ops.norm.kernels_backward_wide import norm_bwd_sums_kernel
 from tritonkit.ops.norm.kernels_forward_looped import norm_fwd_looped_kernel
 from tritonkit.ops.norm.kernels_forward_row import norm_fwd_row_kernel
 from tritonkit.ops.norm.kernels_forward_tiles import norm_fwd_tiles_kernel
-
-
-def row_tiles(
-    layout: RowLayout,
-    config: NormConfig,
-    sms: int,
-    tile_elems: int | None = None,
-    elems_per_thread: int | None = None,
-    max_fused: int | None = None,
-    loop_block: int | None = None,
-    loop_programs_per_sm: int = 1,
-) -> RowConfig:
-    """The row tiles of a norm pass (the forward's by default; the backward passes its own
-    tile size, widest row in registers, looped chunk and programs per SM; the looped forward
-    sizes its own grid after). Rows in registers are one tile per program (programs per SM 0)
-    at ``elems_per_thread`` per thread (default ``RegistersForwardConfig.elems_per_thread``)."""
-    tc = config.tiles
-    rc = config.forward.registers
-    cfg = RowConfig.for_layout(
-        layout,
-        sms=sms,
-        max_fused=max_fused or tc.max_fused_cols,
-        loop_block=loop_block or tc.loop_block_n,
-        tile_elems=tile_elems or tc.tile_elems,
-        adjacent_rows=ADJACENT_ROWS,
-        elems_per_thread=TILE_ELEMS_PER_THREAD,
-        loop_elems_per_thread=TILE_ELEMS_PER_THREAD,
-        max_warps=MAX_WARPS,
-        loop_programs_per_sm=loop_programs_per_sm,
-    )
-    if not cfg.LOOPED:  # programs per SM 0: one row tile per program
-        programs = cfg.n_tiles
-        per_sm = rc.programs_per_sm
-        if per_sm > 0:
-            programs = min(cfg.n_tiles, per_sm * sms)
-        per_thread = elems_per_thread or rc.elems_per_thread
-        warps = row_warps(cfg.BLOCK_R * cfg.BLOCK_N, per_thread, MAX_WARPS)
-        cfg = dataclasses.replace(cfg, programs=max(1, programs), num_warps=warps)
-    return cfg
-
-
-def _fit_chunk(block_r: int, block_n: int, per_thread: int, max_warps: int) -> tuple[int, int]:
-    """(BLOCK_N, warps) of a tile of ``block_r`` rows: at most ``block_n`` columns, narrowed so
-    that ``per_thread`` elements per thread fit ``max_warps``."""
-    block_n = min(block_n, pow2_floor(per_thread * 32 * max_warps // block_r))
-    return block_n, row_warps(block_r * block_n, per_thread, max_warps)
-
-
-# ----------------------------------------------------------------------------------------------
-# Forward
-# ----------------------------------------------------------------------------------------------
-
-
-def takes_row_forward(
-    layout: RowLayout, has_residual: bool, rms: bool, dtype: torch.dtype, config: NormConfig
-) -> bool:
-    """Whether the forward takes norm_fwd_row_kernel: rows without a residual of contiguous
-    columns within the widths of ``RowForwardConfig``. fp32 LayerNorm rows of a power-of-2
-    width up to max_fused_cols stay in registers, kept there across the statistics (no
-    re-read), which runs as fast or faster, but for the widths of
-    ``ROW_POW2_FP32``."""
-    row = config.forward.row
-    (_, stride_xn, _), (_, stride_yn, _) = layout.strides[:2]
-    n_cols = layout.n_cols
-    kept = (
-        not rms
-        and dtype == torch.float32
-        and n_cols == next_power_of_2(n_cols)
-        and n_cols not in ROW_POW2_FP32
-    )
-    max_bytes_ln = ROW_MAX_BYTES_LN_FP32 if dtype == torch.float32 else ROW_MAX_BYTES_LN
-    return (
-        not has_residual
-        and stride_xn == 1  # rows contiguous (not adjacent rows of a transposed input)
-        and stride_yn == 1
-        and row.min_cols <= n_cols <= ROW_MAX_COLS
-        and (rms or n_cols * dtype.itemsize <= max_bytes_ln)
-        and not (kept and n_cols <= config.tiles.max_fused_cols)
-    )
-
-
-def row_forward_config(
-    n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig
-) -> tuple[int, int]:
-    """(BLOCK_N, warps) of norm_fwd_row_kernel, warps by the row's bytes. RMSNorm:
-    ROW_WARPS_RMS, chunks of ROW_ELEMS_PER_THREAD_RMS per thread. LayerNorm: ROW_WARPS_LN, and
-    within the bounds of ROW_ELEMS_PER_THREAD_LN the largest power of 2 that divides the row
-    (no partial last chunk)."""
-    row = fc.row
-    if rms:
-        block_n, warps = row_program_config(
-            n_cols, element_size, ROW_WARPS_RMS, ROW_ELEMS_PER_THREAD_RMS
-        )
-    elif element_size == 4 and n_cols in ROW_POW2_FP32:
-        block_n, warps = n_cols, ROW_POW2_FP32_WARPS
-    else:
-        warps = row_program_warps(n_cols * element_size, ROW_WARPS_LN)
-        low, high = (32 * warps * e for e in ROW_ELEMS_PER_THREAD_LN)
-        even = n_cols & -n_cols  # the largest power of 2 that divides n_cols
-        block_n = min(max(even, low), high, next_power_of_2(n_cols))
-    if row.chunk is not None:
-        block_n = min(row.chunk, next_power_of_2(n_cols))
-    return block_n, warps
-
-
-def row_forward_store(n_cols: int, element_size: int, rms: bool, fc: NormForwardConfig) -> str:
-    """The L2 policy of norm_fwd_row_kernel's stores (see ``ROW_STORE``)."""
-    if element_size != 2 or (rms and n_cols * element_size <= ROW_STORE_MIN_BYTES_RMS):
-        return ""
-    return ROW_STORE
-
-
-def row_forward_thread_elems(
-    n_cols: int, dtype: torch.dtype, rms: bool, block_n: int, warps: int, fc: NormForwardConfig
-) -> int:
-    """norm_fwd_row_kernel's THREAD_ELEMS: each thread's share of a chunk for 16-bit LayerNorm
-    rows of ROW_THREAD_SUMS_MIN_COLS or more (or thread_elems for every LayerNorm row), else 0
-    (per-lane sums)."""
-    if rms:
-        return 0
-    if fc.row.thread_elems is not None:
-        return min(fc.row.thread_elems, block_n)
-    if dtype == torch.float32 or n_cols < ROW_THREAD_SUMS_MIN_COLS:
-        return 0
-    return max(block_n // (32 * warps), 1)
-
-
-def _looped_forward_tiles(
-    cfg: RowConfig,
-    layout: RowLayout,
-    config: NormConfig,
-    rms: bool,
-    load_bytes: int,
-    res16: bool,
-    sms: int,
-) -> RowConfig:
-    """The looped forward's own rows per tile, warps and programs per SM (``LoopedForwardConfig``,
-    ``LoopedRowsConfig``); ``load_bytes``: bytes each element of a row loads (x, and the
-    residual); ``res16``: 16-bit rows with a residual."""
-    lc, lr = config.forward.looped, config.forward.looped_rows
-    rows = lr.rows_rms if rms else (LOOPED_ROWS_LN_RES16 if res16 else lr.rows_ln)
-    per_sm = lc.programs_per_sm_rms if rms else lc.programs_per_sm_ln
-    if cfg.BLOCK_R == 1 and rows > 1 and layout.n_inner > 1:
-        # Several rows per tile, chunks as many times narrower: each weight (and bias) chunk
-        # loaded serves them all.
-        block_r = min(rows, next_power_of_2(layout.n_inner))
-        n_iblocks = cdiv(layout.n_inner, block_r)
-        cfg = dataclasses.replace(
-            cfg, BLOCK_R=block_r, BLOCK_N=cfg.BLOCK_N // block_r, n_iblocks=n_iblocks,
-            n_tiles=layout.n_outer * n_iblocks,
-        )  # fmt: skip
-    wide = load_bytes >= 8  # fp32 x and residual
-    if rms:
-        per_thread = LOOPED_WIDE_ELEMS_RMS if wide else lc.elems_per_thread_rms
-    else:
-        per_thread = LOOPED_WIDE_ELEMS_LN if wide else lc.elems_per_thread_ln
-    block_n, warps = _fit_chunk(cfg.BLOCK_R, cfg.BLOCK_N, per_thread, MAX_WARPS)
-    return dataclasses.replace(
-        cfg, BLOCK_N=block_n, programs=max(1, min(cfg.n_tiles, per_sm * sms)), num_warps=warps
-    )
 
 
 def forward_launch(
@@ -357,37 +182,6 @@ class BackwardLaunches:
     main: Launch
     partials: Launch | None
     groups: int
-
-
-def backward_tile_elems(n_row_tensors: int, dtype: torch.dtype, rc: RegistersBackwardConfig) -> int:
-    """Elements per backward row tile: tile_elems, or fewer to read at most BWD_TILE_BYTES."""
-    return min(rc.tile_elems, pow2_floor(BWD_TILE_BYTES // (n_row_tensors * dtype.itemsize)))
-
-
-def backward_stages(
-    cfg: RowConfig,
-    block_n: int,
-    element_sizes: tuple[int, ...],
-    rms: bool,
-    config: NormConfig,
-    smem: int,
-    mid: bool = False,
-) -> int | None:
-    """Pipeline depth of the dx pass over its row tiles (``cfg.BLOCK_R`` rows x ``block_n``
-    columns of row tensors of ``element_sizes``): stages (LayerNorm's small tiles stages_ln),
-    wide rows WIDE_STAGES_RMS, looped rows of at most the forward's max_fused_cols (``mid``)
-    WIDE_MID_STAGES; None for the hand prefetch."""
-    rc = config.backward.registers
-    tile_bytes = cfg.BLOCK_R * block_n * sum(element_sizes)
-    if cfg.LOOPED and mid:
-        stages = WIDE_MID_STAGES
-    elif cfg.LOOPED:
-        stages = WIDE_STAGES_RMS if rms else None
-    elif not rms and tile_bytes <= BWD_DEEP_TILE_BYTES:
-        stages = rc.stages_ln
-    else:
-        stages = rc.stages
-    return depth(stages, tile_bytes, smem)
 
 
 def backward_launches(
