@@ -118,8 +118,10 @@ def _collectives_rank(rank, world, store, tmp):
     _compressed_cases(rank, world, td, full)
     # all_gather_matmul: the gathered shards (rank order) times b, within a float32 GEMM's
     # rounding of float64 (on GPUs: the symmetric-memory overlap; here: all_gather, matmul)
-    a = torch.randn(3, 40, generator=torch.Generator().manual_seed(rank)).to(_dev())
-    bm = torch.randn(40, 6, generator=torch.Generator().manual_seed(77)).to(_dev())
+    g = torch.Generator().manual_seed(rank)  # host: CPU generator, same draws on any device
+    a = torch.randn(3, 40, generator=g).to(_dev())  # host: generator
+    g = torch.Generator().manual_seed(77)  # host: CPU generator, the same b on every rank
+    bm = torch.randn(40, 6, generator=g).to(_dev())  # host: generator
     shards = [torch.empty_like(a) for _ in range(world)]
     dist.all_gather(shards, a)
     exact = torch.cat(shards).double() @ bm.double()

@@ -88,13 +88,16 @@ def ptxas_log(kernel: Any) -> str:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:
             f.write(kernel.asm["ptx"])
-        out = subprocess.run(
-            [_ptxas(), "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")],
-            capture_output=True,
-            text=True,
-            check=True,
+        argv = [_ptxas(), "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")]
+        # Twice at most: on a GPU machine running the suite's 14 workers, ptxas once exited
+        # 255 on a kernel it compiles alone (a transient failure); its message is kept.
+        for _attempt in range(2):
+            out = subprocess.run(argv, capture_output=True, text=True)
+            if out.returncode == 0:
+                return out.stderr
+        raise RuntimeError(
+            f"ptxas exited {out.returncode} twice: {(out.stderr or out.stdout).strip()[-500:]}"
         )
-    return out.stderr
 
 
 def ptxas_stats(kernel: Any) -> dict[str, int]:

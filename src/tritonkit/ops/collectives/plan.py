@@ -424,6 +424,7 @@ class SymmWorkspace:
         self.resident_programs = 4 * sm_count(device)
         self.epoch = 0  # barriers passed (modulo 2^32): the pads start at 0
         self.calls = 0
+        self.side_stream: torch.cuda.Stream | None = None  # all_gather_matmul's copies
 
     def advance(self, barriers: int) -> tuple[int, int]:
         """(the first barrier's epoch as an int32, the element offset of the buffers' half)
@@ -577,9 +578,6 @@ def fused_norm_launch(
     return out, res_out
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
 def all_gather_matmul_symm(a: torch.Tensor, b: torch.Tensor, ws: SymmWorkspace) -> torch.Tensor:
     """``cat(all_gather(a)) @ b`` through symmetric memory: on a side stream the copy engines
     store ``a`` (contiguous, (m, k)) into every peer's buffer and a one-program barrier meets the
@@ -592,9 +590,9 @@ def all_gather_matmul_symm(a: torch.Tensor, b: torch.Tensor, ws: SymmWorkspace) 
     m, k = a.shape
     epoch, half = ws.advance(1)
     main = torch.cuda.current_stream(a.device)
-    side = _SIDE_STREAMS.get(a.device.index)
-    if side is None:
-        side = _SIDE_STREAMS[a.device.index] = torch.cuda.Stream(a.device)
+    if ws.side_stream is None:  # the copies' stream: one per workspace (its device)
+        ws.side_stream = torch.cuda.Stream(a.device)
+    side = ws.side_stream
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for j in range(1, world):
