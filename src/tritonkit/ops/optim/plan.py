@@ -1,5 +1,18 @@
 """The optimizer family's launchers: the multi-tensor table, the Adam step, the gradient norm,
-the non-finite check, Muon's passes and the batched Newton-Schulz GEMMs."""
+the non-finite check, Muon's passes and the batched Newton-Schulz GEMMs.
+
+Multi-tensor layout: many tensors of one dtype, updated by one launch. An optimizer step
+touches every parameter, and a model has tens to hundreds of them. One launch per parameter
+costs a launch's host time each (tens of microseconds through PyTorch or Triton's generic
+launcher) and leaves small tensors with a grid too small to fill the GPU. Instead, each tensor
+is cut into chunks of ``BLOCK`` elements and one program updates one chunk; the programs of all
+tensors form one grid. A program finds its tensor and block in two small int32 arrays (the work
+list), and its tensor's addresses in an int64 device table with one row per role (parameter,
+gradient, each state tensor). The work list depends only on the tensors' sizes and is built
+once; the table's rows change only when a tensor is replaced (a gradient reallocated by
+``zero_grad(set_to_none=True)``, a state loaded), and then only that row is copied to the
+device.
+"""
 
 from __future__ import annotations
 

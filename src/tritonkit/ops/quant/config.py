@@ -80,7 +80,7 @@ def empty_group_scale(fmt: QFormat, pow2: bool = False) -> tuple[float, int]:
 
 
 # A group fits one program's registers up to this many elements; longer rows take two passes
-# (py).
+# (kernels_twopass.py).
 MAX_GROUP = 16384
 
 

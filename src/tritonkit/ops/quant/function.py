@@ -1,6 +1,22 @@
-"""The quant family's torch.library ops, autograd Functions and functions: quantize,
-quantize with a given scale, dequantize, the float8 and int8 linears. The public API is
-``tritonkit.quant``."""
+"""The quant family's torch.library ops, autograd Functions and functions: quantize, quantize
+with a given scale, dequantize, and the quantized linear layers' compute: float8 training
+(forward and both backward GEMMs in FP8) and int8 inference (W8A8 and weight-only), on the
+family's quantize kernels and the matmul family's FP8/INT8 GEMMs (``tritonkit.scaled_matmul``,
+``tritonkit.int8_matmul``). The public API is ``tritonkit.quant``.
+
+Float8 training follows torchao's float8 recipes:
+
+- "tensorwise": one scale per tensor, e4m3 for x and W, e5m2 for the output gradient. Each
+  tensor is cast once, in both layouts its GEMMs read fastest (``layout="both"``: the codes and
+  their transpose from the same pass), so y = x W^T, dX = dY W and dW = dY^T x read K-major
+  operands without a copy.
+- "rowwise": all e4m3, one power-of-two scale per row of each GEMM operand along the GEMM's
+  reduction dimension (torchao's "rowwise" recipe): x and dY per row for y and dX, x and dY
+  per column for dW, W per row for y and per column for dX. The per-column casts write
+  column-major codes (the b operand's K-major layout).
+
+The weight stays in its own (high) precision; its gradient is returned in its dtype.
+"""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ def _quant_groups_kernel(
     POW2: tl.constexpr,
     PACK: tl.constexpr,  # 4-bit codes, two per byte
     RETURN_AMAX: tl.constexpr,
-    EMULATE: tl.constexpr,  # interpreter: rounding done in float32 (see _jit.py)
+    EMULATE: tl.constexpr,  # interpreter: rounding done in float32 (see ops/_core/quant_codes.py)
 ):
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     row = g // groups_per_row

@@ -1,5 +1,29 @@
-"""The quant family's launchers and plans: quantize (one pass per group, per small tensor, strided,
-or the two passes: amax, then the cast), dequantize, and the weight-only int8 GEMM."""
+"""The quant family's launchers and plans: from a block shape (how many elements share one scale
+along each dimension) to the kernel path that moves the fewest bytes; dequantize; the
+weight-only int8 GEMM.
+
+Paths, by which elements share a scale:
+
+- groups of G consecutive elements of the last dimension (per row when G is the row):
+  one pass (kernels_groups.py), or amax pass + cast pass when G exceeds one program
+  (kernels_twopass.py);
+- groups of k along another dimension: one pass (kernels_strided.py) for k up to 512;
+- a whole column (per channel), groups of channels, the whole tensor: an amax pass with
+  atomics, then the cast pass (kernels_twopass.py): two reads, the fewest for a scale that
+  depends on elements other programs read; except a small tensor with one scale (a decode
+  step's activations): one launch in which every program reads all of it (kernels_small.py).
+
+A scale given by the caller (static, delayed or EMA scaling) needs no amax pass: the cast pass
+alone, which can return the amax of what it cast (``quantize_with_scale``).
+
+Weight-only int8 linear: ``y = (x @ W_int8^T) * scale + bias`` with the int8 weight read as
+stored (half the bytes of a bf16 weight) and widened in registers. Decode (at most 16 rows of
+x) is bound by reading W once: it runs the matmul family's decode kernel (narrow bands of output
+channels, 16-byte loads of W, the scale and bias in the epilogue). More rows run the tiled
+kernel (kernels_weight_only.py), with split-K where the tiles are too few and the fp32 partial
+products summed in a fixed order (``sum_partials``). A call's plan (``weight_only_plan``) is
+cached per input signature.
+"""
 
 from __future__ import annotations
 
