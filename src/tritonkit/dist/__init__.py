@@ -5,7 +5,8 @@ arguments (NCCL for CUDA tensors, gloo for CPU ones) plus ``timeout``; where tri
 algorithm they call torch.distributed. tritonkit's own: :func:`ring_all_reduce` (reductions in
 Triton), :func:`compressed_all_reduce` and its DDP hook (:func:`compressed_allreduce_hook`,
 :class:`CompressionState`, :func:`register_compression`), :func:`symm_all_reduce` (symmetric
-memory, CUDA) and :func:`fused_all_reduce_add_rms_norm`. :func:`set_debug` / :func:`debug`
+memory, CUDA), :func:`fused_all_reduce_add_rms_norm` and :func:`all_gather_matmul` (the gather
+overlapped with the product). :func:`set_debug` / :func:`debug`
 check that all ranks pass the same shapes and dtypes. See ``ops/collectives/``.
 """
 
