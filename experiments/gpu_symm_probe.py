@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -71,25 +70,12 @@ def _empty(x):
     pass
 
 
-def gpu_time(fn, reps=7, inner=10, sync=True):
-    """Median seconds per call over ``reps`` runs of ``inner`` back-to-back calls."""
-    import torch.distributed as dist
+def gpu_time(fn, reps=7, inner=10):
+    """Seconds per call: the harness's timing (``bench_comm.time_call``: the median over
+    ``reps`` of ``inner`` back-to-back calls between CUDA events, the slowest rank's)."""
+    from tritonkit.harness import bench_comm as bc
 
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        if sync:
-            dist.barrier()
-            torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3 / inner)
-    return statistics.median(ts)
+    return bc.time_call(fn, torch.device("cuda", torch.cuda.current_device()), reps, inner)
 
 
 def sec_bandwidth(rank, world, device, ws, out):

@@ -624,6 +624,31 @@ def test_quant_eps_agrees_with_core():
     assert EPS == FORMAT_EPS
 
 
+def test_shipped_crossover_rows_read_as_a_gpu_reads_them():
+    """The symmetric-memory crossover measured on the GPUs (tuned/<gpu>/collectives.json),
+    looked up as ``symm_crossover`` does on that GPU (its profile in the key): H200 at world 2,
+    H100 at worlds 2 and 4; other worlds and dtypes have no row (NCCL)."""
+    import triton
+
+    from tritonkit import _hardware, _tuning
+    from tritonkit.ops.collectives.config import SYMM_TABLE_KERNEL
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    rows = {("NVIDIA H200", 2): (4 << 20, 4 << 20), (h100, 2): (4 << 20, 4 << 20),
+            (h100, 4): (4 << 20, 1 << 20)}  # fmt: skip
+    try:
+        for (gpu, world), want in rows.items():
+            _hardware.set_active(_hardware.match(gpu))
+            machine = (gpu, triton.__version__)
+            key = {"world_size": world, "dtype": "bfloat16"}
+            cfg = _tuning.shipped_lookup(SYMM_TABLE_KERNEL, key, machine=machine)
+            assert (cfg.params["max_bytes"], cfg.params["one_shot_max_bytes"]) == want, gpu
+            other = {"world_size": 8, "dtype": "bfloat16"}
+            assert _tuning.shipped_lookup(SYMM_TABLE_KERNEL, other, machine=machine) is None
+    finally:
+        _hardware.set_active(None)
+
+
 def test_bad_input_names_the_argument():
     from tritonkit import dist as td
 

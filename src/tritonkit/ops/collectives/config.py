@@ -48,8 +48,8 @@ class CompressConfig:
     ) -> CompressConfig:
         # 256 elements a scale keeps the scales at 1.6% of the int8 bytes (3.9x fewer bytes
         # than float32); a tiny message still gets whole 4K programs (one or two). A float32
-        # error-feedback residual: 2K-element tiles (H200, 256 MB: the one-launch kernel took
-        # 1.3x longer with 4K ones; 2K ones cost the other residuals 1.0-1.1x).
+        # error-feedback residual takes 2K-element tiles: its extra registers made 4K ones the
+        # slowest of the probe's shapes (experiments/gpu_symm_probe.py; docs/performance.md).
         return cls(
             dtype=dtype,
             block=256 if numel >= 256 else 64,

@@ -342,9 +342,9 @@ def compressed_all_reduce(
     check_tensor("compressed_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"compressed_all_reduce: op must be SUM or AVG, got {op}")
-    if algorithm not in COMPRESS_ALGORITHMS:
+    if algorithm not in SYMM_CHOICES:
         raise ValueError(
-            f"compressed_all_reduce: algorithm must be one of {list(COMPRESS_ALGORITHMS)}, "
+            f"compressed_all_reduce: algorithm must be one of {list(SYMM_CHOICES)}, "
             f"got {algorithm!r}"
         )
     if dtype not in CODE_DTYPES:
@@ -397,7 +397,8 @@ def compressed_all_reduce(
     return sent
 
 
-COMPRESS_ALGORITHMS = ("auto", "symm", "nccl")
+# The paths of the calls that run on symmetric memory where it can (else torch.distributed).
+SYMM_CHOICES = ("auto", "symm", "nccl")
 
 
 def _compress_workspace(tensor, group, cfg, lay, algorithm: str):
@@ -546,10 +547,8 @@ def all_gather_matmul(
         raise ValueError(
             f"{op}: a must be (m, k) and b (k, n), got {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    if algorithm not in COMPRESS_ALGORITHMS:
-        raise ValueError(
-            f"{op}: algorithm must be one of {list(COMPRESS_ALGORITHMS)}, got {algorithm!r}"
-        )
+    if algorithm not in SYMM_CHOICES:
+        raise ValueError(f"{op}: algorithm must be one of {list(SYMM_CHOICES)}, got {algorithm!r}")
     if _debug[0]:
         check_same_arguments(op, group, timeout, _signature(a, b))
     world = dist.get_world_size(group)
