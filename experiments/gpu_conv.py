@@ -192,17 +192,20 @@ def _warm(fn):
 def _jobs(layers, dw_layers):
     """(kind, layer index, config dict) for every candidate worth timing."""
     from tritonkit.ops.conv.config import DepthwiseConfig, GemmConfig, WgradConfig
-    from tritonkit.ops.conv.plan import forward_path, problem
+    from tritonkit.ops.conv.plan import choose_path, problem
 
     jobs = []
     for i, (cin, cout, k, s, h, _) in enumerate(layers):
         pad = k // 2
         p = problem((BATCH, cin, h, h), (cout, cin, k, k), [s, s], [pad] * 4, [1, 1], 1, DTYPE)
-        kind = forward_path(p)
+        x, w, _, _ = _layer(cin, cout, k, s, h, seed=i)
+        kind = choose_path(p, x, w)  # the kernel the layer's layouts take (its tuning key)
         cands = GemmConfig.candidates(p, p.c_g, p.k_g)
         # The first three, and a tile 256 channels wide where Cout reaches it: a 1x1 layer's
         # short reduction makes it a memory-bound GEMM that wants x read once per pixel.
-        for c in cands[:3] + [c for c in cands[3:] if c.BLOCK_N >= 256]:
+        # The TMA kernel: every candidate (its winners on an H200 spread over five tiles).
+        keep = cands if kind == "tma" else cands[:3] + [c for c in cands[3:] if c.BLOCK_N >= 256]
+        for c in keep:
             jobs.append((kind, i, c.tuning().to_dict()))
         for c in GemmConfig.candidates(p._replace(oh=p.h, ow=p.w), p.k_g, p.c_g)[:2]:
             jobs.append(("dgrad", i, c.tuning().to_dict()))
@@ -234,7 +237,7 @@ def _run_job(job, layers, dw_layers, time_it=True):
         geo = ([s, s], [pad] * 4, [1, 1], 1)
         y = F.conv2d(x, w, None, s, pad)
         dy = torch.randn_like(y)
-        if kind in ("fwd", "1x1", "rows"):
+        if kind in ("fwd", "tma", "1x1", "rows"):
             conf = GemmConfig.from_tuning(cfg)
             fn = lambda: conv_forward(x, w, None, None, *geo, "none", conf)  # noqa: E731
         elif kind == "dgrad":

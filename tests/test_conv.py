@@ -3,6 +3,9 @@ groups and depthwise, odd sizes, NCHW / channels_last / strided views, fp32 / fp
 the fused epilogues, output layouts, bad input raising PyTorch's errors, BN folding and the
 model converter, torch.compile, and the spec through the check engine."""
 
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -213,6 +216,115 @@ def test_empty_batch_and_tiles_config(device):
     for cfg in (GemmConfig(16, 16, 16, 1, 4, 1), GemmConfig(64, 32, 32, 4, 4, 2)):
         got = conv_forward(x, wt, b, None, [1, 1], [1, 1, 1, 1], [1, 1], 1, "relu", cfg)
         _close(got, F.relu(F.conv2d(x.double(), wt.double(), b.double(), padding=1)), torch.float32)
+
+
+# (n, c, h, w, k, kh, kw, stride, padding, dilation), dense channels_last operands that the
+# TMA kernels read (Hopper; the interpreter runs them too).
+TMA_GEOMETRIES = [
+    (2, 16, 9, 7, 24, 3, 3, 1, 1, 1),  # odd planes: tiles past the bottom and right edges
+    (3, 32, 10, 12, 40, 3, 3, 2, 1, 1),  # stride 2 through the phase view
+    (2, 16, 8, 8, 16, 3, 3, 1, 2, 2),  # dilation 2
+    (2, 32, 14, 14, 16, 1, 1, 2, 0, 1),  # 1x1 stride 2 (a downsample)
+    (1, 8, 5, 5, 8, 5, 5, 1, 2, 1),  # fewer channels than a K block: zeros past C
+    (3, 16, 6, 6, 24, 3, 3, 2, 1, 1),  # stride 2, pad 1: window row -1 is padding
+    (1, 64, 4, 4, 16, 3, 3, 1, 1, 1),  # one tile: its reduction split over programs
+]
+# The 1x1 stride-1 paths: pointers, TMA loads, the matmul family's GEMM.
+POINTWISE_PATHS = ["1x1", "1x1-tma", "1x1-gemm"]
+
+
+def _cl(t):
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("geometry", TMA_GEOMETRIES, ids=lambda v: "x".join(map(str, v)))
+@pytest.mark.parametrize("path", ["tma", "fwd"])
+def test_forward_paths_against_float64(device, geometry, path):
+    """The TMA implicit GEMM and the pointer one on the same calls: act(conv + bias +
+    residual), the residual added before the activation, outputs poisoned first."""
+    n, c, h, w, k, kh, kw, stride, pad, dil = geometry
+    x, wt, b = _case(device, n, c, h, w, k, kh, kw, 1, seed=sum(geometry))
+    z = F.conv2d(x.double(), wt.double(), b.double(), stride, pad, dil)
+    res = torch.randn(z.shape, device=device)
+    ref = F.relu(z + res.double())
+    x, wt, res = _cl(x), _cl(wt), _cl(res)
+    with mock.patch.object(torch, "empty", _poisoned(torch.empty)):
+        out = conv_forward(x, wt, b, res, [stride] * 2, [pad] * 4, [dil] * 2, 1, "relu", None,
+                           path)  # fmt: skip
+    _close(out, ref, torch.float32)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def _poisoned(empty):
+    def fill(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    return fill
+
+
+@pytest.mark.parametrize("path", POINTWISE_PATHS)
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_pointwise_paths_add_the_residual_before_the_activation(device, path, activation):
+    x, wt, b = _case(device, 3, 32, 5, 7, 48, 1, 1, 1, seed=5)
+    z = F.conv2d(x.double(), wt.double(), b.double())
+    res = torch.randn(z.shape, device=device)
+    ref = ACTS[activation](z + res.double())
+    x, wt, res = _cl(x), _cl(wt), _cl(res)
+    out = conv_forward(x, wt, b, res, [1, 1], [0] * 4, [1, 1], 1, activation, None, path)
+    _close(out, ref, torch.float32)
+    plain = conv_forward(x, wt, None, None, [1, 1], [0] * 4, [1, 1], 1, "none", None, path)
+    _close(plain, F.conv2d(x.double(), wt.double()), torch.float32)
+
+
+def test_tma_path_is_the_default_and_a_forced_path_that_cannot_run_raises(device):
+    x, wt, b = _case(device, 2, 16, 8, 8, 16, 3, 3, 1)
+    p = plan_module.problem(x.shape, wt.shape, [1, 1], [1] * 4, [1, 1], 1, x.dtype)
+    assert plan_module.choose_path(p, _cl(x), _cl(wt)) == "tma"
+    assert plan_module.choose_path(p, x, wt) == "fwd"  # NCHW: read where it lies
+    p1 = plan_module.problem(x.shape, (8, 16, 1, 1), [1, 1], [0] * 4, [1, 1], 1, x.dtype)
+    assert plan_module.choose_path(p1, _cl(x), _cl(wt[:8, :, :1, :1])) == "1x1"
+    with pytest.raises(ValueError, match="path 'tma' cannot run"):
+        conv_forward(x, wt, b, None, [1, 1], [1] * 4, [1, 1], 1, "none", None, "tma")
+
+
+# Records the launches of the TMA forward (one tile per layer and a split one) and of the 1x1
+# GEMM path (the matmul family's kernel, the residual before the activation), then compiles
+# each for sm_90 as the CUDA backend would (the interpreter runs none of Triton's compiler).
+_SM90_SCRIPT = """
+import torch
+from tritonkit.harness import kernel_stats as ks
+from tritonkit.ops.conv.plan import conv_forward
+launches, binders = {}, {}
+def on_launch(fn, args, meta, grid):
+    launch = ks.Launch(fn, args, meta, binders)
+    launches.setdefault(launch.key(), launch)
+cl = torch.channels_last
+def t(*shape):
+    return torch.randn(*shape, dtype=torch.bfloat16).contiguous(memory_format=cl)
+with ks.as_on_gpu(), ks.recording(on_launch):
+    for n, c, h, s in ((32, 64, 28, 1), (2, 64, 14, 2), (4, 512, 7, 1)):
+        x, w, r = t(n, c, h, h), t(64, c, 3, 3), t(n, 64, h // s, h // s)
+        conv_forward(x, w, None, r, [s, s], [1] * 4, [1, 1], 1, "relu", None, "tma")
+    x, w, r = t(8, 64, 14, 14), t(128, 64, 1, 1), t(8, 128, 14, 14)
+    conv_forward(x, w, torch.randn(128, dtype=torch.bfloat16), r, [1, 1], [0] * 4, [1, 1], 1,
+                 "relu", None, "1x1-gemm")
+for key, launch in launches.items():
+    launch.compile()
+    print("compiled", key.split(" | ")[0])
+"""
+
+
+def test_tma_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITONKIT_AUTOTUNE="0", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    names = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled")}
+    assert {"conv_fwd_tma_kernel", "split_epilogue_kernel"} <= names, run.stdout
+    assert any(n.startswith("matmul") for n in names), run.stdout
 
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])

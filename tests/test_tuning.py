@@ -252,7 +252,9 @@ def _expected_params():
         # the measured symmetric-memory crossover (collectives/config.py: symm_crossover)
         SYMM_TABLE_KERNEL: {"max_bytes", "one_shot_max_bytes"},
         CHUNKS_KERNEL: set(CHUNK_CANDIDATES[0].tuning().params),
-        **dict.fromkeys(("conv_fwd", "conv_1x1", "conv_rows", "conv_dgrad"), gemm),
+        **dict.fromkeys(
+            ("conv_fwd", "conv_tma", "conv_1x1", "conv_1x1-tma", "conv_rows", "conv_dgrad"), gemm
+        ),
         "conv_wgrad": set(WgradConfig().tuning().params),
         "conv_depthwise": set(DepthwiseConfig().tuning().params),
     }

@@ -28,6 +28,12 @@ SCALE_NONE = 0
 SCALE_TENSOR = 1  # one value for the whole operand
 SCALE_VECTOR = 2  # one value per row of A / per column of B
 
+# Where the epilogue adds the residual (HAS_RES): after the activation (linear's
+# ``act(x @ W^T + b) + r``; True, as the kernels have always been given it) or before it
+# (a convolution's ``act(conv + b + r)``, a ResNet block's last layer).
+RES_LAST = tl.constexpr(1)
+RES_FIRST = tl.constexpr(2)
+
 
 # ----------------------------------------------------------------------------------------------
 # Device helpers
@@ -277,8 +283,11 @@ def epilogue(
     if STORE_Z:
         z_ptrs = z_ptr + rm[:, None] * stride_zm + rn[None, :] * stride_zn
         tl.store(z_ptrs, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    if HAS_RES == RES_FIRST:
+        res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :] * stride_rn, mask=mask)
+        acc = acc + res.to(tl.float32)
     acc = act(acc, ACT)
-    if HAS_RES:
+    if HAS_RES == RES_LAST:
         res = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :] * stride_rn, mask=mask)
         acc = acc + res.to(tl.float32)
     return acc
@@ -416,7 +425,14 @@ class Epilogue:
     bias: torch.Tensor | None = None
     activation: str = "none"
     residual: torch.Tensor | None = None  # [M, N]
+    residual_first: bool = False  # added before the activation (RES_FIRST), not after
     z: torch.Tensor | None = None  # [M, N] output of the pre-activation x @ W^T + b
+
+    def res_code(self) -> bool | int:
+        """The kernels' HAS_RES: False, True (RES_LAST) or RES_FIRST."""
+        if self.residual is None:
+            return False
+        return RES_FIRST.value if self.residual_first else True
 
     def tensors(self) -> tuple[torch.Tensor | None, ...]:
         """The epilogue's tensors in the kernels' argument order."""

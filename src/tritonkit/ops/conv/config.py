@@ -140,7 +140,7 @@ class GemmConfig:
         bk = first.BLOCK_K
         for bm, bn, warps, stages in (
             (128, 128, 8, 3), (128, 128, 4, 4), (128, 64, 4, 4), (128, 256, 8, 3),
-            (256, 128, 8, 3), (64, 128, 4, 4), (64, 64, 4, 4),
+            (256, 128, 8, 3), (64, 128, 4, 4), (64, 64, 4, 4), (128, 64, 4, 3),
         ):  # fmt: skip
             if bn > 2 * max(16, next_power_of_2(out_c)):
                 continue
@@ -255,6 +255,33 @@ class DepthwiseConfig:
             if c not in out and bc <= 2 * max(8, next_power_of_2(p.k)):
                 out.append(c)
         return out
+
+
+def tma_tile(p: ConvProblem, block_m: int) -> tuple[int, int]:
+    """(BH, BW) of ``conv_fwd_tma_kernel``'s tile of ``block_m`` pixels: block_m / (BH * BW)
+    images of BH x BW output pixels (powers of 2, a TMA box's sides at most 256), the shape
+    whose boxes cover the batch and the output planes with the fewest rows past their edges;
+    of equal ones, the fewest images, then the widest rows."""
+    best = None
+    for bw in (1, 2, 4, 8, 16, 32, 64, 128):
+        for bh in (1, 2, 4, 8, 16, 32, 64, 128):
+            nb = block_m // (bh * bw)
+            if nb < 1 or nb > 256 or nb * bh * bw != block_m:
+                continue
+            rows = cdiv(p.n, nb) * nb * cdiv(p.oh, bh) * bh * cdiv(p.ow, bw) * bw
+            rank = (rows, nb, -bw)
+            if best is None or rank < best[0]:
+                best = (rank, (bh, bw))
+    return best[1]
+
+
+def fwd_splits(tiles: int, steps: int, sms: int) -> int:
+    """How many programs share one tile's reduction in the TMA forward: none while the tiles
+    fill the machine; else as many as one wave of programs holds, each at least 8 steps long,
+    at most 8 (their fp32 slabs are written and read back)."""
+    if tiles >= sms:
+        return 1
+    return max(1, min(sms // tiles, steps // 8, 8))
 
 
 def fits(cfg: _tuning.Config, elem: int) -> bool:

@@ -409,40 +409,6 @@ def bias_grad_kernel(
 
 
 @kernel
-def conv1x1_tma_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
-    M, OH, OW, C, K,
-    stride_rn, stride_rc, stride_rh, stride_rw,
-    stride_on, stride_oc, stride_oh, stride_ow,
-    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    """The 1x1 GEMM with TMA loads: x dense NHWC is an (M, C) row-major matrix and the weight
-    a (K, C) one (K-major B), so both tiles come in by descriptor (no masks: TMA zero-fills
-    past the edges) and the pipeline's copies leave the warps free for the products."""
-    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    a_desc = tl.make_tensor_descriptor(x_ptr, [M, C], [C, 1], [BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(w_ptr, [K, C], [C, 1], [BLOCK_N, BLOCK_K])
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, C, BLOCK_K):
-        a = a_desc.load([off_m, k])
-        b = b_desc.load([off_n, k]).T
-        acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
-    rm = off_m + tl.arange(0, BLOCK_M)
-    rn = off_n + tl.arange(0, BLOCK_N)
-    n, oh, ow, m_ok = _pixels(rm, OH, OW, M)
-    rows_o = n * stride_on + oh * stride_oh + ow * stride_ow
-    rows_r = n * stride_rn + oh * stride_rh + ow * stride_rw
-    _store_tile(
-        acc, rows_o, rows_r, rn, m_ok, rn < K, bias_ptr, res_ptr, out_ptr, stride_rc, stride_oc,
-        HAS_BIAS, HAS_RES, ACT,
-    )  # fmt: skip
-
-
-@kernel
 def conv_dgrad_phase_kernel(
     dy_ptr, w_ptr, dx_ptr,
     H, W, OH, OW, C_G, K_G,

@@ -14,6 +14,7 @@ import torch
 
 from tritonkit import _tuning
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
+from tritonkit.ops._core.gemm import Epilogue, Problem, matrix
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
 from tritonkit.ops._core.math import ACTIVATIONS
 from tritonkit.ops._core.plan import cached, current_env
@@ -23,12 +24,13 @@ from tritonkit.ops.conv.config import (
     GemmConfig,
     WgradConfig,
     fits,
+    fwd_splits,
+    tma_tile,
 )
 from tritonkit.ops.conv.kernels import (
     act_grad_kernel,
     bias_grad_kernel,
     conv1x1_kernel,
-    conv1x1_tma_kernel,
     conv_dgrad_kernel,
     conv_dgrad_phase_kernel,
     conv_fwd_kernel,
@@ -37,7 +39,14 @@ from tritonkit.ops.conv.kernels import (
     depthwise_kernel,
     split_sum_kernel,
 )
+from tritonkit.ops.conv.kernels_tma import (
+    conv1x1_tma_kernel,
+    conv_fwd_tma_kernel,
+    split_epilogue_kernel,
+)
 from tritonkit.ops.conv.kernels_variants import conv_direct_kernel, im2col_kernel
+from tritonkit.ops.matmul.configs import GEMM_OPTIONS
+from tritonkit.ops.matmul.plan import build_plan, tma_device
 
 
 def channels_last_strides(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -99,10 +108,9 @@ def _k_major(w: torch.Tensor) -> torch.Tensor:
 
 
 def _tma_device(device: torch.device) -> bool:
-    """Tensor descriptors: Hopper or later (the interpreter runs them too)."""
-    if interpreter_enabled():
-        return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Tensor descriptors: the matmul family's test (Hopper or later), or the interpreter,
+    which runs them too."""
+    return interpreter_enabled() or tma_device(device)
 
 
 def _tma_1x1(x: torch.Tensor, w: torch.Tensor, groups: int) -> bool:
@@ -118,6 +126,49 @@ def _tma_1x1(x: torch.Tensor, w: torch.Tensor, groups: int) -> bool:
         and w.data_ptr() % 16 == 0
         and _tma_device(x.device)
     )
+
+
+def _dense_cl(t: torch.Tensor) -> bool:
+    """Dense channels_last (NHWC memory, no gaps; a dimension of size 1 may have any stride)
+    and 16-byte aligned."""
+    _, c, h, w = t.shape
+    want = (h * w * c, 1, w * c, c)
+    return t.data_ptr() % 16 == 0 and all(
+        size == 1 or have == need for size, have, need in zip(t.shape, t.stride(), want)
+    )
+
+
+def _tma_conv(x: torch.Tensor, w: torch.Tensor, p: ConvProblem) -> bool:
+    """Whether ``conv_fwd_tma_kernel`` can read this convolution (see kernels_tma.py): one
+    group, the same stride 1 or 2 both ways (2: an even input, channels in blocks of 16),
+    dense channels_last input and weight, rows of 16 bytes."""
+    s = p.stride[0]
+    elem = x.element_size()
+    return (
+        p.groups == 1
+        and p.stride == (s, s)
+        and (s == 1 or (s == 2 and p.h % 2 == 0 and p.w % 2 == 0 and p.c % 16 == 0))
+        and p.c * elem % 16 == 0
+        and p.k * elem % 16 == 0
+        and _dense_cl(x)
+        and _dense_cl(w)
+        and _tma_device(x.device)
+    )
+
+
+def _gemm_1x1(x, w, residual, p: ConvProblem) -> bool:
+    """Whether a 1x1 stride-1 convolution can run as the matmul family's GEMM over the pixels:
+    x, the weight and the residual are (M, C), (K, C) and (M, K) row-major matrices in place."""
+    return (
+        p.pointwise
+        and p.groups == 1
+        and _dense_cl(x)
+        and _dense_cl(w)
+        and (residual is None or _dense_cl(residual))
+    )
+
+
+FORWARD_PATHS = ("depthwise", "1x1", "1x1-tma", "1x1-gemm", "rows", "fwd", "tma")
 
 
 def _tune(kind: str, p: ConvProblem, cands, from_tuning, run, elem: int):
@@ -178,19 +229,21 @@ def conv_forward(
     groups: int,
     activation: str,
     config: GemmConfig | DepthwiseConfig | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """``act(conv2d(x, weight) + bias + residual)``; x (N, C, H, W), weight (K, C/g, KH, KW),
     bias (K,), residual shaped like the output; padding (top, bottom, left, right). A warm
-    call is one plan lookup, the output's allocation and one bound launch."""
+    call is one plan lookup, the output's allocation and one bound launch. ``path`` forces
+    one of ``FORWARD_PATHS`` (the workbench's variants; ValueError where it cannot run)."""
     key = (
         _sig(x), _sig(weight), _sig(bias), _sig(residual), tuple(stride), tuple(padding),
-        tuple(dilation), groups, activation, config,
+        tuple(dilation), groups, activation, config, path,
     )  # fmt: skip
     plan = cached(
         "conv.forward",
         key,
         lambda: _forward_plan(
-            x, weight, bias, residual, stride, padding, dilation, groups, activation, config
+            x, weight, bias, residual, stride, padding, dilation, groups, activation, config, path
         ),
     )
     if plan.copy_w:
@@ -206,7 +259,58 @@ def conv_forward(
     return out
 
 
-def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, activation, config):
+def choose_path(p: ConvProblem, x, w, residual=None, forced: str | None = None) -> str:
+    """The forward kernel of this call (see ``forward_path``), given the layouts: the TMA
+    implicit GEMM where the operands are dense channels_last on Hopper. A 1x1 stride-1 layer
+    keeps the pointer GEMM: on an H200 it ran faster than the TMA one and the matmul family's
+    persistent GEMM on 10 of ResNet-50's 12 such layers (docs/performance.md, "Convolution")."""
+    path = forward_path(p)
+    if path == "rows" and not _rows_layout(x, w):
+        path = "fwd"
+    if path == "fwd" and _tma_conv(x, w, p):
+        path = "tma"
+    if forced is None or forced == path:
+        return path
+    ok = {
+        "fwd": not p.depthwise,
+        "1x1": p.pointwise and not p.depthwise,
+        "1x1-tma": p.pointwise and _tma_1x1(x, w, p.groups),
+        "1x1-gemm": _gemm_1x1(x, w, residual, p),
+        "rows": path == "rows",
+        "tma": _tma_conv(x, w, p),
+        "depthwise": p.depthwise,
+    }
+    if not ok.get(forced, False):
+        raise ValueError(
+            f"conv2d: path {forced!r} cannot run this convolution (one of {FORWARD_PATHS}; "
+            f"the default here is {path!r})"
+        )
+    return forced
+
+
+def _gemm_plan(x, w, bias, residual, out, p: ConvProblem, activation: str):
+    """The 1x1 stride-1 convolution as the matmul family's GEMM: (M, C) pixels times the
+    (K, C) weight's transpose into the (M, K) output, the epilogue ``act(. + bias +
+    residual)``. The views are made once here: a call passes the 4-D tensors themselves
+    (their data pointers are the views')."""
+    x2 = x.permute(0, 2, 3, 1).reshape(p.m, p.c)
+    w2 = w.reshape(p.k, p.c)
+    y2 = out.permute(0, 2, 3, 1).reshape(p.m, p.k)
+    r2 = residual.permute(0, 2, 3, 1).reshape(p.m, p.k) if residual is not None else None
+    problem_ = Problem(matrix(x2), matrix(w2.t()), matrix(y2), p.m, p.k, p.c)
+    epi = Epilogue(bias=bias, activation=activation, residual=r2, residual_first=True)
+    launch = build_plan(problem_, epi, "best", None, GEMM_OPTIONS).launch
+    has_bias, has_res = bias is not None, residual is not None
+
+    def run(x, w, b, r, o):
+        launch(x, w, o, (None, None, b if has_bias else None, r if has_res else None, None))
+
+    return run
+
+
+def _forward_plan(
+    x, weight, bias, residual, stride, padding, dilation, groups, activation, config, forced
+):
     p = problem(x.shape, weight.shape, stride, padding, dilation, groups, x.dtype)
     plan = _Plan()
     plan.shape, plan.fmt = (p.n, p.k, p.oh, p.ow), output_format(x, weight)
@@ -214,15 +318,14 @@ def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, 
     plan.copy_b = bias is not None and bias.stride(0) != 1
     if plan.copy_b:
         bias = bias.contiguous()
-    path = forward_path(p)
-    plan.copy_w = path != "depthwise" and weight.stride(1) != 1 and weight.shape[1] != 1
+    plan.copy_w = not p.depthwise and weight.stride(1) != 1 and weight.shape[1] != 1
     w = weight.contiguous(memory_format=torch.channels_last) if plan.copy_w else weight
-    if path == "rows" and not _rows_layout(x, w):
-        path = "fwd"
-    if path == "1x1" and _tma_1x1(x, w, groups):
-        path = "1x1-tma"
+    path = choose_path(p, x, w, residual, forced)
     plan.path, plan.run = path, None
     if out.numel() == 0:
+        return plan
+    if path == "1x1-gemm":
+        plan.run = _gemm_plan(x, w, bias, residual, out, p, activation)
         return plan
     res = residual if residual is not None else out
     tensors = (x, w, bias if bias is not None else out, res, out)
@@ -255,6 +358,18 @@ def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, 
         if path == "1x1-tma":
             args = (*tensors, p.m, p.oh, p.ow, p.c, p.k, *sr, *so)
             return conv1x1_tma_kernel, grid, args, meta
+        if path == "tma":
+            bh, bw = tma_tile(p, cfg.BLOCK_M)
+            nb = cfg.BLOCK_M // (bh * bw)
+            tiles = cdiv(p.n, nb) * cdiv(p.oh, bh) * cdiv(p.ow, bw) * cdiv(p.k, cfg.BLOCK_N)
+            # At stride 2 a K block never crosses into the other column phase's channels.
+            block_k = math.gcd(cfg.BLOCK_K, p.c) if p.stride[0] == 2 else cfg.BLOCK_K
+            split = fwd_splits(tiles, p.kh * p.kw * cdiv(p.c, block_k), sms)
+            target = tensors if split == 1 else (*tensors[:4], _workspace(split))
+            args = (*target, p.n, p.h, p.w, p.c, p.oh, p.ow, p.k, *p.padding, *p.dilation, *sr)
+            meta.update(S=p.stride[0], KH=p.kh, KW=p.kw, BH=bh, BW=bw, SPLIT=split,
+                        BLOCK_K=block_k)  # fmt: skip
+            return conv_fwd_tma_kernel, (tiles, split), args, meta
         if path == "1x1":
             args = (*tensors, p.m, p.oh, p.ow, p.c_g, p.k_g, *sx, sw[0], sw[1], *sr, *so)
             return conv1x1_kernel, grid, args, meta
@@ -270,18 +385,48 @@ def _forward_plan(x, weight, bias, residual, stride, padding, dilation, groups, 
         )  # fmt: skip
         return conv_fwd_kernel, grid, args, {**meta, "KH": p.kh, "KW": p.kw}
 
+    sms = sm_count(x.device)
+
+    def _workspace(split):
+        return torch.empty(split * p.m * p.k, dtype=torch.float32, device=x.device)
+
+    def reduce_args(split, ws):
+        """The split reduction's launch: the slabs' sum, then the epilogue, into out."""
+        bm, bn = (16, 32) if interpreter_enabled() else (64, 64)
+        grid = (cdiv(p.m, bm), cdiv(p.k, bn))
+        args = (ws, *tensors[2:], p.m, p.oh, p.ow, p.k, p.m * p.k, *sr, *so)
+        meta = {**epilogue, "SPLIT": split, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4}
+        return grid, args, meta
+
     def run(cfg):
         kern, grid, args, meta = launch_args(cfg)
         kern[grid](*args, **meta)
+        if meta.get("SPLIT", 1) > 1:
+            grid, args, meta = reduce_args(meta["SPLIT"], args[4])
+            split_epilogue_kernel[grid](*args, **meta)
 
-    kind = "1x1" if path == "1x1-tma" else path
+    kind = path
     if path == "depthwise":
         cands, from_tuning = DepthwiseConfig.candidates(p), DepthwiseConfig.from_tuning
     else:
         cands, from_tuning = GemmConfig.candidates(p, p.c_g, p.k_g), GemmConfig.from_tuning
     cfg = config or _tune(kind, p, cands, from_tuning, run, x.element_size())
     kern, grid, args, meta = launch_args(cfg)
-    plan.run = kern.bind(grid, *args, **meta)
+    main = kern.bind(grid, *args, **meta)
+    split = meta.get("SPLIT", 1)
+    if split == 1:
+        plan.run = main
+        return plan
+    grid, args, meta = reduce_args(split, args[4])
+    reduce = split_epilogue_kernel.bind(grid, *args, **meta)
+    numel, device = split * p.m * p.k, x.device
+
+    def run_split(x, w, b, r, o):
+        ws = torch.empty(numel, dtype=torch.float32, device=device)
+        main(x, w, b, r, ws)
+        reduce(ws, b, r, o)
+
+    plan.run = run_split
     return plan
 
 

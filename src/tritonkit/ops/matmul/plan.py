@@ -151,7 +151,7 @@ class GemmLaunch:
             SCALE_B=scale_mode(epi.scale_b, epi.scale_b_cols),
             HAS_BIAS=epi.bias is not None,
             ACT=ACTIVATIONS[epi.activation],
-            HAS_RES=epi.residual is not None,
+            HAS_RES=epi.res_code(),
             STORE_Z=epi.z is not None,
         )
         meta = dict(
@@ -477,7 +477,7 @@ class DecodeGemmLaunch:
             SCALE_B=scale_mode(epi.scale_b, epi.scale_b_cols),
             HAS_BIAS=epi.bias is not None,
             ACT=ACTIVATIONS[epi.activation],
-            HAS_RES=epi.residual is not None,
+            HAS_RES=epi.res_code(),
             STORE_Z=epi.z is not None,
         )
         epi_strides = epi.strides()
