@@ -40,6 +40,11 @@ if SMOKE:
     SWEEP = [(32, 16, 16, 4, 1)]
 
 
+# The 1x1 stride-1 layers' paths (--paths-1x1): the pointer and TMA GEMMs, the matmul
+# family's GEMM, and the TMA implicit GEMM at window 1.
+PATHS_1X1 = ["1x1", "1x1-tma", "1x1-gemm", "tma"]
+
+
 def _configs(cout: int):
     from tritonkit.ops.conv.config import GemmConfig
 
@@ -50,7 +55,7 @@ def _configs(cout: int):
 
 def _paths(p) -> list[str]:
     if p.pointwise:
-        return ["1x1", "1x1-tma", "1x1-gemm"]
+        return [v for v in PATHS_1X1 if v != "none"]
     if p.c < 16:
         return ["rows", "fwd"]
     return ["fwd", "tma"]
@@ -62,7 +67,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--layers", default="", help="comma-separated indices (default: all)")
     ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--paths-1x1", default=",".join(PATHS_1X1))
     args = ap.parse_args()
+    PATHS_1X1[:] = args.paths_1x1.split(",")
     os.makedirs(args.out, exist_ok=True)
     from tritonkit.ops.conv.plan import conv_forward, problem
 

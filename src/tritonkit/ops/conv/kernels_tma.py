@@ -51,6 +51,7 @@ def conv_fwd_tma_kernel(
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BH: tl.constexpr, BW: tl.constexpr,  # output rows and columns of a tile
     SPLIT: tl.constexpr,  # > 1: program_id(1) reduces 1/SPLIT of the steps into out's slab
+    W_FLAT: tl.constexpr,  # C % BLOCK_K == 0: the weight read as a (K, KH * KW * C) matrix
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """One tile of NB = BLOCK_M / (BH * BW) images x BH x BW output pixels by BLOCK_N output
@@ -74,9 +75,14 @@ def conv_fwd_tma_kernel(
         x_ptr, [N, H // S, S, W // S, S * C], [H * W * C, S * W * C, W * C, S * C, 1],
         [NB, BH, 1, BW, BLOCK_K],
     )  # fmt: skip
-    w_desc = tl.make_tensor_descriptor(
-        w_ptr, [K, KH * KW, C], [KH * KW * C, C, 1], [BLOCK_N, 1, BLOCK_K]
-    )
+    if W_FLAT:  # (K, KH * KW * C): 2-D blocks, which wgmma reads from shared memory as they are
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, [K, KH * KW * C], [KH * KW * C, 1], [BLOCK_N, BLOCK_K]
+        )
+    else:  # a block must not run into the next tap's channels: zeros past C
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, [K, KH * KW, C], [KH * KW * C, C, 1], [BLOCK_N, 1, BLOCK_K]
+        )
     cb = tl.cdiv(C, BLOCK_K)
     steps = KH * KW * cb
     lo = 0
@@ -85,7 +91,7 @@ def conv_fwd_tma_kernel(
         per = tl.cdiv(steps, SPLIT)
         lo = tl.program_id(1) * per
         hi = tl.minimum(steps, lo + per)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for step in range(lo, hi):
         r = step // cb
         c0 = (step - r * cb) * BLOCK_K
@@ -93,8 +99,15 @@ def conv_fwd_tma_kernel(
         cell_h, phase_h = _tap_origin(kh, PH, DH, S)
         cell_w, phase_w = _tap_origin(r - kh * KW, PW, DW, S)
         a = x_desc.load([n0, oh0 + cell_h, phase_h, ow0 + cell_w, phase_w * C + c0])
-        b = w_desc.load([off_n, r, c0]).reshape(BLOCK_N, BLOCK_K)
-        acc = _dot(a.reshape(BLOCK_M, BLOCK_K), b.T, acc, INPUT_PRECISION, UPCAST)
+        if W_FLAT:
+            b = w_desc.load([off_n, r * C + c0])
+        else:
+            b = w_desc.load([off_n, r, c0]).reshape(BLOCK_N, BLOCK_K)
+        # out^T = W x^T: the pixels' box is wgmma's B operand, read from shared memory (the
+        # reshape of a TMA box is a view there); as the A operand it would pass through
+        # registers, which Triton gives an A operand that is not loaded as it is.
+        acc_t = _dot(b, a.reshape(BLOCK_M, BLOCK_K).T, acc_t, INPUT_PRECISION, UPCAST)
+    acc = acc_t.T
     if SPLIT > 1:
         ws_desc = tl.make_tensor_descriptor(
             out_ptr, [SPLIT, N, OH, OW, K], [N * OH * OW * K, OH * OW * K, OW * K, K, 1],

@@ -368,7 +368,7 @@ def _forward_plan(
             target = tensors if split == 1 else (*tensors[:4], _workspace(split))
             args = (*target, p.n, p.h, p.w, p.c, p.oh, p.ow, p.k, *p.padding, *p.dilation, *sr)
             meta.update(S=p.stride[0], KH=p.kh, KW=p.kw, BH=bh, BW=bw, SPLIT=split,
-                        BLOCK_K=block_k)  # fmt: skip
+                        W_FLAT=p.c % block_k == 0, BLOCK_K=block_k)  # fmt: skip
             return conv_fwd_tma_kernel, (tiles, split), args, meta
         if path == "1x1":
             args = (*tensors, p.m, p.oh, p.ow, p.c_g, p.k_g, *sx, sw[0], sw[1], *sr, *so)
