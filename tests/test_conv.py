@@ -470,7 +470,7 @@ def test_converter_in_training_swaps_only_and_trains(device):
         tnn.convert_conv2d(model, fuse=True)
 
 
-@pytest.mark.parametrize("variant", ["direct", "im2col", "implicit_gemm"])
+@pytest.mark.parametrize("variant", ["direct", "im2col", "implicit_gemm_pointer", "implicit_gemm"])
 def test_workbench_variants(device, variant):
     """The spec's earlier versions of the kernel (timed beside it) compute the same thing."""
     spec = get_spec("conv2d")

@@ -25,7 +25,7 @@ import tritonkit
 from tritonkit.harness.spec import OpSpec, Shapes, Tolerance, register
 from tritonkit.ops.conv import conv2d
 from tritonkit.ops.conv.function import conv_geometry
-from tritonkit.ops.conv.plan import conv_direct, im2col
+from tritonkit.ops.conv.plan import conv_direct, conv_forward, im2col, problem
 from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
 FAMILY = "conv"
@@ -77,6 +77,16 @@ def _direct(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
     groups = x.shape[1] // weight.shape[1]
     s, pad, d = conv_geometry(x, weight, stride, padding, dilation, groups)
     return conv_direct(x, weight, bias, s, pad, d, groups, activation or "none")
+
+
+def _pointer(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
+    """The implicit GEMM with pointer loads (every tile's addresses and padding masks computed
+    by the warps), the path before the TMA one; on a GPU without TMA, the one that runs."""
+    groups = x.shape[1] // weight.shape[1]
+    s, pad, d = conv_geometry(x, weight, stride, padding, dilation, groups)
+    probe = problem(x.shape, weight.shape, s, pad, d, groups, x.dtype)
+    path = "depthwise" if probe.depthwise else "1x1" if probe.pointwise else "fwd"
+    return conv_forward(x, weight, bias, None, s, pad, d, groups, activation or "none", None, path)
 
 
 def _im2col(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
@@ -181,7 +191,12 @@ register(
         tolerance=TOLERANCE,
         grad_tolerance=GRAD_TOLERANCE,
         baselines=torch_baselines(_reference),
-        variants={"direct": _direct, "im2col": _im2col, "implicit_gemm": _impl},
+        variants={
+            "direct": _direct,
+            "im2col": _im2col,
+            "implicit_gemm_pointer": _pointer,
+            "implicit_gemm": _impl,
+        },
         compute="tensor",
         description="F.conv2d (+ bias, + activation) as an implicit GEMM; baselines: cuDNN "
         "(F.conv2d on channels_last) and torch.compile",

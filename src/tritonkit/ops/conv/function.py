@@ -292,8 +292,10 @@ def conv2d(
     activation: str | None = None,
 ) -> torch.Tensor:
     """``F.conv2d`` (2-D cross-correlation) with autograd, as an implicit GEMM on the tensor
-    cores (no im2col buffer), a plain GEMM for 1x1 stride-1 layers and a direct kernel for
-    depthwise ones; optionally fused with ``act(conv + bias + residual)``.
+    cores (no im2col buffer; on Hopper, for dense channels_last operands at stride 1 or 2, its
+    tiles loaded by TMA with the padding as the copies' zero fill), a plain GEMM for 1x1
+    stride-1 layers and a direct kernel for depthwise ones; optionally fused with ``act(conv +
+    bias + residual)``.
 
     Args:
         x: (N, C, H, W) or unbatched (C, H, W); float32, float16 or bfloat16 on a CUDA device;
