@@ -62,6 +62,7 @@ GEOMETRIES = [
     (1, 3, 9, 8, 8, 5, 5, 1, 2, 2, 1),  # a stem: 5x5 stride 2 on 3 channels ("rows" path)
     (2, 6, 8, 7, 5, 2, 3, 1, (2, 1), (1, 0), (1, 2)),  # tuples, even window
     (2, 4, 8, 8, 6, 1, 1, 1, 2, 0, 1),  # 1x1 stride 2 (ResNet's downsample)
+    (7, 8, 2, 2, 8, 3, 3, 8, 1, 1, 1),  # depthwise on 2x2 planes: a tile holds 4 images
 ]
 # Every geometry in channels_last (the fast path); NCHW and a strided view on a few.
 CASES = (

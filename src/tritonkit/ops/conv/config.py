@@ -250,18 +250,21 @@ class DepthwiseConfig:
         out = [cls.heuristic(p)]
         if interpreter_enabled():
             return out
-        for bp, bc, warps in ((32, 64, 4), (64, 32, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8)):
+        for bp, bc, warps in (
+            (32, 64, 4), (64, 32, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8), (128, 16, 4),
+        ):  # fmt: skip
             c = cls(bp, bc, warps)
             if c not in out and bc <= 2 * max(8, next_power_of_2(p.k)):
                 out.append(c)
         return out
 
 
-def tma_tile(p: ConvProblem, block_m: int) -> tuple[int, int]:
-    """(BH, BW) of ``conv_fwd_tma_kernel``'s tile of ``block_m`` pixels: block_m / (BH * BW)
-    images of BH x BW output pixels (powers of 2, a TMA box's sides at most 256), the shape
-    whose boxes cover the batch and the output planes with the fewest rows past their edges;
-    of equal ones, the fewest images, then the widest rows."""
+def plane_tile(p: ConvProblem, block_m: int) -> tuple[int, int]:
+    """(BH, BW) of a tile of ``block_m`` output pixels that is a block of the output planes
+    (``conv_fwd_tma_kernel``'s TMA boxes, ``depthwise_kernel``'s patches): block_m / (BH * BW)
+    images of BH x BW pixels (powers of 2, a TMA box's sides at most 256), the shape that
+    covers the batch and the planes with the fewest pixels past their edges; of equal ones,
+    the fewest images, then the widest rows."""
     best = None
     for bw in (1, 2, 4, 8, 16, 32, 64, 128):
         for bh in (1, 2, 4, 8, 16, 32, 64, 128):

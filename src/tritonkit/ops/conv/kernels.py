@@ -213,7 +213,7 @@ def conv1x1_kernel(
 @kernel
 def depthwise_kernel(
     x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
-    M, H, W, OH, OW, C_OUT,
+    N, H, W, OH, OW, C_OUT,
     MULT,  # output channels per input channel (groups == Cin)
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_wo, stride_wh, stride_ww,
@@ -222,13 +222,26 @@ def depthwise_kernel(
     SH, SW, PH, PW, DH, DW,
     KH: tl.constexpr, KW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
+    BH: tl.constexpr, BW: tl.constexpr,  # output rows and columns of a tile
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Depthwise conv, direct: a (BLOCK_P pixels) x (BLOCK_C channels) tile summing KH * KW
-    products on the CUDA cores (each output reads one input channel: no GEMM to make)."""
-    rp = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    """Depthwise conv, direct: a tile of BLOCK_P pixels (BLOCK_P / (BH * BW) images of BH x BW
+    output pixels) x BLOCK_C channels summing KH * KW products on the CUDA cores (each output
+    reads one input channel: no GEMM to make). A tile is a block of the output plane, not a
+    run of flattened pixels, so that its taps read one (BH + 2) x (BW + 2) patch (3 x 3,
+    stride 1) that stays in L1: every input pixel leaves L2 about once, not once per window
+    row."""
+    NB: tl.constexpr = BLOCK_P // (BH * BW)
+    tiles_w = tl.cdiv(OW, BW)
+    per_image = tl.cdiv(OH, BH) * tiles_w
+    pid = tl.program_id(0)
+    t = pid % per_image
+    i = tl.arange(0, BLOCK_P)
+    n = ((pid // per_image) * NB + i // (BH * BW)).to(tl.int64)
+    oh = (t // tiles_w) * BH + (i // BW) % BH
+    ow = (t % tiles_w) * BW + i % BW
+    p_ok = (n < N) & (oh < OH) & (ow < OW)
     co = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    n, oh, ow, p_ok = _pixels(rp, OH, OW, M)
     c_ok = co < C_OUT
     ci = (co // MULT).to(tl.int64) * stride_xc
     x_rows = x_ptr + n * stride_xn

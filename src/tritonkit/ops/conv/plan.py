@@ -25,7 +25,7 @@ from tritonkit.ops.conv.config import (
     WgradConfig,
     fits,
     fwd_splits,
-    tma_tile,
+    plane_tile,
 )
 from tritonkit.ops.conv.kernels import (
     act_grad_kernel,
@@ -342,13 +342,17 @@ def _forward_plan(
     def launch_args(cfg):
         """(kernel, grid, args, meta) of the launch with ``cfg``."""
         if path == "depthwise":
-            grid = (cdiv(p.m, cfg.BLOCK_P), cdiv(p.k, cfg.BLOCK_C))
+            bh, bw = plane_tile(p, cfg.BLOCK_P)  # the same block of the plane as a TMA tile's
+            nb = cfg.BLOCK_P // (bh * bw)
+            tiles = cdiv(p.n, nb) * cdiv(p.oh, bh) * cdiv(p.ow, bw)
+            grid = (tiles, cdiv(p.k, cfg.BLOCK_C))
             args = (
-                *tensors, p.m, p.h, p.w, p.oh, p.ow, p.k, p.k // p.c, *sx, sw[0], sw[2], sw[3],
+                *tensors, p.n, p.h, p.w, p.oh, p.ow, p.k, p.k // p.c, *sx, sw[0], sw[2], sw[3],
                 *sr, *so, *geometry,
             )  # fmt: skip
-            meta = {**epilogue, "KH": p.kh, "KW": p.kw, "BLOCK_P": cfg.BLOCK_P,
-                    "BLOCK_C": cfg.BLOCK_C, "num_warps": cfg.num_warps}  # fmt: skip
+            meta = {**epilogue, "KH": p.kh, "KW": p.kw, "BH": bh, "BW": bw,
+                    "BLOCK_P": cfg.BLOCK_P, "BLOCK_C": cfg.BLOCK_C,
+                    "num_warps": cfg.num_warps}  # fmt: skip
             return depthwise_kernel, grid, args, meta
         grid = (cdiv(p.m, cfg.BLOCK_M) * cdiv(p.k_g, cfg.BLOCK_N), groups)
         meta = {
@@ -360,7 +364,7 @@ def _forward_plan(
             args = (*tensors, p.m, p.oh, p.ow, p.c, p.k, *sr, *so)
             return conv1x1_tma_kernel, grid, args, meta
         if path == "tma":
-            bh, bw = tma_tile(p, cfg.BLOCK_M)
+            bh, bw = plane_tile(p, cfg.BLOCK_M)
             nb = cfg.BLOCK_M // (bh * bw)
             tiles = cdiv(p.n, nb) * cdiv(p.oh, bh) * cdiv(p.ow, bw) * cdiv(p.k, cfg.BLOCK_N)
             # At stride 2 a K block never crosses into the other column phase's channels.
