@@ -13,7 +13,9 @@ bf16, channels_last (input and weight), batch 32 unless said:
     batch 64: tritonkit.nn.convert_conv2d (BN folded, relu and residual fused) vs eager cuDNN
     (unfused BN) and eager cuDNN with the same folded weights; images/s and the output's max
     |difference| and relative L2 error against eager;
-(f) peak memory of each forward above inputs + weights + output (ours and cuDNN's).
+(f) peak memory of each forward above inputs + weights + output (ours and cuDNN's);
+(g) seed 001's versions (the spec's variants: direct, im2col, Winograd F(2x2, 3x3), the pointer
+    implicit GEMM) on the 3x3 stride-1 layers beside the default path and cuDNN, GPU time.
 
 FLOPs = 2 * N * OH * OW * Cout * KH * KW * Cin / groups (forward); backward counts 2x that
 (dgrad and wgrad, each the forward's FLOPs). TFLOP/s = FLOPs / (ms * 1e9). Timing:
@@ -499,6 +501,36 @@ def layers_depthwise(dw_layers):
     return rows
 
 
+def layers_variants(layers):
+    """(g) Seed 001's evolution on the 3x3 stride-1 layers, GPU time: the spec's variants
+    (direct, im2col, Winograd F(2x2, 3x3), the pointer implicit GEMM) beside the default path
+    and cuDNN, each with bias + relu; ratio = cuDNN / variant."""
+    from tritonkit.harness.spec import get_spec
+
+    variants = get_spec("conv2d").variants
+    rows = []
+    for i, (cin, cout, k, s, h, _) in enumerate(layers):
+        if k != 3 or s != 1 or _out_of_time():
+            continue
+        x, w, b, pad = _layer(cin, cout, k, s, h, seed=i)
+        ref = F.relu(F.conv2d(x, w, b, 1, pad))
+        row = {"layer": f"{cin}->{cout} k3 s1 @{h}"}
+        row["cudnn_gpu_ms"] = _bench_gpu(
+            lambda x=x, w=w, b=b, pad=pad: F.relu(F.conv2d(x, w, b, 1, pad))
+        )
+        for name, fn in variants.items():
+            call = lambda fn=fn, x=x, w=w, b=b, pad=pad: fn(x, w, b, padding=pad, activation="relu")  # noqa: E731
+            try:
+                row[f"{name}_rel"] = _rel(call(), ref)
+                ms = _bench_gpu(call)
+                row[f"{name}_gpu_ms"] = ms
+                row[f"{name}_ratio"] = row["cudnn_gpu_ms"] / ms if ms else None
+            except Exception as exc:  # a variant that cannot run this layer: said, not fatal
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        rows.append(row)
+    return rows
+
+
 def peak_memory(layers):
     """Bytes allocated during one forward beyond its output (x and w exist before)."""
     import tritonkit
@@ -676,7 +708,7 @@ def main():
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--budget-s", type=float, default=180.0,
                     help="no section or layer starts after this many seconds")  # fmt: skip
-    ap.add_argument("--only", default="tune,replay,a,c,b,d,e,f,replay_stats",
+    ap.add_argument("--only", default="tune,replay,a,c,b,d,e,f,g,replay_stats",
                     help="comma list of sections")  # fmt: skip
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -709,6 +741,7 @@ def main():
         ("d", lambda: layers_depthwise(MOBILENET)),
         ("e", resnet50_e2e),
         ("f", lambda: peak_memory(RESNET50)),
+        ("g", lambda: layers_variants(RESNET50)),
         ("replay_stats", lambda: _replay_stats(replay)),
     ]
     for name, fn in sections:
@@ -779,6 +812,12 @@ def main():
     md += _table(
         res.get("f") if isinstance(res.get("f"), list) else [],
         ["layer", "ours_extra_bytes", "cudnn_extra_bytes"],
+    )
+    md += "\n## (g) seed 001's versions on the 3x3 stride-1 layers, GPU ms (ratio: cuDNN / it)\n\n"
+    names = ["direct", "im2col", "winograd", "implicit_gemm_pointer", "implicit_gemm"]
+    md += _table(
+        rows("g"),
+        ["layer", "cudnn_gpu_ms"] + [f"{n}_{c}" for n in names for c in ("gpu_ms", "ratio")],
     )
     if isinstance(res.get("tune"), dict):
         t = res["tune"]

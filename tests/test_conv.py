@@ -295,7 +295,7 @@ def test_tma_path_is_the_default_and_a_forced_path_that_cannot_run_raises(device
 _SM90_SCRIPT = """
 import torch
 from tritonkit.harness import kernel_stats as ks
-from tritonkit.ops.conv.plan import conv_forward
+from tritonkit.ops.conv.plan import conv_forward, winograd
 launches, binders = {}, {}
 def on_launch(fn, args, meta, grid):
     launch = ks.Launch(fn, args, meta, binders)
@@ -310,6 +310,7 @@ with ks.as_on_gpu(), ks.recording(on_launch):
     x, w, r = t(8, 64, 14, 14), t(128, 64, 1, 1), t(8, 128, 14, 14)
     conv_forward(x, w, torch.randn(128, dtype=torch.bfloat16), r, [1, 1], [0] * 4, [1, 1], 1,
                  "relu", None, "1x1-gemm")
+    winograd(t(2, 64, 14, 14), t(64, 64, 3, 3), None, [1] * 4, "relu")
 for key, launch in launches.items():
     launch.compile()
     print("compiled", key.split(" | ")[0])
@@ -324,7 +325,8 @@ def test_tma_kernels_compile_for_sm90():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     names = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled")}
-    assert {"conv_fwd_tma_kernel", "split_epilogue_kernel"} <= names, run.stdout
+    assert {"conv_fwd_tma_kernel", "split_epilogue_kernel", "winograd_input_kernel",
+            "winograd_weight_kernel", "winograd_output_kernel"} <= names, run.stdout  # fmt: skip
     assert any(n.startswith("matmul") for n in names), run.stdout
 
 
@@ -481,6 +483,22 @@ def test_workbench_variants(device, variant):
         params = {"stride": 2, "padding": 1, "activation": "relu"}
         ref = F.relu(F.conv2d(x.double(), w.double(), b.double(), 2, 1, 1, shape[-1]))
         _close(fn(x, w, b, **params), ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_winograd_variant(device, dtype):
+    """F(2x2, 3x3) on odd planes (a last tile half outside), with and without padding, against
+    float64; a geometry it does not cover raises instead of computing something else."""
+    fn = get_spec("conv2d").variants["winograd"]
+    for n, c, h, w, k, pad in ((2, 5, 7, 9, 6, 1), (1, 16, 6, 5, 8, 0), (3, 3, 4, 4, 4, 1)):
+        x, wt, b = _case(device, n, c, h, w, k, 3, 3, 1, dtype, seed=h * w)
+        ref = F.silu(F.conv2d(x.double(), wt.double(), b.double(), 1, pad))
+        out = fn(x, wt, b, padding=pad, activation="silu")
+        assert out.dtype == dtype and out.stride() == F.conv2d(x, wt, b, 1, pad).stride()
+        _close(out, ref, dtype)  # bf16: V and U rounded to bf16, as any GEMM's operands are
+    x, wt, b = _case(device, 2, 4, 8, 8, 4, 3, 3, 1)
+    with pytest.raises(ValueError, match="stride 1, dilation 1, groups 1"):
+        fn(x, wt, b, stride=2, padding=1)
 
 
 @pytest.mark.compile

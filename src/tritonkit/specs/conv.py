@@ -25,7 +25,7 @@ import tritonkit
 from tritonkit.harness.spec import OpSpec, Shapes, Tolerance, register
 from tritonkit.ops.conv import conv2d
 from tritonkit.ops.conv.function import conv_geometry
-from tritonkit.ops.conv.plan import conv_direct, conv_forward, im2col, problem
+from tritonkit.ops.conv.plan import conv_direct, conv_forward, im2col, problem, winograd
 from tritonkit.specs._common import generator, nbytes, randn, torch_baselines
 
 FAMILY = "conv"
@@ -87,6 +87,20 @@ def _pointer(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
     probe = problem(x.shape, weight.shape, s, pad, d, groups, x.dtype)
     path = "depthwise" if probe.depthwise else "1x1" if probe.pointwise else "fwd"
     return conv_forward(x, weight, bias, None, s, pad, d, groups, activation or "none", None, path)
+
+
+def _winograd(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
+    """Winograd F(2x2, 3x3): input and filter transforms, 16 GEMMs (tritonkit's matmul), the
+    output transform with the bias and activation. A 3x3, stride-1, undilated, ungrouped
+    convolution only: other cases raise ValueError (shown as not run, not timed)."""
+    groups = x.shape[1] // weight.shape[1]
+    s, pad, d = conv_geometry(x, weight, stride, padding, dilation, groups)
+    if tuple(s) != (1, 1) or tuple(d) != (1, 1) or groups != 1:
+        raise ValueError(
+            f"winograd: F(2x2, 3x3) runs stride 1, dilation 1, groups 1; got stride {tuple(s)},"
+            f" dilation {tuple(d)}, groups {groups}"
+        )
+    return winograd(x, weight, bias, pad, activation or "none")
 
 
 def _im2col(x, weight, bias, stride=1, padding=0, dilation=1, activation=None):
@@ -194,6 +208,7 @@ register(
         variants={
             "direct": _direct,
             "im2col": _im2col,
+            "winograd": _winograd,
             "implicit_gemm_pointer": _pointer,
             "implicit_gemm": _impl,
         },

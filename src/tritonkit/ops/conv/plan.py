@@ -44,8 +44,15 @@ from tritonkit.ops.conv.kernels_tma import (
     conv_fwd_tma_kernel,
     split_epilogue_kernel,
 )
-from tritonkit.ops.conv.kernels_variants import conv_direct_kernel, im2col_kernel
+from tritonkit.ops.conv.kernels_variants import (
+    conv_direct_kernel,
+    im2col_kernel,
+    winograd_input_kernel,
+    winograd_output_kernel,
+    winograd_weight_kernel,
+)
 from tritonkit.ops.matmul.configs import GEMM_OPTIONS
+from tritonkit.ops.matmul.launchers import matmul_fwd
 from tritonkit.ops.matmul.plan import build_plan, tma_device
 
 
@@ -823,3 +830,50 @@ def im2col(
         num_warps=4,
     )  # fmt: skip
     return cols
+
+
+def winograd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: list[int],
+    activation: str,
+) -> torch.Tensor:
+    """The workbench's Winograd F(2x2, 3x3) variant: ``act(conv2d + bias)`` of a 3x3, stride-1,
+    undilated, ungrouped convolution; padding (top, bottom, left, right). V (the input patches'
+    transforms) and U (the filters') are stored in x's dtype, the 16 GEMMs (``matmul``) keep
+    their products in fp32 for the output transform. No plan: a variant is timed, not
+    served."""
+    n, c, h, w = x.shape
+    k = weight.shape[0]
+    if tuple(weight.shape[1:]) != (c, 3, 3):
+        raise ValueError(
+            f"winograd: F(2x2, 3x3) takes a 3x3 filter over every input channel (groups 1), "
+            f"got weight {tuple(weight.shape)} for {c} input channels"
+        )
+    oh, ow = h + padding[0] + padding[1] - 2, w + padding[2] + padding[3] - 2
+    out = torch.empty(
+        (n, k, max(oh, 0), max(ow, 0)), dtype=x.dtype, device=x.device,
+        memory_format=output_format(x, weight),
+    )  # fmt: skip
+    if out.numel() == 0:
+        return out
+    th, tw = cdiv(oh, 2), cdiv(ow, 2)
+    t = n * th * tw
+    v = torch.empty((16, t, c), dtype=x.dtype, device=x.device)
+    u = torch.empty((16, c, k), dtype=x.dtype, device=x.device)
+    bt, bc = (16, 16) if interpreter_enabled() else (64, 64)
+    winograd_input_kernel[(cdiv(t, bt), cdiv(c, bc))](
+        x, v, t, th, tw, c, h, w, *_s(x), padding[0], padding[2], t * c, BLOCK_T=bt, BLOCK_C=bc,
+        num_warps=4,
+    )  # fmt: skip
+    winograd_weight_kernel[(cdiv(k * c, 256),)](
+        weight, u, k, c, *_s(weight), BLOCK=256, num_warps=4
+    )
+    m = matmul_fwd(v, u, torch.float32)
+    winograd_output_kernel[(cdiv(t, bt), cdiv(k, bc))](
+        m, bias if bias is not None else m, out, t, th, tw, k, oh, ow, *_s(out), t * k,
+        HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], BLOCK_T=bt, BLOCK_K=bc,
+        num_warps=4,
+    )  # fmt: skip
+    return out
