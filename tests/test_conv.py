@@ -278,6 +278,23 @@ def test_pointwise_paths_add_the_residual_before_the_activation(device, path, ac
     _close(plain, F.conv2d(x.double(), wt.double()), torch.float32)
 
 
+def test_pointwise_gemm_path_prepares_operands_as_the_gemm_plan_says(device):
+    """An fp32 IEEE GEMM copies its K-major B row-major first (matmul's fma_copies_b): the
+    1x1-gemm path passes its operands through that copy on every call."""
+    import dataclasses
+
+    from tritonkit.ops._core.layout import LAYOUT_COPIES
+
+    x, wt, b = _case(device, 2, 32, 4, 5, 24, 1, 1, 1, seed=9)
+    x, wt = _cl(x), _cl(wt)
+    options = dataclasses.replace(plan_module.GEMM_OPTIONS, fma_copy_min_mnk=1)
+    with mock.patch.object(plan_module, "GEMM_OPTIONS", options):  # TF32 is off (conftest)
+        before = LAYOUT_COPIES.count
+        out = conv_forward(x, wt, b, None, [1, 1], [0] * 4, [1, 1], 1, "none", None, "1x1-gemm")
+        assert LAYOUT_COPIES.count > before  # the row-major copy was made
+    _close(out, F.conv2d(x.double(), wt.double(), b.double()), torch.float32)
+
+
 def test_tma_path_is_the_default_and_a_forced_path_that_cannot_run_raises(device):
     x, wt, b = _case(device, 2, 16, 8, 8, 16, 3, 3, 1)
     p = plan_module.problem(x.shape, wt.shape, [1, 1], [1] * 4, [1, 1], 1, x.dtype)

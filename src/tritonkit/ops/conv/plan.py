@@ -299,19 +299,25 @@ def choose_path(p: ConvProblem, x, w, residual=None, forced: str | None = None) 
 def _gemm_plan(x, w, bias, residual, out, p: ConvProblem, activation: str):
     """The 1x1 stride-1 convolution as the matmul family's GEMM: (M, C) pixels times the
     (K, C) weight's transpose into the (M, K) output, the epilogue ``act(. + bias +
-    residual)``. The views are made once here: a call passes the 4-D tensors themselves
-    (their data pointers are the views')."""
-    x2 = x.permute(0, 2, 3, 1).reshape(p.m, p.c)
-    w2 = w.reshape(p.k, p.c)
-    y2 = out.permute(0, 2, 3, 1).reshape(p.m, p.k)
-    r2 = residual.permute(0, 2, 3, 1).reshape(p.m, p.k) if residual is not None else None
-    problem_ = Problem(matrix(x2), matrix(w2.t()), matrix(y2), p.m, p.k, p.c)
+    residual)``. A call passes the same views of its tensors through the GEMM plan's operand
+    preparation (an fp32 IEEE GEMM copies its K-major B row-major)."""
+
+    def rows(t, cols):  # (N, cols, H, W) dense channels_last as an (N * H * W, cols) view
+        return t.permute(0, 2, 3, 1).reshape(p.m, cols)
+
+    r2 = rows(residual, p.k) if residual is not None else None
+    problem_ = Problem(
+        matrix(rows(x, p.c)), matrix(w.reshape(p.k, p.c).t()), matrix(rows(out, p.k)), p.m,
+        p.k, p.c,
+    )  # fmt: skip
     epi = Epilogue(bias=bias, activation=activation, residual=r2, residual_first=True)
-    launch = build_plan(problem_, epi, "best", None, GEMM_OPTIONS).launch
+    gemm = build_plan(problem_, epi, "best", None, GEMM_OPTIONS)
     has_bias, has_res = bias is not None, residual is not None
 
     def run(x, w, b, r, o):
-        launch(x, w, o, (None, None, b if has_bias else None, r if has_res else None, None))
+        a2, b2 = gemm.operands(rows(x, p.c), w.reshape(p.k, p.c).t())
+        r2 = rows(r, p.k) if has_res else None
+        gemm.launch(a2, b2, rows(o, p.k), (None, None, b if has_bias else None, r2, None))
 
     return run
 
