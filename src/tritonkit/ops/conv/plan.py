@@ -269,9 +269,9 @@ def conv_forward(
 def choose_path(p: ConvProblem, x, w, residual=None, forced: str | None = None) -> str:
     """The forward kernel of this call (see ``forward_path``), given the layouts: the TMA
     implicit GEMM where the operands are dense channels_last on Hopper. A 1x1 stride-1 layer
-    keeps the pointer GEMM: of the four 1x1 kernels timed on an H200, none won on every
-    ResNet-50 layer and it was the fastest or within 0.03 of it on 9 of the 12
-    (docs/performance.md, "Convolution")."""
+    keeps the pointer GEMM: none of the other 1x1 kernels (TMA loads, the matmul family's
+    persistent GEMM, the TMA implicit GEMM) beat it on most of ResNet-50's such layers, and
+    it runs on every GPU (the measurements are in docs/performance.md, under Convolution)."""
     path = forward_path(p)
     if path == "rows" and not _rows_layout(x, w):
         path = "fwd"
