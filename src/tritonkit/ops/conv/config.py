@@ -250,8 +250,11 @@ class DepthwiseConfig:
         out = [cls.heuristic(p)]
         if interpreter_enabled():
             return out
+        # Larger blocks of the plane too (256 pixels: 16 x 16): a patch's halo is then a
+        # smaller share of what a tile reads.
         for bp, bc, warps in (
             (32, 64, 4), (64, 32, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8), (128, 16, 4),
+            (256, 32, 8), (256, 64, 8), (256, 16, 4),
         ):  # fmt: skip
             c = cls(bp, bc, warps)
             if c not in out and bc <= 2 * max(8, next_power_of_2(p.k)):
