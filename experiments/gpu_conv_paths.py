@@ -29,6 +29,7 @@ os.environ.setdefault("TRITONKIT_AUTOTUNE", "1")  # the 1x1-gemm path's own tune
 import gpu_conv as G  # noqa: E402  (experiments/ is on the path: run as a script)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 SWEEP = [
@@ -144,10 +145,26 @@ def main() -> None:
             row["host_us"] = G._host_us(lambda job=job: call(job, False))
         base[i]["best"] = best
     doc = {"gpu": torch.cuda.get_device_name() if G.GPU else "cpu (interpreter)",
-           "torch": torch.__version__, "compile_s": compile_s, "warm": warm,
+           "torch": torch.__version__, "triton": triton.__version__, "compile_s": compile_s,
+           "warm": warm,
            "layers": base, "rows": rows}  # fmt: skip
     with open(os.path.join(args.out, "paths.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)
+    md = render(doc)
+    with open(os.path.join(args.out, "paths.md"), "w") as f:
+        f.write(md)
+    print(md)
+    print(f"total {time.monotonic() - G.T0:.0f} s, compile {compile_s:.0f} s")
+
+
+def _f(v, spec: str) -> str:
+    """A figure, or "-" where the GPU gave none (a timing that could not be captured)."""
+    return "-" if v is None else format(v, spec)
+
+
+def render(doc: dict) -> str:
+    """paths.md from paths.json's document (tests/test_experiments.py renders the recorded
+    GPU runs with it)."""
     lines = [
         f"# conv2d forward paths vs cuDNN, {doc['gpu']} (bf16, channels_last, batch 32)",
         "",
@@ -159,29 +176,28 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for b in base.values():
+    for b in doc["layers"].values():
         best_ratio = None
         for path, row in sorted(b["best"].items()):
-            ratio = b["gpu_ms"] / row["gpu_ms"] if b["gpu_ms"] else None
-            fr = b["fused_gpu_ms"] / row["fused_gpu_ms"] if row.get("fused_gpu_ms") else None
-            best_ratio = max(best_ratio or 0, ratio or 0)
+            ours, fused = row.get("gpu_ms"), row.get("fused_gpu_ms")
+            ratio = b["gpu_ms"] / ours if b.get("gpu_ms") and ours else None
+            fr = b["fused_gpu_ms"] / fused if b.get("fused_gpu_ms") and fused else None
+            if ratio is not None:
+                best_ratio = max(best_ratio or 0.0, ratio)
             lines.append(
-                f"| {b['shape']} | {b['gpu_ms']:.4f} | {path} | {row['config']} | "
-                f"{row['gpu_ms']:.4f} | {ratio:.3f} | {row.get('fused_gpu_ms') or 0:.4f} | "
-                f"{fr or 0:.3f} | {row.get('host_us', 0):.1f} | {b['host_us']:.1f} | "
-                f"{row.get('rel', 0):.2e} |"
+                f"| {b['shape']} | {_f(b.get('gpu_ms'), '.4f')} | {path} | {row['config']} | "
+                f"{_f(ours, '.4f')} | {_f(ratio, '.3f')} | {_f(fused, '.4f')} | "
+                f"{_f(fr, '.3f')} | {_f(row.get('host_us'), '.1f')} | "
+                f"{_f(b.get('host_us'), '.1f')} | {_f(row.get('rel'), '.2e')} |"
             )
         ratios.append(best_ratio)
     gm = G._geomean(ratios)
     lines += ["", f"Geomean of the best path's GPU ratio: {gm:.3f}" if gm else ""]
-    errors = [r for r in rows if "error" in r]
+    errors = [r for r in doc["rows"] if "error" in r]
     lines += ["", f"{len(errors)} tiles failed to run"] + [
         f"- layer {r['layer']} {r['path']} {r['config']}: {r['error'][:160]}" for r in errors[:20]
     ]
-    with open(os.path.join(args.out, "paths.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"total {time.monotonic() - G.T0:.0f} s, compile {compile_s:.0f} s")
+    return "\n".join(lines) + "\n"
 
 
 def _cfg(values):

@@ -238,11 +238,19 @@ def _cl(t):
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _has_tma(device) -> bool:
+    """TMA descriptors: Hopper or later on CUDA; the interpreter runs them too."""
+    device = torch.device(device)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
 @pytest.mark.parametrize("geometry", TMA_GEOMETRIES, ids=lambda v: "x".join(map(str, v)))
 @pytest.mark.parametrize("path", ["tma", "fwd"])
 def test_forward_paths_against_float64(device, geometry, path):
     """The TMA implicit GEMM and the pointer one on the same calls: act(conv + bias +
     residual), the residual added before the activation, outputs poisoned first."""
+    if path == "tma" and not _has_tma(device):
+        pytest.skip("TMA descriptors need Hopper or later")
     n, c, h, w, k, kh, kw, stride, pad, dil = geometry
     x, wt, b = _case(device, n, c, h, w, k, kh, kw, 1, seed=sum(geometry))
     z = F.conv2d(x.double(), wt.double(), b.double(), stride, pad, dil)
@@ -267,6 +275,8 @@ def _poisoned(empty):
 @pytest.mark.parametrize("path", POINTWISE_PATHS)
 @pytest.mark.parametrize("activation", ["relu", "silu"])
 def test_pointwise_paths_add_the_residual_before_the_activation(device, path, activation):
+    if path == "1x1-tma" and not _has_tma(device):
+        pytest.skip("TMA descriptors need Hopper or later")
     x, wt, b = _case(device, 3, 32, 5, 7, 48, 1, 1, 1, seed=5)
     z = F.conv2d(x.double(), wt.double(), b.double())
     res = torch.randn(z.shape, device=device)
@@ -288,17 +298,22 @@ def test_pointwise_gemm_path_prepares_operands_as_the_gemm_plan_says(device):
     x, wt, b = _case(device, 2, 32, 4, 5, 24, 1, 1, 1, seed=9)
     x, wt = _cl(x), _cl(wt)
     options = dataclasses.replace(plan_module.GEMM_OPTIONS, fma_copy_min_mnk=1)
-    with mock.patch.object(plan_module, "GEMM_OPTIONS", options):  # TF32 is off (conftest)
-        before = LAYOUT_COPIES.count
-        out = conv_forward(x, wt, b, None, [1, 1], [0] * 4, [1, 1], 1, "none", None, "1x1-gemm")
-        assert LAYOUT_COPIES.count > before  # the row-major copy was made
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # an IEEE GEMM, on a GPU too
+    try:
+        with mock.patch.object(plan_module, "GEMM_OPTIONS", options):
+            before = LAYOUT_COPIES.count
+            out = conv_forward(x, wt, b, None, [1, 1], [0] * 4, [1, 1], 1, "none", None, "1x1-gemm")
+            assert LAYOUT_COPIES.count > before  # the row-major copy was made
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     _close(out, F.conv2d(x.double(), wt.double(), b.double()), torch.float32)
 
 
 def test_tma_path_is_the_default_and_a_forced_path_that_cannot_run_raises(device):
     x, wt, b = _case(device, 2, 16, 8, 8, 16, 3, 3, 1)
     p = plan_module.problem(x.shape, wt.shape, [1, 1], [1] * 4, [1, 1], 1, x.dtype)
-    assert plan_module.choose_path(p, _cl(x), _cl(wt)) == "tma"
+    assert plan_module.choose_path(p, _cl(x), _cl(wt)) == ("tma" if _has_tma(device) else "fwd")
     assert plan_module.choose_path(p, x, wt) == "fwd"  # NCHW: read where it lies
     p1 = plan_module.problem(x.shape, (8, 16, 1, 1), [1, 1], [0] * 4, [1, 1], 1, x.dtype)
     assert plan_module.choose_path(p1, _cl(x), _cl(wt[:8, :, :1, :1])) == "1x1"

@@ -114,3 +114,31 @@ def test_the_h100_matmul_table_is_the_tune_logs_winners(tmp_path, monkeypatch):
     assert rebuilt == committed
     found = ship.tunings(log.read_text())
     assert len(found) == 132 and len(committed) == 57
+
+
+def test_conv_paths_report_renders_the_recorded_gpu_runs():
+    """gpu_conv_paths.py's report from the H200 runs committed under benchmarks/results, and
+    from a row whose GPU timing could not be captured (None): the table, not a crash."""
+    import copy
+    import json
+    import sys
+
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        import gpu_conv_paths
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+    results = EXPERIMENTS.parent / "benchmarks" / "results" / "nvidia-h200"
+    files = sorted(results.glob("session-*/conv-paths*.json"))
+    assert files
+    for path in files:
+        doc = json.loads(path.read_text())
+        md = gpu_conv_paths.render(doc)
+        assert "NVIDIA H200" in md and md.count("\n| ") >= len(doc["layers"])
+    layer = next(iter(doc["layers"].values()))
+    broken = copy.deepcopy(doc)
+    first = next(iter(broken["layers"].values()))
+    first["gpu_ms"] = None
+    next(iter(first["best"].values()))["gpu_ms"] = None
+    md = gpu_conv_paths.render(broken)
+    assert f"| {layer['shape']} | - |" in md
