@@ -169,6 +169,24 @@ def sec_correct(rank, world, device, smoke):
             td.reduce_scatter(o1, pieces, timeout=60)
             dist.reduce_scatter(o2, [p.clone() for p in pieces])
             out[f"reduce_scatter/{tuple(shape)}/{dtype}"] = bool(torch.equal(o1, o2))
+    if SYMM["ok"]:
+        # Four calls of one key with fresh inputs: the first through Triton's launcher, the
+        # rest from C (native_launch; its launch count recorded), alternating the halves.
+        from tritonkit.ops._core.plan import PLANS
+
+        for dtype in dtypes:
+            for n in (7, 4099) if smoke else (7, 4099, 1 << 20):
+                ok = True
+                for call in range(4):
+                    x = ints((n,), dtype, device, 10 * call + rank)
+                    ref = x.clone()
+                    dist.all_reduce(ref)
+                    td.symm_all_reduce(x)
+                    ok = ok and bool(torch.equal(x, ref))
+                key = ("collectives.symm", None, n, dtype, x.device, dist.ReduceOp.SUM)
+                native = getattr(getattr(PLANS.peek(key, None), "launch", None), "native", None)
+                out[f"symm_repeated/{n}/{dtype}"] = ok
+                out[f"symm_repeated/{n}/{dtype}/native_runs"] = getattr(native, "runs", 0)
     # compressed: within its documented bound (per block: (sum_r amax_r + amax_sum) / 254)
     n = 5000 if smoke else 1 << 22
     g = torch.Generator(device="cpu").manual_seed(7 + rank)
@@ -259,6 +277,20 @@ def sec_correct(rank, world, device, smoke):
     return out
 
 
+def host_us(fn, device, calls=1000):
+    """Host microseconds per call, ``calls`` queued without a sync (the GPU runs behind), the
+    slowest rank's."""
+    dist.barrier()
+    bc._sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = torch.tensor([(time.perf_counter() - t) / calls * 1e6], device=device)
+    bc._sync(device)
+    dist.all_reduce(host, op=dist.ReduceOp.MAX)
+    return float(host.item())
+
+
 def sec_latency(rank, world, device, smoke):
     if not SYMM["ok"]:
         return {"skipped": "symmetric memory unavailable or its probe failed"}
@@ -278,12 +310,16 @@ def sec_latency(rank, world, device, smoke):
         inner, reps = (20, 15) if nbytes <= (1 << 20) else (5, 5)
         row["nccl_us"] = bc.time_call(lambda: dist.all_reduce(x), device, reps, inner) * 1e6
         row["ours_us"] = bc.time_call(lambda: td.symm_all_reduce(x), device, reps, inner) * 1e6
+        auto = lambda: td.all_reduce(x, algorithm="auto")  # noqa: E731 (what a user calls)
+        row["auto_us"] = bc.time_call(auto, device, reps, inner) * 1e6
         for name, one in (("one_shot_us", True), ("two_shot_us", False)):
             cfg = SymmConfig.heuristic(nbytes, world, 0 if not one else 1 << 62)
             row[name] = (
                 bc.time_call(lambda: plan.symm_launch(x, x, ws, cfg, 1.0), device, reps, inner)
                 * 1e6
             )
+        if nbytes <= (64 << 10):  # host time per call, queued without a sync
+            row["ours_host_us"] = host_us(lambda: td.symm_all_reduce(x), device)
         if nbytes <= (1 << 20):
             try:
                 buf = symm_mem.empty(n, dtype=torch.bfloat16, device=device)
@@ -291,6 +327,8 @@ def sec_latency(rank, world, device, smoke):
                 buf.fill_(1)
                 fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)  # noqa: E731
                 row["torch_one_shot_us"] = bc.time_call(fn, device, reps, inner) * 1e6
+                if nbytes <= (64 << 10):
+                    row["torch_one_shot_host_us"] = host_us(fn, device)
             except Exception as exc:  # PyTorch's op may be missing or refuse
                 row["torch_one_shot_error"] = f"{type(exc).__name__}: {exc}"[:200]
         rows.append(row)
@@ -544,7 +582,28 @@ def sec_kernels(rank, world, device, smoke):
             rank,
             f"kernel {name}: {rows[name]['GBs']:.0f} GB/s, clone {rows[name]['clone_GBs']:.0f} GB/s",
         )
-    return {"rows": rows, "formula": "GB/s = bytes read + written / time; clone: 2 x bytes / time"}
+    # The dequantize-accumulate-requantize kernel's launch shapes (the heuristic's is above).
+    sweep = []
+    for block_elems in (2048, 4096, 8192):
+        for warps in (2, 4, 8):
+            g_per = max(1, block_elems // lay.block)
+
+            def dar_shape():
+                K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, g_per),)](
+                    sq, ss, mq, ms, sres, lay.blocks_per_shard, sq.stride(0), ss.stride(0), 1.0,
+                    WORLD=world, **qmeta, B=lay.block, BLOCK_G=g_per, HAS_RES=True, EMULATE=em,
+                    num_warps=warps)  # fmt: skip
+
+            t = timed(dar_shape)
+            sweep.append({"block_elems": block_elems, "num_warps": warps, "GBs": bytes_d / t / 1e9,
+                          "fraction_of_copy": bytes_d / t / 1e9 / rows["dequant_acc_requant"]["clone_GBs"]})  # fmt: skip
+    log(rank, f"dequant_acc_requant shapes: {max(r['fraction_of_copy'] for r in sweep):.3f} best")
+    return {
+        "rows": rows,
+        "dequant_acc_requant_shapes": sweep,
+        "config": {"block_elems": cfg.block_elems, "num_warps": cfg.num_warps},
+        "formula": "GB/s = bytes read + written / time; clone: 2 x bytes / time",
+    }
 
 
 def sec_bench_comm(rank, world, device, smoke):
@@ -751,13 +810,18 @@ def summary(worlds) -> str:
         lat = sec.get("latency", {}).get("rows", [])
         if lat:
             lines += ["", "| bytes | ours (public) us | one-shot us | two-shot us | torch one_shot us"
-                      " | NCCL us | NCCL / ours | torch / ours |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                      " | NCCL us | NCCL / ours | torch / ours | host us: ours, torch | auto us |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            nan = float("nan")
             for r in lat:
-                t1 = r.get("torch_one_shot_us", float("nan"))
+                t1 = r.get("torch_one_shot_us", nan)
+                host = (
+                    f"{r.get('ours_host_us', nan):.1f}, {r.get('torch_one_shot_host_us', nan):.1f}"
+                )
                 lines.append(f"| {bc.show_size(r['bytes'])} | {r['ours_us']:.1f} | "
                              f"{r['one_shot_us']:.1f} | {r['two_shot_us']:.1f} | {t1:.1f} | "
                              f"{r['nccl_us']:.1f} | {r['nccl_us'] / r['ours_us']:.2f} | "
-                             f"{t1 / r['ours_us']:.2f} |")  # fmt: skip
+                             f"{t1 / r['ours_us']:.2f} | {host} | {r.get('auto_us', nan):.1f} |")  # fmt: skip
         fused = sec.get("fused", {}).get("rows", [])
         if fused:
             lines += ["", "| hidden | tokens | NCCL + add_rms_norm us | fused us | speedup |",

@@ -13,6 +13,8 @@
    phase each), without error feedback and with a bfloat16 and a float32 residual, for launch
    shapes that differ in elements per program, warps and programs; the public call; NCCL's
    all-reduce of the same tensor.
+4. (``--sections shapes``) The small-message all-reduce's tile, warps and programs: the time
+   per call of each shape's cached launch.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=src \\
         torchrun --standalone --nproc-per-node 2 experiments/gpu_symm_probe.py --out $OUT
@@ -305,6 +307,39 @@ def sec_compressed(rank, world, device, out):
     }
 
 
+def sec_shapes(rank, world, device, out):
+    """The symmetric-memory all-reduce's launch shape for small messages (bf16, 1-256 KB): the
+    per-call time of the cached launch (from C after its first call) over the tile, warps and
+    the cap on programs; each distinct program count once per tile and warps."""
+    from tritonkit.ops._core.layout import cdiv
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import SymmConfig
+
+    rows = []
+    for nbytes in (1 << 10, 8 << 10, 32 << 10, 64 << 10, 256 << 10):
+        n = nbytes // 2
+        x = torch.ones(n, dtype=torch.bfloat16, device=device)
+        ws = plan.workspace(None, device, torch.bfloat16, n)
+        for block in (256, 1024, 4096, 16384):
+            for warps in (1, 4, 8):
+                seen = set()
+                for cap in (1, 4, 16, 64):
+                    programs = max(1, min(cdiv(n, block), cap, ws.max_programs))
+                    if programs in seen:
+                        continue
+                    seen.add(programs)
+                    cfg = SymmConfig(one_shot=True, block=block, max_programs=cap, num_warps=warps)
+                    run = plan.SymmAllReduce(ws, n, cfg, 1.0)
+                    t = gpu_time(lambda: run(x, x), reps=9, inner=20)
+                    rows.append({"bytes": nbytes, "block": block, "warps": warps,
+                                 "programs": programs, "us": t * 1e6,
+                                 "native": bool(run.launch.native)})  # fmt: skip
+        best = min((r for r in rows if r["bytes"] == nbytes), key=lambda r: r["us"])
+        if rank == 0:
+            print("shapes best", best, flush=True)
+    out["shapes"] = {"formula": "us per call, back-to-back, slowest rank", "rows": rows}
+
+
 def smoke() -> None:
     """The kernels under the interpreter on local buffers (no peers, no barrier)."""
     n, block = 4096, 1024
@@ -353,6 +388,8 @@ def main() -> None:
                 sec_barrier(rank, world, device, ws, out)
             elif name == "compressed":
                 sec_compressed(rank, world, device, out)
+            elif name == "shapes":
+                sec_shapes(rank, world, device, out)
         except Exception as exc:  # recorded; the next section runs
             import traceback
 

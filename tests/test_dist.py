@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from _dist_ranks import _collectives_rank, _fault_rank
+from tritonkit.ops._core import native_launch
 from tritonkit.ops._core.layout import cdiv
 from tritonkit.ops.collectives.kernels import epoch_barrier
 
@@ -44,6 +45,18 @@ def _spawn(fn, world: int, *args, timeout_s: float = 240.0) -> list[dict]:
         path = os.path.join(tmp, f"rank{r}.json")
         out.append(json.load(open(path)) if os.path.exists(path) else {})  # noqa: SIM115
     return out
+
+
+def _native_module():
+    """The C launch module (built with the C compiler Triton uses); a machine without one
+    skips."""
+    import shutil
+
+    if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+        pytest.skip("no C compiler")
+    mod = native_launch.module()
+    assert mod is not None, "the native launch module did not build"
+    return mod
 
 
 def _needs_ranks(world: int):
@@ -183,7 +196,7 @@ def _fake_workspace(world, rank, numel, dtype):
     ws.numel, ws.rank, ws.world, ws.max_programs = numel, rank, world, 64
     ws.resident_programs = 4 * 4  # the interpreter's stand-in SMs, 4 programs each
     ws.buf_table, ws.pad_table = _tables(bufs), _tables(pads)
-    ws.epoch = ws.calls = 0
+    ws.counter = native_launch.counter(numel)
     return ws, bufs, pads
 
 
@@ -225,6 +238,9 @@ def test_symm_all_reduce_cached_path_runs_the_kernel_without_the_setup():
         finally:
             plan.symm_unavailable = orig
         assert (ws.epoch, ws.calls) == (3, 3)
+        if DEVICE.type == "cuda" and native_launch.module() is not None:
+            # The first call through Triton's launcher, the next two from C.
+            assert run.launch.native is not None and run.launch.native.runs == 2
     finally:
         PLANS.discard(key, None)
 
@@ -308,15 +324,137 @@ def test_fused_norm_cached_launch_beyond_two_ranks(world, rank, rows, hidden, pr
     assert (ws.epoch, ws.calls) == (2, 2)
 
 
-def test_symm_workspace_epochs_wrap_as_int32():
+@pytest.mark.parametrize("kind", ["python", "c"])
+def test_symm_workspace_epochs_wrap_as_int32(kind):
+    """The Python counter and the C one (what native launches advance) agree."""
     from tritonkit.ops.collectives import plan
 
+    make = native_launch.PyCounter if kind == "python" else _native_module().Counter
     ws = plan.SymmWorkspace.__new__(plan.SymmWorkspace)
-    ws.numel, ws.epoch, ws.calls = 10, (1 << 31) - 2, 0
+    ws.counter = make(10, (1 << 31) - 2, 0)
     assert ws.advance(2) == ((1 << 31) - 1, 0)  # barriers 2^31 - 1 and 2^31
     assert ws.advance(1) == (-(1 << 31) + 1, 10)  # 2^31 + 1, as the int32 the pads hold
-    ws.epoch = (1 << 32) - 1
+    ws.counter.epoch = (1 << 32) - 1
     assert ws.advance(1) == (0, 0)  # 2^32 wraps to 0
+    assert (ws.epoch, ws.calls) == (0, 3)
+
+
+def test_native_launch_packs_each_call_as_the_c_launcher_does(monkeypatch):
+    """The C launch of a symmetric-memory kernel, its driver replaced by a recorder: each call
+    passes the tensors' data pointers, the fixed arguments in their widths (tables, ints, float
+    bits), the shared counter's epoch and half offset in 16s, null scratch pointers; a tensor
+    of another alignment, or another count of tensors, is refused with the counter untouched."""
+    import struct
+    from types import SimpleNamespace
+
+    from tritonkit.ops._core import internals
+
+    mod = _native_module()
+    monkeypatch.setattr(internals, "triton_driver_is_cuda", lambda: True)
+    monkeypatch.setattr(internals, "cuda_raw_stream", lambda device: 0)
+    monkeypatch.setattr(mod, "current_context", lambda: 77)
+    # (x_ptr, out_ptr, buf_table, pad_table, n, alpha, epoch, buf_off, RANK, BLOCK)
+    types = ("*fp32", "*fp32", "*i64", "*i64", "i32", "fp32", "i32", "i64", "constexpr",
+             "constexpr")  # fmt: skip
+    entry = SimpleNamespace(function=0xABC, block=128, shared=1024, scratch=0, coop=False,
+                            pdl=False, types=types)  # fmt: skip
+    x, out = torch.randn(100), torch.empty(100)
+    counter = mod.Counter(64)
+    values = [x, out, 0x1000, 0x2000, 100, 0.5, 0, 0, 1, 256]
+    launch = native_launch.make(entry, (3,), values, (0, 1), (x, out), (6, 7), counter, 2, 0)
+    assert launch is not None
+    seen = []
+    mod.set_test_launcher(lambda *a: seen.append(a))
+    try:
+        for _ in range(3):
+            assert launch.run((x, out)) is True
+        odd = torch.empty(101)[1:]  # 4 bytes past an aligned start
+        assert launch.run((odd, out)) is False
+        assert launch.run((x,)) is False
+    finally:
+        mod.set_test_launcher(None)
+    assert (counter.epoch, counter.calls, launch.runs) == (6, 3, 3)
+    alpha = struct.unpack("<I", struct.pack("<f", 0.5))[0]
+    for call, (epoch, half) in enumerate([(1, 0), (3, 64), (5, 0)]):
+        cells = [x.data_ptr(), out.data_ptr(), 0x1000, 0x2000, 100, alpha, epoch, half // 16, 0, 0]
+        assert seen[call] == (0xABC, (3, 1, 1), 128, 1024, cells)
+    # What the C launch does not pack: Triton's launcher keeps those.
+    assert native_launch.make(entry, (3,), values, (0, 1), (x, out), (6, 7),
+                              native_launch.PyCounter(64), 2, 0) is None  # fmt: skip
+    scratch = SimpleNamespace(**{**vars(entry), "scratch": 256})
+    made = native_launch.make(scratch, (3,), values, (0, 1), (x, out), (6, 7), counter, 2, 0)
+    assert made is None
+
+
+def test_all_reduce_auto_remembers_a_symmetric_memory_choice(monkeypatch):
+    """algorithm="auto": the first call of a key chooses (and runs) the symmetric-memory path,
+    later calls launch its plan at once; a changed TRITONKIT_DIST_SYMM is another key."""
+    from types import SimpleNamespace
+
+    from tritonkit.ops._core.internals import environ_get
+    from tritonkit.ops._core.plan import PLANS
+    from tritonkit.ops.collectives import function as F
+
+    x = torch.ones(10)
+    launched, calls = [], []
+
+    class Launch:
+        def fast(self, tensors):
+            launched.append(tensors[0])
+            return True
+
+    run = SimpleNamespace(launch=Launch())
+    symm_key = ("collectives.symm", None, 10, x.dtype, x.device, F.ReduceOp.SUM)
+
+    def auto_key():
+        return ("collectives.auto", *symm_key[1:], environ_get("TRITONKIT_DIST_SYMM"))
+
+    monkeypatch.setattr(F, "_auto_algorithm", lambda *a: calls.append("choose") or "symm")
+    monkeypatch.setattr(
+        F, "symm_all_reduce", lambda *a, **k: calls.append("symm") or PLANS.put(symm_key, None, run)
+    )
+    keys = [auto_key()]
+    try:
+        F.all_reduce(x, algorithm="auto")
+        F.all_reduce(x, algorithm="auto")
+        assert calls == ["choose", "symm"] and len(launched) == 1
+        monkeypatch.setenv("TRITONKIT_DIST_SYMM", "0")
+        keys.append(auto_key())
+        F.all_reduce(x, algorithm="auto")
+        assert calls == ["choose", "symm", "choose", "symm"]
+    finally:
+        for k in (symm_key, *keys):
+            PLANS.discard(k, None)
+
+
+@pytest.mark.interpreter
+def test_cached_launch_takes_the_native_launch_where_it_applies():
+    """A cached launch whose C launch refuses a call runs it through Triton's launcher with the
+    same counter; one that accepts launches nothing else."""
+    from tritonkit.ops.collectives import plan
+    from tritonkit.ops.collectives.config import SymmConfig
+
+    class Native:
+        def __init__(self, accept):
+            self.accept, self.calls = accept, 0
+
+        def run(self, tensors):
+            self.calls += 1
+            if self.accept:
+                ws.advance(1)  # what the C launch does to the shared counter
+            return self.accept
+
+    ws, bufs, _ = _fake_workspace(2, 0, 128, torch.float32)
+    run = plan.SymmAllReduce(ws, 100, SymmConfig(block=32, max_programs=2, num_warps=1), 1.0)
+    bufs[1].fill_(1.0)
+    x = torch.zeros(100, device=DEVICE)
+    run.launch.native = Native(accept=True)
+    run(x, x)
+    assert torch.equal(x, torch.zeros(100, device=DEVICE))  # nothing ran but the stand-in
+    run.launch.native = Native(accept=False)
+    run(x, x)  # the second call: the second half, which the peer filled too
+    assert run.launch.native.calls == 1 and torch.equal(x, torch.ones(100, device=DEVICE))
+    assert (ws.epoch, ws.calls) == (2, 2)
 
 
 @pytest.mark.parametrize(
@@ -492,7 +630,8 @@ def test_symm_compressed_half_offset_past_int32():
     nbytes, _ = plan.symm_compress_layout(lay)
     ws, bufs, pads = _fake_workspace(1, 0, cdiv(nbytes, 16) * 16, torch.uint8)
     pads[0].zero_()
-    ws.numel, ws.calls = 1 << 31, 1  # this call: the second half, 2^31 bytes in
+    ws.numel = ws.counter.numel = 1 << 31  # this call: the second half, 2^31 bytes in
+    ws.counter.calls = 1
     ws.buf_table = _tables([bufs[0]]) - (1 << 31)
     run = plan.CompressedSymm(ws, n, cfg, False, average=False)
     x = torch.randn(n, generator=torch.Generator(device=DEVICE).manual_seed(2), device=DEVICE)

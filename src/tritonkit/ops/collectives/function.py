@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from tritonkit.ops._core.internals import environ_get
 from tritonkit.ops._core.plan import PLANS, current_env
 from tritonkit.ops._core.validate import check_tensor
 from tritonkit.ops.collectives import plan
@@ -118,12 +119,29 @@ def all_reduce(
         )
     if algorithm != "nccl" and async_op:
         raise ValueError(f"all_reduce: async_op=True needs algorithm='nccl', got {algorithm!r}")
+    auto_key = None
+    if algorithm == "auto" and isinstance(tensor, torch.Tensor) and not _debug[0]:
+        # A key that chose the symmetric-memory path before launches from C at once (the
+        # choice, availability and crossover lookup cost more than the launch). The key holds
+        # what the choice reads: the message (numel, dtype), device, op, group and the switch.
+        switch = environ_get("TRITONKIT_DIST_SYMM")
+        auto_key = ("collectives.auto", group, tensor.numel(), tensor.dtype, tensor.device, op,
+                    switch)  # fmt: skip
+        run = PLANS.peek(auto_key, None)
+        if run is not None and tensor.is_contiguous() and run.launch.fast((tensor, tensor)):
+            return None
     if algorithm == "auto":
         algorithm = _auto_algorithm(tensor, op, group)
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, timeout=timeout)
     if algorithm == "symm":
-        return symm_all_reduce(tensor, op, group, timeout=timeout)
+        symm_all_reduce(tensor, op, group, timeout=timeout)
+        if auto_key is not None and not _debug[0]:
+            symm_key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
+            run = PLANS.peek(symm_key, None)
+            if run is not None:
+                PLANS.put(auto_key, None, run)
+        return None
     if _debug[0]:
         check_same_arguments("all_reduce", group, timeout, _signature(tensor, op=op))
     return _run(
@@ -446,10 +464,10 @@ def _fallback(op: str, why: str, instead: str = "all_reduce") -> None:
 
 
 # ("collectives.symm", group, numel, dtype, device, op) -> the resolved all-reduce
-# (plan.SymmAllReduce), in the one plan cache under the current Env (a changed setting, e.g.
-# TRITONKIT_DIST_SYMM=0, is another key): every later call of that key is a lookup, two checks
-# and one C launch. Validated on the first call (a key holds only a CUDA float tensor's dtype
-# and device); kept only outside debug mode.
+# (plan.SymmAllReduce), in the one plan cache (without the Env: see symm_all_reduce): every
+# later call of that key is a lookup, a check and one C call that launches (native_launch).
+# Validated on the first call (a key holds only a CUDA float tensor's dtype and device); kept
+# only outside debug mode.
 
 
 def symm_all_reduce(
@@ -479,13 +497,14 @@ def symm_all_reduce(
         # and round once), and the key holds the tensor's device.
         key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
         run = PLANS.peek(key, None)
-        if (
-            run is not None
-            and tensor.is_contiguous()
-            and not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
-        ):
-            run(tensor, tensor)
-            return None
+        if run is not None and tensor.is_contiguous():
+            # From C where it applies (it refuses while a CUDA graph is captured), else
+            # through Triton's launcher where no graph is captured.
+            if run.launch.fast((tensor, tensor)):
+                return None
+            if not (tensor.is_cuda and torch.cuda.is_current_stream_capturing()):
+                run(tensor, tensor)
+                return None
     _check_float("symm_all_reduce", "tensor", tensor)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"symm_all_reduce: op must be SUM or AVG, got {op}")

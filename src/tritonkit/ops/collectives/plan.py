@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from tritonkit.ops._core import launch as _L
+from tritonkit.ops._core import native_launch
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
 from tritonkit.ops._core.internals import cuda_device
 from tritonkit.ops._core.layout import cdiv, next_power_of_2
@@ -359,14 +360,15 @@ class CompressedSymm:
                 "EMULATE": interpreter_enabled(), "BARRIER": True,
                 "num_warps": cfg.num_warps}  # fmt: skip
         names = ("x_ptr", "out_ptr") + (("res_ptr",) if has_res else ())
-        self.launch = CachedLaunch(K._symm_compressed_kernel, (programs,), args, names, meta)
+        self.launch = CachedLaunch(
+            K._symm_compressed_kernel, (programs,), args, names, meta, ws, barriers=2
+        )
         self.sent = lay.wire_bytes()
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None) -> int:
         """Reduce ``x`` (contiguous) into ``out`` (may be ``x``) with the error-feedback state
         ``residual`` (``residual_size`` elements, or None); returns the bytes pushed."""
-        epoch, half = self.ws.advance(2)
-        self.launch((x, out) if residual is None else (x, out, residual), epoch, half // 16)
+        self.launch((x, out) if residual is None else (x, out, residual))
         return self.sent
 
 
@@ -422,18 +424,24 @@ class SymmWorkspace:
         # registers): a kernel whose programs wait on the peers' at barriers between phases
         # needs all of them resident.
         self.resident_programs = 4 * sm_count(device)
-        self.epoch = 0  # barriers passed (modulo 2^32): the pads start at 0
-        self.calls = 0
+        # The barrier epochs and buffer halves, advanced by every call of its kernels (the C
+        # launches' counter where that module is built: both paths move the same state).
+        self.counter = native_launch.counter(numel)
         self.side_stream: torch.cuda.Stream | None = None  # all_gather_matmul's copies
+
+    @property
+    def epoch(self) -> int:
+        """Barriers passed (modulo 2^32): the pads start at 0."""
+        return self.counter.epoch
+
+    @property
+    def calls(self) -> int:
+        return self.counter.calls
 
     def advance(self, barriers: int) -> tuple[int, int]:
         """(the first barrier's epoch as an int32, the element offset of the buffers' half)
         for the next call, which passes ``barriers`` barriers."""
-        first = (self.epoch + 1) & 0xFFFFFFFF
-        self.epoch = (self.epoch + barriers) & 0xFFFFFFFF
-        half = (self.calls & 1) * self.numel
-        self.calls += 1
-        return (first - (1 << 32) if first >= (1 << 31) else first), half
+        return self.counter.advance(barriers)
 
 
 _WORKSPACES: dict[tuple, SymmWorkspace] = {}
@@ -455,35 +463,50 @@ def workspace(group, device: torch.device, dtype: torch.dtype, numel: int) -> Sy
 
 class CachedLaunch:
     """One kernel launch of the symmetric-memory paths, resolved once: the grid, scalars and
-    constexprs fixed, the tensors and the per-call ``epoch`` / ``buf_off`` put into a copy of
-    the compiled kernel's argument list and handed to its C launcher (``launch._direct``).
-    The first call, the interpreter, launch hooks or a tensor of another 16-byte alignment take
-    ``Kernel.launch`` (always right)."""
+    constexprs fixed; per call the tensors and the workspace counter's epoch and buffer offset
+    (``ws.advance(barriers)``; the kernels take the offset in 16s as ``buf_off``).
 
-    __slots__ = ("_aligned", "_device", "_entry", "_slots", "_values", "args", "grid")
-    __slots__ += ("kern", "meta", "scalar_names", "tensor_names")
+    Once Triton's launch of the first call has given the compiled kernel, later calls run from C
+    (``native_launch``): its data pointers and the counter's values written into a parameter
+    block made once, and cuLaunchKernel. Where that does not apply (the module is not built, a
+    tensor of another alignment, another device, a CUDA graph being captured, launch hooks, a
+    recording) a call takes the compiled kernel's C launcher (``launch._direct``) or, the first
+    time and under the interpreter, ``Kernel.launch`` (always right)."""
+
+    __slots__ = ("_aligned", "_device", "_entry", "_slots", "_values", "args", "barriers")
+    __slots__ += ("grid", "kern", "meta", "native", "tensor_names", "ws")
 
     def __init__(
-        self,
-        kern,
-        grid: tuple,
-        args: dict,
-        tensor_names: tuple,
-        meta: dict,
-        scalar_names: tuple = ("epoch", "buf_off"),
+        self, kern, grid: tuple, args: dict, tensor_names: tuple, meta: dict, ws, barriers: int
     ) -> None:
         self.kern, self.grid, self.args, self.meta = kern, grid, args, meta
-        self.tensor_names, self.scalar_names = tensor_names, scalar_names
+        self.tensor_names, self.ws, self.barriers = tensor_names, ws, barriers
         names = list(kern.fn.arg_names) if hasattr(kern.fn, "arg_names") else list(args)
-        self._slots = tuple(names.index(k) for k in (*tensor_names, *scalar_names))
+        self._slots = tuple(names.index(k) for k in (*tensor_names, "epoch", "buf_off"))
         self._entry = None
         self._values: list | None = None
         self._device = -1
         self._aligned: tuple = ()
+        self.native = None  # not made yet; False: it cannot be
 
-    def __call__(self, tensors: tuple, *scalars: int) -> None:
-        """Launch with ``tensors`` (as ``tensor_names``) and the per-call ``scalars`` (as
-        ``scalar_names``)."""
+    def fast(self, tensors: tuple) -> bool:
+        """Launch from C if that applies (see the class); False, having done nothing, if not."""
+        nat = self.native
+        return bool(
+            nat
+            and _L.WARMUP.session is None
+            and not _L.PIPE.pending
+            and _L.RECORDER.rec is None
+            and not self.kern._hooked()
+            and nat.run(tensors)
+        )
+
+    def __call__(self, tensors: tuple) -> None:
+        """Launch with ``tensors`` (as ``tensor_names``), the counter advanced."""
+        if self.fast(tensors):
+            return
+        epoch, off = self.ws.advance(self.barriers)
+        scalars = (epoch, off // 16)
         entry = self._entry
         if entry is not None and _L.WARMUP.session is None and not _L.PIPE.pending:
             aligned = tuple([t.data_ptr() & 15 == 0 for t in tensors])
@@ -493,41 +516,55 @@ class CachedLaunch:
                 for i, v in zip(self._slots, (*tensors, *scalars)):
                     values[i] = v
                 _L._direct(entry, self.grid, device, values)
+                if self.native is None:
+                    self._make_native(entry, values, tensors, device)
                 return
         args = dict(self.args)
         args.update(zip(self.tensor_names, tensors))
-        args.update(zip(self.scalar_names, scalars))
+        args.update(zip(("epoch", "buf_off"), scalars))
         entry, values = self.kern._launch(self.grid, tuple(args.values()), self.meta)
         if entry is not None and self._entry is None:
+            self._device = torch.cuda.current_device()
+            self._make_native(entry, values, tensors, self._device)
             for i in self._slots[: len(tensors)]:
                 values[i] = None  # no tensor outlives the call
             self._entry, self._values = entry, values
-            self._device = torch.cuda.current_device()
             self._aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+    def _make_native(self, entry, values: list, tensors: tuple, device: int) -> None:
+        """The C launch of the kernel just launched with ``values`` (not inside a recording:
+        its launches must be seen)."""
+        if _L.RECORDER.rec is None:
+            n = len(tensors)
+            made = native_launch.make(
+                entry, self.grid, values, self._slots[:n], tensors, self._slots[n:],
+                self.ws.counter, self.barriers, device,
+            )  # fmt: skip
+            self.native = made if made is not None else False
 
 
 class SymmAllReduce:
     """The symmetric-memory all-reduce of one (group, numel, dtype, device, op), everything
     but the tensor resolved once: the workspace, the config, the grid and the launch."""
 
-    __slots__ = ("barriers", "launch", "ws")
+    __slots__ = ("launch", "ws")
 
     def __init__(self, ws: SymmWorkspace, n: int, cfg: SymmConfig, alpha: float) -> None:
         self.ws = ws
         span = cfg.block if cfg.one_shot else cfg.block * ws.world
         programs = max(1, min(cdiv(n, span), cfg.max_programs, ws.max_programs))
         kern = K._one_shot_kernel if cfg.one_shot else K._two_shot_kernel
-        self.barriers = 1 if cfg.one_shot else 2
         args = {"x_ptr": None, "out_ptr": None, "buf_table": ws.buf_table,
                 "pad_table": ws.pad_table, "n": n, "alpha": alpha,
                 "epoch": 0, "buf_off": 0}  # fmt: skip
         meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
                 "BLOCK": cfg.block, "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
-        self.launch = CachedLaunch(kern, (programs,), args, ("x_ptr", "out_ptr"), meta)
+        barriers = 1 if cfg.one_shot else 2
+        names = ("x_ptr", "out_ptr")
+        self.launch = CachedLaunch(kern, (programs,), args, names, meta, ws, barriers)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        epoch, off = self.ws.advance(self.barriers)
-        self.launch((x, out), epoch, off // 16)  # the kernels take the offset in 16s
+        self.launch((x, out))
 
 
 def symm_launch(
@@ -570,11 +607,11 @@ def fused_norm_launch(
         meta = {"RANK": ws.rank, "WORLD": ws.world, "WP2": next_power_of_2(ws.world),
                 "BLOCK_H": next_power_of_2(hidden), "HAS_WEIGHT": weight is not None,
                 "BARRIER": True, "num_warps": cfg.num_warps}  # fmt: skip
-        launch = CachedLaunch(K._all_reduce_add_rms_norm_kernel, (programs,), args, names, meta)
+        kern = K._all_reduce_add_rms_norm_kernel
+        launch = CachedLaunch(kern, (programs,), args, names, meta, ws, barriers=1)
         PLANS.put(key, env, launch)
     tensors = (x, residual, out, res_out) + (() if weight is None else (weight,))
-    epoch, off = ws.advance(1)
-    launch(tensors, epoch, off // 16)
+    launch(tensors)
     return out, res_out
 
 
