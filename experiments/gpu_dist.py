@@ -540,11 +540,13 @@ def sec_kernels(rank, world, device, smoke):
     mq, ms = plan._views(mine, lay, torch.int8)
     sres = torch.zeros(lay.shard, device=device)
 
+    reduce_bpp, reduce_warps = cfg.reduce_launch  # the plan's launch shape
+
     def dar():
-        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+        K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, reduce_bpp),)](
             sq, ss, mq, ms, sres, lay.blocks_per_shard, sq.stride(0), ss.stride(0), 1.0,
-            WORLD=world, **qmeta, B=lay.block, BLOCK_G=bpp, HAS_RES=True, EMULATE=em,
-            num_warps=cfg.num_warps)  # fmt: skip
+            WORLD=world, **qmeta, B=lay.block, BLOCK_G=reduce_bpp, HAS_RES=True, EMULATE=em,
+            num_warps=reduce_warps)  # fmt: skip
 
     def timed(fn, reps=20):
         for _ in range(3):
@@ -601,7 +603,12 @@ def sec_kernels(rank, world, device, smoke):
     return {
         "rows": rows,
         "dequant_acc_requant_shapes": sweep,
-        "config": {"block_elems": cfg.block_elems, "num_warps": cfg.num_warps},
+        "config": {
+            "block_elems": cfg.block_elems,
+            "num_warps": cfg.num_warps,
+            "reduce_blocks_per_program": reduce_bpp,
+            "reduce_num_warps": reduce_warps,
+        },
         "formula": "GB/s = bytes read + written / time; clone: 2 x bytes / time",
     }
 

@@ -388,7 +388,8 @@ def test_native_launch_packs_each_call_as_the_c_launcher_does(monkeypatch):
 
 def test_all_reduce_auto_remembers_a_symmetric_memory_choice(monkeypatch):
     """algorithm="auto": the first call of a key chooses (and runs) the symmetric-memory path,
-    later calls launch its plan at once; a changed TRITONKIT_DIST_SYMM is another key."""
+    later calls launch its plan at once; a changed TRITONKIT_DIST_SYMM is another key; a choice
+    of NCCL is remembered as well."""
     from types import SimpleNamespace
 
     from tritonkit.ops._core.internals import environ_get
@@ -422,6 +423,17 @@ def test_all_reduce_auto_remembers_a_symmetric_memory_choice(monkeypatch):
         keys.append(auto_key())
         F.all_reduce(x, algorithm="auto")
         assert calls == ["choose", "symm", "choose", "symm"]
+        # A choice of NCCL is remembered too: the next call goes to it without choosing.
+        monkeypatch.setattr(F, "_auto_algorithm", lambda *a: calls.append("choose") or "nccl")
+        monkeypatch.setattr(F, "_run", lambda what, *a: calls.append(what))
+        x = torch.ones(11)
+        keys.append(symm_key)
+        symm_key = ("collectives.symm", None, 11, x.dtype, x.device, F.ReduceOp.SUM)
+        keys.append(auto_key())
+        calls.clear()
+        F.all_reduce(x, algorithm="auto")
+        F.all_reduce(x, algorithm="auto")
+        assert calls == ["choose", "all_reduce", "all_reduce"]
     finally:
         for k in (symm_key, *keys):
             PLANS.discard(k, None)

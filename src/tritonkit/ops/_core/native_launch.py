@@ -1,5 +1,5 @@
 """Launches made from C for the calls whose host time is most of their cost: the symmetric-memory
-collectives (a 15 us call of which the kernel is a third). ``native_launch.c`` holds a
+collectives, whose kernel takes less time than Triton's launcher. ``native_launch.c`` holds a
 parameter block prepared once per cached launch; a call writes its data pointers and its
 workspace counter's epoch and buffer offset into it and calls cuLaunchKernel, without Triton's
 launcher (which parses a dozen arguments and resolves every pointer with the driver per call).

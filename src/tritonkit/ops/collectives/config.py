@@ -42,6 +42,14 @@ class CompressConfig:
     def blocks_per_program(self) -> int:
         return max(1, self.block_elems // self.block)
 
+    @property
+    def reduce_launch(self) -> tuple[int, int]:
+        """(blocks per program, warps) of the dequantize-accumulate-requantize kernel."""
+        # 2K-element tiles of 8 warps: the fastest or within noise of it among the tile and
+        # warp shapes gpu_dist.py times, in every H200 run (docs/performance.md). The tile
+        # changes no result: every block is requantized on its own.
+        return max(1, 2048 // self.block), 8
+
     @classmethod
     def heuristic(
         cls, numel: int, dtype: torch.dtype = torch.int8, residual: torch.dtype | None = None

@@ -121,17 +121,22 @@ def all_reduce(
         raise ValueError(f"all_reduce: async_op=True needs algorithm='nccl', got {algorithm!r}")
     auto_key = None
     if algorithm == "auto" and isinstance(tensor, torch.Tensor) and not _debug[0]:
-        # A key that chose the symmetric-memory path before launches from C at once (the
-        # choice, availability and crossover lookup cost more than the launch). The key holds
+        # A key's choice is made once (availability and the crossover lookup cost more than a
+        # launch): "nccl", or the symmetric-memory plan, launched from C at once. The key holds
         # what the choice reads: the message (numel, dtype), device, op, group and the switch.
         switch = environ_get("TRITONKIT_DIST_SYMM")
         auto_key = ("collectives.auto", group, tensor.numel(), tensor.dtype, tensor.device, op,
                     switch)  # fmt: skip
-        run = PLANS.peek(auto_key, None)
-        if run is not None and tensor.is_contiguous() and run.launch.fast((tensor, tensor)):
+        chosen = PLANS.peek(auto_key, None)
+        if isinstance(chosen, str):
+            algorithm = chosen
+        elif chosen is not None and tensor.is_contiguous() and chosen.launch.fast((tensor, tensor)):
             return None
     if algorithm == "auto":
         algorithm = _auto_algorithm(tensor, op, group)
+        # Not a choice made while a CUDA graph is captured (NCCL then, whatever the size).
+        if auto_key is not None and algorithm == "nccl" and not _capturing(tensor):
+            PLANS.put(auto_key, None, "nccl")
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, timeout=timeout)
     if algorithm == "symm":
@@ -147,6 +152,10 @@ def all_reduce(
     return _run(
         "all_reduce", group, timeout, async_op, lambda: dist.all_reduce(tensor, op, group, True)
     )
+
+
+def _capturing(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _auto_algorithm(tensor: torch.Tensor, op, group) -> str:

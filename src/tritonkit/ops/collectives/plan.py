@@ -276,7 +276,6 @@ def compressed_all_reduce_flat(
     fmt = get_format(cfg.dtype)
     emulate = interpreter_enabled()
     qmeta = {"QMAX": fmt.qmax, "IS_FLOAT": fmt.is_float, "MANT": fmt.mantissa, "EMIN": fmt.emin}
-    bpp = cfg.blocks_per_program
     dev = flat.device
     send = torch.empty((world, lay.chunk_bytes), dtype=torch.uint8, device=dev)
     quantize_chunks(flat, worker_res, send, lay, cfg)
@@ -289,10 +288,11 @@ def compressed_all_reduce_flat(
     mine = torch.empty(lay.chunk_bytes, dtype=torch.uint8, device=dev)
     rq, rs = _views(recv, lay, cfg.dtype)
     mq, ms = _views(mine, lay, cfg.dtype)
-    K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, bpp),)](
+    reduce_bpp, reduce_warps = cfg.reduce_launch
+    K._dequant_acc_requant_kernel[(cdiv(lay.blocks_per_shard, reduce_bpp),)](
         rq, rs, mq, ms, server_res, lay.blocks_per_shard, rq.stride(0), rs.stride(0),
-        1.0 / world if average else 1.0, WORLD=world, **qmeta, B=lay.block, BLOCK_G=bpp,
-        HAS_RES=server_res is not None, EMULATE=emulate, num_warps=cfg.num_warps,
+        1.0 / world if average else 1.0, WORLD=world, **qmeta, B=lay.block, BLOCK_G=reduce_bpp,
+        HAS_RES=server_res is not None, EMULATE=emulate, num_warps=reduce_warps,
     )  # fmt: skip
     gathered = torch.empty_like(send)
     # A flat output: gloo's all_gather_into_tensor takes no (world, n) one.
