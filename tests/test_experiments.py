@@ -142,3 +142,39 @@ def test_conv_paths_report_renders_the_recorded_gpu_runs():
     next(iter(first["best"].values()))["gpu_ms"] = None
     md = gpu_conv_paths.render(broken)
     assert f"| {layer['shape']} | - |" in md
+
+
+def test_dist_summary_renders_the_recorded_gpu_runs(tmp_path, monkeypatch):
+    """gpu_dist.py's summary (written only after a GPU run) from the runs committed under
+    benchmarks/results: 4 x H200 at worlds 2 and 4 with the host and auto columns, and an
+    older 2 x H200 run without them (rendered as nan, not a crash)."""
+    import json
+    import shutil
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    import gpu_dist
+
+    results = EXPERIMENTS.parent / "benchmarks" / "results" / "nvidia-h200"
+    runs = {
+        2: results / "session-2026-11-28-e" / "dist-x4-w2.json",
+        4: results / "session-2026-11-28-e" / "dist-x4-w4.json",
+        3: results / "session-2026-11-28-c" / "dist-x2-w2-latency-agmm.json",
+    }
+    for world, path in runs.items():
+        (tmp_path / f"w{world}").mkdir()
+        shutil.copy(path, tmp_path / f"w{world}" / f"dist_w{world}.json")
+    monkeypatch.setattr(gpu_dist, "OUT", tmp_path)
+    md = gpu_dist.summary([2, 4, 3, 8])
+    assert "## world 8: no results" in md
+    assert md.count("correct: all_passed=True") == 3
+    for world in (2, 4):
+        lat = json.loads(runs[world].read_text())["sections"]["latency"]["rows"]
+        first = lat[0]
+        row = (
+            f"| 1K | {first['ours_us']:.1f} | {first['one_shot_us']:.1f} | "
+            f"{first['two_shot_us']:.1f} | {first['torch_one_shot_us']:.1f} |"
+        )
+        assert row in md
+        host = f"| {first['ours_host_us']:.1f}, {first['torch_one_shot_host_us']:.1f} |"
+        assert host + f" {first['auto_us']:.1f} |" in md
+    assert "| nan, nan | nan |" in md  # the older run: no host or auto timings
