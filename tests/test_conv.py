@@ -274,15 +274,24 @@ def _poisoned(empty):
 
 @pytest.mark.parametrize("path", POINTWISE_PATHS)
 @pytest.mark.parametrize("activation", ["relu", "silu"])
-def test_pointwise_paths_add_the_residual_before_the_activation(device, path, activation):
+@pytest.mark.parametrize("res_layout", ["channels_last", "nchw"])
+def test_pointwise_paths_add_the_residual_before_the_activation(
+    device, path, activation, res_layout
+):
+    """A dense channels_last residual is read by descriptor on the TMA path, an NCHW one by
+    pointers; 105 pixels: the last tile runs past the edge."""
     if path == "1x1-tma" and not _has_tma(device):
         pytest.skip("TMA descriptors need Hopper or later")
+    if path == "1x1-gemm" and res_layout == "nchw":
+        pytest.skip("the GEMM path takes a row-major (M, K) residual only")
     x, wt, b = _case(device, 3, 32, 5, 7, 48, 1, 1, 1, seed=5)
     z = F.conv2d(x.double(), wt.double(), b.double())
     res = torch.randn(z.shape, device=device)
     ref = ACTS[activation](z + res.double())
-    x, wt, res = _cl(x), _cl(wt), _cl(res)
-    out = conv_forward(x, wt, b, res, [1, 1], [0] * 4, [1, 1], 1, activation, None, path)
+    x, wt = _cl(x), _cl(wt)
+    res = _cl(res) if res_layout == "channels_last" else res
+    with mock.patch.object(torch, "empty", _poisoned(torch.empty)):
+        out = conv_forward(x, wt, b, res, [1, 1], [0] * 4, [1, 1], 1, activation, None, path)
     _close(out, ref, torch.float32)
     plain = conv_forward(x, wt, None, None, [1, 1], [0] * 4, [1, 1], 1, "none", None, path)
     _close(plain, F.conv2d(x.double(), wt.double()), torch.float32)
@@ -342,6 +351,8 @@ with ks.as_on_gpu(), ks.recording(on_launch):
     x, w, r = t(8, 64, 14, 14), t(128, 64, 1, 1), t(8, 128, 14, 14)
     conv_forward(x, w, torch.randn(128, dtype=torch.bfloat16), r, [1, 1], [0] * 4, [1, 1], 1,
                  "relu", None, "1x1-gemm")
+    for res in (r, r.contiguous()):  # the epilogue by descriptor, and by pointers (NCHW)
+        conv_forward(x, w, None, res, [1, 1], [0] * 4, [1, 1], 1, "relu", None, "1x1-tma")
     winograd(t(2, 64, 14, 14), t(64, 64, 3, 3), None, [1] * 4, "relu")
 for key, launch in launches.items():
     launch.compile()
@@ -358,7 +369,8 @@ def test_tma_kernels_compile_for_sm90():
     assert run.returncode == 0, run.stderr[-3000:]
     names = {line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled")}
     assert {"conv_fwd_tma_kernel", "split_epilogue_kernel", "winograd_input_kernel",
-            "winograd_weight_kernel", "winograd_output_kernel"} <= names, run.stdout  # fmt: skip
+            "winograd_weight_kernel", "winograd_output_kernel",
+            "conv1x1_tma_kernel"} <= names, run.stdout  # fmt: skip
     assert any(n.startswith("matmul") for n in names), run.stdout
 
 

@@ -144,11 +144,16 @@ def conv1x1_tma_kernel(
     stride_on, stride_oc, stride_oh, stride_ow,
     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ACT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    OUT_TMA: tl.constexpr,  # out (and the residual, if any) dense (M, K): by descriptor
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """The 1x1 GEMM with TMA loads: x dense NHWC is an (M, C) row-major matrix and the weight
     a (K, C) one (K-major B), so both tiles come in by descriptor (no masks: TMA zero-fills
-    past the edges) and the pipeline's copies leave the warps free for the products."""
+    past the edges) and the pipeline's copies leave the warps free for the products.
+
+    OUT_TMA: the output, and the residual, are dense (M, K) matrices too; the epilogue reads
+    the residual's tile and writes the output's by descriptor, whole rows of 16-byte sectors,
+    where loads and stores in the products' register layout touch half of each sector."""
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
@@ -159,15 +164,25 @@ def conv1x1_tma_kernel(
         a = a_desc.load([off_m, k])
         b = b_desc.load([off_n, k]).T
         acc = _dot(a, b, acc, INPUT_PRECISION, UPCAST)
-    rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
-    n, oh, ow, m_ok = _pixels(rm, OH, OW, M)
-    rows_o = n * stride_on + oh * stride_oh + ow * stride_ow
-    rows_r = n * stride_rn + oh * stride_rh + ow * stride_rw
-    _store_tile(
-        acc, rows_o, rows_r, rn, m_ok, rn < K, bias_ptr, res_ptr, out_ptr, stride_rc, stride_oc,
-        HAS_BIAS, HAS_RES, ACT,
-    )  # fmt: skip
+    if OUT_TMA:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=rn < K, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            r_desc = tl.make_tensor_descriptor(res_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_N])
+            acc += r_desc.load([off_m, off_n]).to(tl.float32)
+        acc = act(acc, ACT)
+        o_desc = tl.make_tensor_descriptor(out_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_N])
+        o_desc.store([off_m, off_n], acc.to(out_ptr.dtype.element_ty))
+    else:
+        rm = off_m + tl.arange(0, BLOCK_M)
+        n, oh, ow, m_ok = _pixels(rm, OH, OW, M)
+        rows_o = n * stride_on + oh * stride_oh + ow * stride_ow
+        rows_r = n * stride_rn + oh * stride_rh + ow * stride_rw
+        _store_tile(
+            acc, rows_o, rows_r, rn, m_ok, rn < K, bias_ptr, res_ptr, out_ptr, stride_rc,
+            stride_oc, HAS_BIAS, HAS_RES, ACT,
+        )  # fmt: skip
 
 
 @kernel

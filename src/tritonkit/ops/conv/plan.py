@@ -375,7 +375,9 @@ def _forward_plan(
         }  # fmt: skip
         if path == "1x1-tma":
             args = (*tensors, p.m, p.oh, p.ow, p.c, p.k, *sr, *so)
-            return conv1x1_tma_kernel, grid, args, meta
+            dense = p.k * out.element_size() % 16 == 0 and _dense_cl(out)
+            dense = dense and (residual is None or _dense_cl(residual))
+            return conv1x1_tma_kernel, grid, args, {**meta, "OUT_TMA": dense}
         if path == "tma":
             bh, bw = plane_tile(p, cfg.BLOCK_M)
             nb = cfg.BLOCK_M // (bh * bw)
