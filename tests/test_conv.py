@@ -326,6 +326,10 @@ def test_tma_path_is_the_default_and_a_forced_path_that_cannot_run_raises(device
     assert plan_module.choose_path(p, x, wt) == "fwd"  # NCHW: read where it lies
     p1 = plan_module.problem(x.shape, (8, 16, 1, 1), [1, 1], [0] * 4, [1, 1], 1, x.dtype)
     assert plan_module.choose_path(p1, _cl(x), _cl(wt[:8, :, :1, :1])) == "1x1"
+    res = _cl(torch.randn(2, 8, 8, 8, device=device))  # a residual to add: the TMA epilogue
+    want = "1x1-tma" if _has_tma(device) else "1x1"
+    assert plan_module.choose_path(p1, _cl(x), _cl(wt[:8, :, :1, :1]), res) == want
+    assert plan_module.choose_path(p1, _cl(x), _cl(wt[:8, :, :1, :1]), res.contiguous()) == "1x1"
     with pytest.raises(ValueError, match="path 'tma' cannot run"):
         conv_forward(x, wt, b, None, [1, 1], [1] * 4, [1, 1], 1, "none", None, "tma")
 

@@ -777,16 +777,16 @@ def test_quant_eps_agrees_with_core():
 
 def test_shipped_crossover_rows_read_as_a_gpu_reads_them():
     """The symmetric-memory crossover measured on the GPUs (tuned/<gpu>/collectives.json),
-    looked up as ``symm_crossover`` does on that GPU (its profile in the key): H200 at world 2,
-    H100 at worlds 2 and 4; other worlds and dtypes have no row (NCCL)."""
+    looked up as ``symm_crossover`` does on that GPU (its profile in the key): H200 and H100
+    at worlds 2 and 4; other worlds and dtypes have no row (NCCL)."""
     import triton
 
     from tritonkit import _hardware, _tuning
     from tritonkit.ops.collectives.config import SYMM_TABLE_KERNEL
 
     h100 = "NVIDIA H100 80GB HBM3"
-    rows = {("NVIDIA H200", 2): (4 << 20, 4 << 20), (h100, 2): (4 << 20, 4 << 20),
-            (h100, 4): (4 << 20, 1 << 20)}  # fmt: skip
+    rows = {("NVIDIA H200", 2): (4 << 20, 4 << 20), ("NVIDIA H200", 4): (4 << 20, 512 << 10),
+            (h100, 2): (4 << 20, 4 << 20), (h100, 4): (4 << 20, 1 << 20)}  # fmt: skip
     try:
         for (gpu, world), want in rows.items():
             _hardware.set_active(_hardware.match(gpu))

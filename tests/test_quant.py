@@ -566,11 +566,10 @@ def test_int8_weight_only_split_k(device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_int8_weight_only_decode(dtype, device):
-    """1 to 16 rows of x take the matmul family's decode kernel (17 the tiled one): against
-    the float64 product with the dequantized weight, odd K and N, strided x, a bias, an
-    (N, 1) scale (Int8Linear's buffer), through the layer too."""
-    from tritonkit.ops.matmul.plan import DecodeGemmLaunch
-    from tritonkit.ops.quant.plan import weight_only_fwd, weight_only_plan
+    """1 to 17 rows of x (the tiled kernel at every M): against the float64 product with the
+    dequantized weight, odd K and N, strided x, a bias, an (N, 1) scale (Int8Linear's buffer),
+    through the layer too."""
+    from tritonkit.ops.quant.plan import weight_only_fwd
 
     gen = torch.Generator(device=device).manual_seed(6)
     k, n = 333, 45
@@ -580,8 +579,6 @@ def test_int8_weight_only_decode(dtype, device):
     tol = 1e-6 if dtype == torch.float32 else 2e-3
     for m in (1, 2, 7, 16, 17):
         x = torch.randn(m, 2 * k, generator=gen, device=device).to(dtype)[:, 1::2]
-        plan = weight_only_plan(x, w, s, b)
-        assert isinstance(plan.decode, DecodeGemmLaunch) == (m <= 16), m
         ref = (x.double() @ w.double().t()) * s.double().t() + b.double()
         assert _rel(weight_only_fwd(x, w, s, b), ref) < tol, m
         assert _rel(weight_only_fwd(x, w, s.reshape(-1), b), ref) < tol, m
@@ -593,6 +590,30 @@ def test_int8_weight_only_decode(dtype, device):
     with torch.no_grad():
         assert _rel(layer(x), ref) < tol
     assert _rel(layer(x), ref) < tol  # grad mode on, nothing requires a gradient
+
+
+def test_shipped_weight_only_rows_read_as_the_h200_reads_them():
+    """The int8 weight-only winners measured on the H200 (tuned/nvidia-h200/quant.json), looked
+    up as ``_config`` does there (its profile in the key): each is one of the tiled kernel's
+    candidates for the H200's 132 SMs, so the tuner takes it without timing."""
+    import triton
+
+    from tritonkit import _hardware, _tuning
+    from tritonkit.ops.quant.config import WeightOnlyConfig, _candidates
+
+    machine = ("NVIDIA H200", triton.__version__)
+    try:
+        _hardware.set_active(_hardware.match(machine[0]))
+        for n, k in ((8192, 8192), (14336, 4096)):
+            for m in (1, 4, 16):
+                key = {"m": m, "n": n, "k": k, "dtype": str(torch.bfloat16)}
+                cfg = _tuning.shipped_lookup("int8_weight_only", key, machine=machine)
+                assert cfg is not None, (n, k, m)
+                assert WeightOnlyConfig.from_tuning(cfg) in _candidates(m, n, k, 132)
+            other = {"m": 32, "n": n, "k": k, "dtype": str(torch.bfloat16)}
+            assert _tuning.shipped_lookup("int8_weight_only", other, machine=machine) is None
+    finally:
+        _hardware.set_active(None)
 
 
 def test_small_tensor_quantize_in_one_pass_matches_two(device):

@@ -271,12 +271,22 @@ def choose_path(p: ConvProblem, x, w, residual=None, forced: str | None = None) 
     implicit GEMM where the operands are dense channels_last on Hopper. A 1x1 stride-1 layer
     keeps the pointer GEMM: none of the other 1x1 kernels (TMA loads, the matmul family's
     persistent GEMM, the TMA implicit GEMM) beat it on most of ResNet-50's such layers, and
-    it runs on every GPU (the measurements are in docs/performance.md, under Convolution)."""
+    it runs on every GPU; but one that adds a dense residual takes the TMA GEMM, whose
+    epilogue reads the residual by descriptor (the measurements are in docs/performance.md,
+    under Convolution)."""
     path = forward_path(p)
     if path == "rows" and not _rows_layout(x, w):
         path = "fwd"
     if path == "fwd" and _tma_conv(x, w, p):
         path = "tma"
+    if (
+        path == "1x1"
+        and residual is not None
+        and _tma_1x1(x, w, p.groups)
+        and _dense_cl(residual)
+        and p.k * residual.element_size() % 16 == 0
+    ):
+        path = "1x1-tma"
     if forced is None or forced == path:
         return path
     ok = {

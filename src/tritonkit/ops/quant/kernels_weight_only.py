@@ -1,11 +1,9 @@
 """Weight-only int8 linear: ``y = (x @ W_int8^T) * scale + bias`` with the int8 weight read as
 stored (half the bytes of a bf16 weight) and widened in registers.
 
-Decode (at most 16 rows of x) is bound by reading W once: it runs the matmul family's decode
-kernel (``ops/matmul/decode.py``: narrow bands of output channels, 16-byte loads of W, the
-scale and bias in the epilogue). More rows run the tiled kernel below, with split-K where the
-tiles are too few and the fp32 partial products summed in a fixed order (``sum_partials``).
-A call's plan (``weight_only_plan``) is cached per input signature."""
+Every M runs the tiled kernel below, decode sizes too (a few rows, bound by reading W once), with
+split-K where the tiles are too few and the fp32 partial products summed in a fixed order
+(``sum_partials``). A call's plan (``weight_only_plan``) is cached per input signature."""
 
 from __future__ import annotations
 

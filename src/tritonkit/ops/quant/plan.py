@@ -17,12 +17,10 @@ A scale given by the caller (static, delayed or EMA scaling) needs no amax pass:
 alone, which can return the amax of what it cast (``quantize_with_scale``).
 
 Weight-only int8 linear: ``y = (x @ W_int8^T) * scale + bias`` with the int8 weight read as
-stored (half the bytes of a bf16 weight) and widened in registers. Decode (at most 16 rows of
-x) is bound by reading W once: it runs the matmul family's decode kernel (narrow bands of output
-channels, 16-byte loads of W, the scale and bias in the epilogue). More rows run the tiled
-kernel (kernels_weight_only.py), with split-K where the tiles are too few and the fp32 partial
-products summed in a fixed order (``sum_partials``). A call's plan (``weight_only_plan``) is
-cached per input signature.
+stored (half the bytes of a bf16 weight) and widened in registers, by the tiled kernel
+(kernels_weight_only.py) at every M, decode sizes too, with split-K where the tiles are too few
+and the fp32 partial products summed in a fixed order (``sum_partials``). A call's plan
+(``weight_only_plan``) is cached per input signature.
 """
 
 from __future__ import annotations
@@ -34,12 +32,11 @@ import torch
 
 from tritonkit import _tuning
 from tritonkit.ops._core.device import interpreter_enabled, sm_count
-from tritonkit.ops._core.gemm import Epilogue, Problem, matrix
 from tritonkit.ops._core.launch import Bound
 from tritonkit.ops._core.layout import LAYOUT_COPIES, cdiv, next_power_of_2
 from tritonkit.ops._core.plan import PLANS, cached
 from tritonkit.ops._core.reduce import sum_partials
-from tritonkit.ops.matmul.plan import DecodeGemmLaunch, decode_launch, signature
+from tritonkit.ops.matmul.plan import signature
 from tritonkit.ops.quant.config import (
     AMAX_ITERS,
     FORMATS,
@@ -319,20 +316,16 @@ def _config(x2, w, scale, bias, out) -> WeightOnlyConfig:
 
 
 class WeightOnlyPlan:
-    """``weight_only_fwd``'s plan for one input signature: the output's shape and either the
-    decode kernel's bound launch (at most ``DECODE_MAX_M`` rows) or the tiled kernel's config.
-    """
+    """``weight_only_fwd``'s plan for one input signature: the output's shape and the tiled
+    kernel's config (None: chosen on the first run, tuned where tuning is on)."""
 
-    __slots__ = ("config", "decode", "shape")
+    __slots__ = ("config", "shape")
 
-    def __init__(self, shape, decode: DecodeGemmLaunch | None, config: WeightOnlyConfig | None):
-        self.shape, self.decode, self.config = shape, decode, config
+    def __init__(self, shape, config: WeightOnlyConfig | None):
+        self.shape, self.config = shape, config
 
     def run(self, x2, w, scale, bias) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=x2.dtype, device=x2.device)
-        if self.decode is not None:
-            self.decode(x2, w, out, (None, scale, bias, None, None))
-            return out
         if out.numel() == 0:
             return out
         if x2.shape[1] == 0:
@@ -344,10 +337,10 @@ class WeightOnlyPlan:
         return out
 
 
-# Decode-sized x (a few tokens) takes the matmul family's decode kernel: W streamed once in
-# 16-byte loads by enough narrow bands of columns to fill the GPU, the scale per output
-# channel and the bias in its epilogue.
-DECODE_MAX_M = 16
+# Every M takes the tiled weight-only kernel, decode sizes (a few tokens) too: on an H200 it
+# beat the matmul family's decode kernel at every M 1-16 of both shapes timed
+# (experiments/gpu_weight_only_decode.py; docs/performance.md, "Quantization"). The decode
+# kernel stays the product's path for bf16 and FP8 weights (ops/matmul).
 
 
 def weight_only_plan(x2, w, scale, bias, config: WeightOnlyConfig | None = None) -> WeightOnlyPlan:
@@ -355,14 +348,7 @@ def weight_only_plan(x2, w, scale, bias, config: WeightOnlyConfig | None = None)
     key = (signature(x2), signature(w), signature(scale), signature(bias), x2.device, config)
 
     def build() -> WeightOnlyPlan:
-        m, k = x2.shape
-        n = w.shape[0]
-        if config is None and 0 < m <= DECODE_MAX_M and n > 0 and k > 0:
-            out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-            p = Problem(matrix(x2), matrix(w.t()), matrix(out), m, n, k)
-            epi = Epilogue(scale_b=scale, scale_b_cols=True, bias=bias)
-            return WeightOnlyPlan((m, n), decode_launch(p, epi), None)
-        return WeightOnlyPlan((m, n), None, config)
+        return WeightOnlyPlan((x2.shape[0], w.shape[0]), config)
 
     return cached("int8_weight_only.plan", key, build)
 
