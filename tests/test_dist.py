@@ -358,7 +358,7 @@ def test_native_launch_packs_each_call_as_the_c_launcher_does(monkeypatch):
              "constexpr")  # fmt: skip
     entry = SimpleNamespace(function=0xABC, block=128, shared=1024, scratch=0, coop=False,
                             pdl=False, types=types)  # fmt: skip
-    x, out = torch.randn(100), torch.empty(100)
+    x, out = torch.randn(100), torch.empty(100)  # host: the driver is a recorder here
     counter = mod.Counter(64)
     values = [x, out, 0x1000, 0x2000, 100, 0.5, 0, 0, 1, 256]
     launch = native_launch.make(entry, (3,), values, (0, 1), (x, out), (6, 7), counter, 2, 0)
@@ -368,7 +368,7 @@ def test_native_launch_packs_each_call_as_the_c_launcher_does(monkeypatch):
     try:
         for _ in range(3):
             assert launch.run((x, out)) is True
-        odd = torch.empty(101)[1:]  # 4 bytes past an aligned start
+        odd = torch.empty(101)[1:]  # host: 4 bytes past an aligned start
         assert launch.run((odd, out)) is False
         assert launch.run((x,)) is False
     finally:
@@ -396,7 +396,7 @@ def test_all_reduce_auto_remembers_a_symmetric_memory_choice(monkeypatch):
     from tritonkit.ops._core.plan import PLANS
     from tritonkit.ops.collectives import function as F
 
-    x = torch.ones(10)
+    x = torch.ones(10)  # host: the paths it chooses are stand-ins
     launched, calls = [], []
 
     class Launch:
@@ -426,7 +426,7 @@ def test_all_reduce_auto_remembers_a_symmetric_memory_choice(monkeypatch):
         # A choice of NCCL is remembered too: the next call goes to it without choosing.
         monkeypatch.setattr(F, "_auto_algorithm", lambda *a: calls.append("choose") or "nccl")
         monkeypatch.setattr(F, "_run", lambda what, *a: calls.append(what))
-        x = torch.ones(11)
+        x = torch.ones(11)  # host: as above
         keys.append(symm_key)
         symm_key = ("collectives.symm", None, 11, x.dtype, x.device, F.ReduceOp.SUM)
         keys.append(auto_key())

@@ -339,7 +339,7 @@ class WeightOnlyPlan:
 
 # Every M takes the tiled weight-only kernel, decode sizes (a few tokens) too: on an H200 it
 # beat the matmul family's decode kernel at every M 1-16 of both shapes timed
-# (experiments/gpu_weight_only_decode.py; docs/performance.md, "Quantization"). The decode
+# (experiments/gpu_weight_only_decode.py; the figures are in docs/performance.md). The decode
 # kernel stays the product's path for bf16 and FP8 weights (ops/matmul).
 
 
