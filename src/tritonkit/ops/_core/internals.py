@@ -41,6 +41,8 @@ NAMES: dict[str, tuple[str, str]] = {
     "triton_pack_args": ("triton.runtime.jit", "JITFunction._pack_args"),
     "triton_compute_cache_key": ("triton.runtime.jit", "compute_cache_key"),
     "triton_binder_factory": ("triton.runtime.jit", "create_function_from_signature"),
+    # builds (or loads from Triton's cache) a C module: native_launch.c
+    "triton_build_module": ("triton.runtime.build", "compile_module_from_src"),
 }
 # CUDA-only names: absent from a CPU build of PyTorch.
 CUDA_NAMES: dict[str, tuple[str, str]] = {

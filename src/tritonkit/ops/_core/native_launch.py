@@ -30,9 +30,8 @@ def module() -> Any:
         mod = None
         if os.environ.get("TRITONKIT_NATIVE_LAUNCH", "1") != "0":
             try:
-                from triton.runtime.build import compile_module_from_src
-
-                mod = compile_module_from_src(_SOURCE.read_text(), "tritonkit_native_launch")
+                build = internals.resolve(*internals.NAMES["triton_build_module"])
+                mod = build(_SOURCE.read_text(), "tritonkit_native_launch")
             except Exception as exc:  # no compiler or headers: Triton's launcher instead
                 warnings.warn(f"tritonkit: native launches off ({exc})", stacklevel=2)
         _module.append(mod)
