@@ -84,16 +84,21 @@ def main() -> None:
     dev = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)"
     doc = {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
     (out_dir / "weight_only_decode.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# int8 weight-only linear at decode sizes, {dev}", "",
+    (out_dir / "weight_only_decode.md").write_text(render(doc))
+
+
+def render(doc: dict) -> str:
+    """The Markdown table of a run's JSON."""
+    lines = [f"# int8 weight-only linear at decode sizes, {doc['device']}", "",
              "| N x K | M | default ms | tiled best ms | tiled best config | bf16 linear ms |"
              " default / tiled |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
+    for r in doc["rows"]:
         lines.append(
             f"| {r['n']} x {r['k']} | {r['m']} | {r['default_ms']:.4f} | {r['tiled_best_ms']:.4f}"
             f" | {r['tiled_best']} | {r['bf16_linear_ms']:.4f} |"
             f" {r['default_ms'] / r['tiled_best_ms']:.3f} |"
         )
-    (out_dir / "weight_only_decode.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

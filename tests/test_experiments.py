@@ -178,3 +178,18 @@ def test_dist_summary_renders_the_recorded_gpu_runs(tmp_path, monkeypatch):
         host = f"| {first['ours_host_us']:.1f}, {first['torch_one_shot_host_us']:.1f} |"
         assert host + f" {first['auto_us']:.1f} |" in md
     assert "| nan, nan | nan |" in md  # the older run: no host or auto timings
+
+
+def test_weight_only_decode_report_renders_the_recorded_gpu_run(monkeypatch):
+    """gpu_weight_only_decode.py's table from the H200 run committed under benchmarks/results
+    (written only after a GPU run): byte for byte the committed Markdown."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    import json
+
+    import gpu_weight_only_decode
+
+    run = EXPERIMENTS.parent / "benchmarks" / "results" / "nvidia-h200" / "session-2026-11-28-e"
+    doc = json.loads((run / "weight_only_decode.json").read_text())
+    md = gpu_weight_only_decode.render(doc)
+    assert md == (run / "weight_only_decode.md").read_text()
+    assert md.count("\n| 8192 x 8192 |") == 3 and "NVIDIA H200" in md
