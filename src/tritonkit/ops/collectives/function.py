@@ -142,8 +142,7 @@ def all_reduce(
     if algorithm == "symm":
         symm_all_reduce(tensor, op, group, timeout=timeout)
         if auto_key is not None and not _debug[0]:
-            symm_key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
-            run = PLANS.peek(symm_key, None)
+            run = PLANS.peek(_symm_key(tensor, op, group), None)
             if run is not None:
                 PLANS.put(auto_key, None, run)
         return None
@@ -479,6 +478,10 @@ def _fallback(op: str, why: str, instead: str = "all_reduce") -> None:
 # only outside debug mode.
 
 
+def _symm_key(tensor: torch.Tensor, op, group) -> tuple:
+    return ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
+
+
 def symm_all_reduce(
     tensor: torch.Tensor, op=ReduceOp.SUM, group=None, *, timeout: Timeout = None
 ) -> None:
@@ -505,7 +508,7 @@ def symm_all_reduce(
         # this kernel's answer (one-shot and two-shot both sum the ranks in order in float32
         # and round once), and the key holds the tensor's device.
         key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
-        run = PLANS.peek(key, None)
+        run = PLANS.peek(key, None)  # _symm_key's key, built here without the call
         if run is not None and tensor.is_contiguous():
             # From C where it applies (it refuses while a CUDA graph is captured), else
             # through Triton's launcher where no graph is captured.
@@ -599,7 +602,7 @@ def all_gather_matmul(
 
 def _symm_plan(tensor: torch.Tensor, op, group, ws) -> "plan.SymmAllReduce":
     """The cached all-reduce of ``tensor``'s key (made, and cached outside debug mode)."""
-    key = ("collectives.symm", group, tensor.numel(), tensor.dtype, tensor.device, op)
+    key = _symm_key(tensor, op, group)
     run = PLANS.peek(key, None)  # no Env: see symm_all_reduce
     if run is None or run.ws is not ws:  # a grown workspace: the plan moves to it
         measured = symm_crossover(ws.world, tensor.dtype)

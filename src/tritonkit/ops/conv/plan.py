@@ -145,6 +145,12 @@ def _dense_cl(t: torch.Tensor) -> bool:
     )
 
 
+def _tma_matrix(t: torch.Tensor, k: int) -> bool:
+    """Whether ``t`` (an output or residual of k channels) is a dense (M, K) matrix a TMA
+    descriptor can read and write: dense channels_last, rows of whole 16 bytes."""
+    return k * t.element_size() % 16 == 0 and _dense_cl(t)
+
+
 def _tma_conv(x: torch.Tensor, w: torch.Tensor, p: ConvProblem) -> bool:
     """Whether ``conv_fwd_tma_kernel`` can read this convolution (see kernels_tma.py): one
     group, the same stride 1 or 2 both ways (2: an even input, channels in blocks of 16),
@@ -283,8 +289,7 @@ def choose_path(p: ConvProblem, x, w, residual=None, forced: str | None = None) 
         path == "1x1"
         and residual is not None
         and _tma_1x1(x, w, p.groups)
-        and _dense_cl(residual)
-        and p.k * residual.element_size() % 16 == 0
+        and _tma_matrix(residual, p.k)
     ):
         path = "1x1-tma"
     if forced is None or forced == path:
@@ -385,8 +390,7 @@ def _forward_plan(
         }  # fmt: skip
         if path == "1x1-tma":
             args = (*tensors, p.m, p.oh, p.ow, p.c, p.k, *sr, *so)
-            dense = p.k * out.element_size() % 16 == 0 and _dense_cl(out)
-            dense = dense and (residual is None or _dense_cl(residual))
+            dense = _tma_matrix(out, p.k) and (residual is None or _tma_matrix(residual, p.k))
             return conv1x1_tma_kernel, grid, args, {**meta, "OUT_TMA": dense}
         if path == "tma":
             bh, bw = plane_tile(p, cfg.BLOCK_M)
